@@ -1,0 +1,88 @@
+"""Per-op overhead of scaledoptim.amp.autocast against torch.autocast (CPU, small tensors).
+
+Run from the repository root::
+
+    python3 -m pytest benchmarks/test_bench_autocast.py -q -s
+
+Each benchmark times ``CALLS`` calls of one op inside an already entered region, so the
+numbers are per-op dispatch overhead, not region entry. The last test prints, for each
+case, scaledoptim's time over torch's (ops left on torch's kernels: ~1.0x) and the extra
+microseconds per call of an op whose policy was edited (goal: <= 10 us).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scaledoptim import amp
+
+CALLS = 100
+LOW = torch.bfloat16
+X32 = torch.randn(8, 8)
+XLOW = X32.to(LOW)
+
+# case: (op call, policy edits for the scaledoptim run)
+CASES = {
+    # torch's C++ autocast kernel (casts fp32 -> bf16) in both runs
+    "mm fp32 in, default policy": (lambda: torch.mm(X32, X32), {}),
+    # no autocast kernel: falls through in both runs
+    "add, falls through": (lambda: torch.add(X32, X32), {}),
+    # same math (no cast: inputs already bf16), Python kernel in the scaledoptim run
+    "mm bf16 in, edited to promote": (lambda: torch.mm(XLOW, XLOW), {"aten::mm": "promote"}),
+    # torch falls through; the scaledoptim run goes through the Python kernel (no cast)
+    "softmax fp32 in, edited to fp32": (
+        lambda: torch.softmax(X32, -1), {"aten::softmax.int": "fp32"}
+    ),
+    # the edited kernel casts fp32 -> bf16 (torch: falls through, computes in fp32)
+    "softmax fp32 in, edited to lower_precision_fp": (
+        lambda: torch.softmax(X32, -1), {"aten::softmax.int": "lower_precision_fp"}
+    ),
+}
+_MEANS: dict[tuple[str, str], float] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_intra_op_thread():
+    # Per-op overhead is the quantity; waking a thread pool for 8x8 tensors adds noise.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _loop(call):
+    def run():
+        for _ in range(CALLS):
+            call()
+
+    return run
+
+
+@pytest.mark.parametrize("region", ["torch", "scaledoptim"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_op_overhead(benchmark, case, region):
+    call, edits = CASES[case]
+    benchmark.group = case
+    try:
+        if region == "torch":
+            context = torch.autocast("cpu", dtype=LOW)
+        else:
+            for op, policy in edits.items():
+                amp.set_policy(op, policy, "cpu")
+            context = amp.autocast("cpu", dtype=LOW)
+        with context:
+            benchmark(_loop(call))
+    finally:
+        amp.reset_policy()
+    if benchmark.stats is not None:
+        _MEANS[(case, region)] = benchmark.stats.stats.mean / CALLS
+
+
+def test_report_ratios():
+    if len(_MEANS) < 2 * len(CASES):
+        pytest.skip("benchmarks disabled or filtered: no timings to compare")
+    print(f"\n{'case':48s} {'torch us':>9s} {'ours us':>9s} {'ratio':>6s} {'extra us':>9s}")
+    for case in CASES:
+        theirs, ours = _MEANS[(case, "torch")] * 1e6, _MEANS[(case, "scaledoptim")] * 1e6
+        print(f"{case:48s} {theirs:9.2f} {ours:9.2f} {ours / theirs:6.2f} {ours - theirs:9.2f}")

@@ -1,0 +1,147 @@
+"""Plumbing shared by the fused optimizers: state dtype, the step loop and the choice of backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from .._checks import check_grads
+from ..optimizer import Optimizer
+from . import _native
+
+
+def state_dtype(param: torch.Tensor) -> torch.dtype:
+    """Optimizer state is at least fp32: 16-bit moments underflow (``(1 - beta2) * g**2``)."""
+    return torch.promote_types(param.dtype, torch.float32)
+
+
+def backend_for(device: torch.device) -> ModuleType:
+    """The module whose ``adam_``/``sgd_`` run the update on ``device``."""
+    return _native
+
+
+class FusedOptimizer(Optimizer):
+    r"""Base of the optimizers whose update is one multi-tensor op that reads ``found_inf`` on
+    device, so skipping an overflowed step needs no host sync (Note [found_inf contract]).
+
+    A subclass validates its hyper-parameters, initialises per-param state in
+    :meth:`_init_state` and calls its backend op in :meth:`_update_group`.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`scaledoptim.Optimizer.load_state_dict`, keeping state fp32 for 16-bit params.
+
+        torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
+        resume needs), so the per-param state is cast here instead: floating state to
+        ``state_dtype(param)``, everything on the param's device.
+        """
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
+            raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
+        saved_groups = state_dict.get("param_groups")
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                "loaded state dict has a different number of parameter groups than the optimizer"
+            )
+        saved_ids = [i for g in saved_groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len(saved_ids) != len(params):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match")
+        by_id = dict(zip(saved_ids, params))
+        loaded = {
+            by_id[i]: {key: _cast_state(by_id[i], key, value) for key, value in s.items()}
+            for i, s in state_dict["state"].items()
+            if i in by_id
+        }
+        super().load_state_dict({**state_dict, "state": {}})
+        self.state.update(loaded)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
+
+        Args:
+            closure: optional, re-evaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._update(found_inf=None)
+        return loss
+
+    def _step_skipping_if(self, found_inf: torch.Tensor) -> None:
+        self._update(found_inf=found_inf)
+
+    @torch.no_grad()
+    def _update(self, found_inf: torch.Tensor | None) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            check_grads(grads, params[0].device)
+            states = [self._state_of(p, group) for p in params]
+            self._update_group(group, params, grads, states, backend_for(params[0].device), found_inf)
+
+    def _state_of(self, param: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        state = self.state[param]
+        if "step" not in state:
+            # A state loaded from torch.optim.SGD has buffers but no counter: it has stepped.
+            taken = 1.0 if state else 0.0
+            state["step"] = torch.full((), taken, dtype=torch.float32, device=param.device)
+        if len(state) == 1:
+            self._init_state(param, state, group)
+        return state
+
+    def _zeros_like_state(self, param: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(param, dtype=state_dtype(param), memory_format=torch.preserve_format)
+
+    def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        raise NotImplementedError  # abstract: every fused optimizer defines its state
+
+    def _update_group(
+        self,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        states: list[dict[str, Any]],
+        backend: ModuleType,
+        found_inf: torch.Tensor | None,
+    ) -> None:
+        raise NotImplementedError  # abstract: every fused optimizer calls its backend op
+
+
+def check_hyperparameter(name: str, value: Any, low: float = 0.0, high: float | None = None) -> None:
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's style."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
+    if not (low <= value and (high is None or value < high)):
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+def reject_differentiable(differentiable: bool) -> None:
+    if differentiable:
+        raise ValueError(
+            "differentiable=True is not supported by scaledoptim's fused optimizers; use the "
+            "torch.optim class (scaledoptim.with_scaling(torch.optim.X) keeps the protocol)"
+        )
+
+
+def _cast_state(param: torch.Tensor, key: str, value: Any) -> Any:
+    # Always a copy: the loaded optimizer must not alias (and then advance) the caller's tensors.
+    if not isinstance(value, torch.Tensor):
+        return value
+    if key == "step":
+        return value.to(dtype=torch.float32, device=param.device, copy=True)
+    if value.is_floating_point():
+        if value.shape != param.shape:
+            raise ValueError(
+                f"Corrupt optimizer state_dict: state {key!r} has shape {tuple(value.shape)} but "
+                f"its param has shape {tuple(param.shape)}; was it saved for another model?"
+            )
+        return value.to(dtype=state_dtype(param), device=param.device, copy=True)
+    return value.to(device=param.device, copy=True)
+

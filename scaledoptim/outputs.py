@@ -1,0 +1,109 @@
+"""Scaling what backward starts from: outputs, or the gradients fed to them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = ["scale_outputs", "backward", "grad"]
+
+_T = TypeVar("_T")
+
+
+def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
+    r"""Multiplies a tensor, or every tensor in a nested list/tuple/dict, by ``scale``.
+
+    ``None`` entries pass through, and ``scale=None`` returns ``outputs`` unchanged, so one
+    training loop serves scaled (fp16) and unscaled (bf16/fp32) runs. Like
+    :meth:`torch.amp.GradScaler.scale`, a 0-dim ``scale`` does not change an output's dtype.
+
+    Example::
+
+        >>> scaledoptim.scale_outputs(loss, opt.scale).backward()
+        >>> torch.autograd.backward(scaledoptim.scale_outputs((out0, out1), S))
+    """
+    if scale is None:
+        return outputs
+    moved: dict[torch.device, torch.Tensor] = {}
+
+    def scaled(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            if not isinstance(scale, torch.Tensor):
+                return value * scale
+            if value.device not in moved:
+                moved[value.device] = scale.to(device=value.device, non_blocking=True)
+            return value * moved[value.device]
+        if isinstance(value, Mapping):
+            return type(value)((k, scaled(v)) for k, v in value.items())
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            items = [scaled(v) for v in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        raise TypeError(
+            f"scale_outputs() takes tensors, None, and lists/tuples/dicts of them; got "
+            f"{type(value).__name__}"
+        )
+
+    return scaled(outputs)
+
+
+def backward(
+    tensors: torch.Tensor | Sequence[torch.Tensor],
+    grad_tensors: torch.Tensor | Sequence[torch.Tensor | None] | None = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    *,
+    scale_grads_by: torch.Tensor | float | None = None,
+) -> None:
+    r""":func:`torch.autograd.backward` with ``scale_grads_by``: the grads it accumulates are
+    multiplied by that scale (by scaling ``grad_tensors`` if given, else ``tensors``).
+
+    Example::
+
+        >>> scaledoptim.backward(loss, scale_grads_by=opt.scale)
+    """
+    if grad_tensors is None:
+        tensors = scale_outputs(tensors, scale_grads_by)
+    else:
+        grad_tensors = scale_outputs(grad_tensors, scale_grads_by)
+    torch.autograd.backward(
+        tensors, grad_tensors, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs
+    )
+
+
+def grad(
+    outputs: torch.Tensor | Sequence[torch.Tensor],
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    grad_outputs: torch.Tensor | Sequence[torch.Tensor | None] | None = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool | None = None,
+    *,
+    scale_grads_by: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    r""":func:`torch.autograd.grad` with ``scale_grads_by``: the returned grads are scaled.
+
+    Divide them by the scale before using their values (a gradient penalty, for instance):
+    they are *scaled* so that fp16 backward does not underflow.
+
+    Example::
+
+        >>> grads = scaledoptim.grad(loss, params, create_graph=True, scale_grads_by=S)
+        >>> penalty = sum((g / S).pow(2).sum() for g in grads)
+    """
+    if grad_outputs is None:
+        outputs = scale_outputs(outputs, scale_grads_by)
+    else:
+        grad_outputs = scale_outputs(grad_outputs, scale_grads_by)
+    return torch.autograd.grad(
+        outputs,
+        inputs,
+        grad_outputs,
+        retain_graph=retain_graph,
+        create_graph=create_graph,
+        allow_unused=allow_unused,
+    )

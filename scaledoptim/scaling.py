@@ -1,0 +1,203 @@
+"""The dynamic loss-scale state machine, kept in device tensors and updated with no host sync."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["ScalingConfig", "LossScale"]
+
+_FLOAT32 = torch.finfo(torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingConfig:
+    r"""Hyper-parameters of the dynamic loss scale.
+
+    The defaults give exactly :class:`torch.amp.GradScaler`'s sequence of scales: start at
+    ``2**16``, halve on every overflow, double after 2000 consecutive clean steps, never grow to
+    inf. ``min_scale`` defaults to the smallest normal float32 so that it never binds before
+    torch's scale would have underflowed.
+
+    Args:
+        init_scale: the scale before the first step.
+        growth_factor: multiplies the scale after ``growth_interval`` clean steps (> 1).
+        backoff_factor: multiplies the scale when an overflow is not tolerated (in (0, 1)).
+        growth_interval: consecutive clean steps before the scale grows.
+        hysteresis: consecutive overflows needed before the scale backs off; ``N`` tolerates
+            ``N - 1`` (DeepSpeed/Megatron semantics). Any clean step restores the allowance.
+        min_scale: the scale never backs off below this.
+        max_scale: the scale never grows above this.
+        max_replays: how many times a closure may be replayed with a smaller scale in one step
+            before :class:`ClosureReplayError` is raised.
+    """
+
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    hysteresis: int = 1
+    min_scale: float = _FLOAT32.tiny
+    max_scale: float = _FLOAT32.max
+    max_replays: int = 32
+
+    def __post_init__(self) -> None:
+        def positive_finite(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"Invalid {name}: {value} (must be finite and > 0)")
+            return float(value)
+
+        def positive_int(name: str, minimum: int) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < minimum:
+                raise ValueError(f"Invalid {name}: {value} (must be >= {minimum})")
+
+        for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale", "max_scale"):
+            object.__setattr__(self, name, positive_finite(name))
+        positive_int("growth_interval", 1)
+        positive_int("hysteresis", 1)
+        positive_int("max_replays", 0)
+        if self.growth_factor <= 1.0:
+            raise ValueError(f"Invalid growth_factor: {self.growth_factor} (must be > 1)")
+        if self.backoff_factor >= 1.0:
+            raise ValueError(f"Invalid backoff_factor: {self.backoff_factor} (must be < 1)")
+        if not self.min_scale <= self.init_scale <= self.max_scale:
+            raise ValueError(
+                f"Invalid scale bounds: need min_scale <= init_scale <= max_scale, got "
+                f"{self.min_scale} <= {self.init_scale} <= {self.max_scale}"
+            )
+
+
+class LossScale:
+    r"""The scale, its growth tracker and its hysteresis tracker, as 0-dim device tensors.
+
+    :meth:`update_` writes the next recommended scale *in place*, so the tensor returned by
+    :attr:`scale` is stable (CUDA-graph friendly) and always holds the current recommendation.
+    Several optimizers may share one ``LossScale`` (see :func:`scaledoptim.share_scale`): then the
+    scale moves once per round, after every sharer has reported its ``found_inf``.
+    """
+
+    def __init__(self, config: ScalingConfig, device: torch.device) -> None:
+        self.config = config
+        self.scale = torch.full((), config.init_scale, dtype=torch.float32, device=device)
+        self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
+        self.hysteresis_tracker = torch.full((), config.hysteresis, dtype=torch.int32, device=device)
+        self.sharers = 1
+        self._round: set[int] = set()
+        self._round_found_inf = torch.zeros((), dtype=torch.float32, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.scale.device
+
+    def check_can_report(self, reporter: int) -> None:
+        """Raises if ``reporter`` already reported in the current round of a shared scale."""
+        if reporter in self._round:
+            raise RuntimeError(
+                "This optimizer already unscaled in the current round of a shared loss scale, but "
+                f"only {len(self._round)} of the {self.sharers} optimizers sharing it did. Every "
+                "optimizer that shares a scale must call unscale()/unscale_and_step() once per "
+                "iteration before any of them unscales again."
+            )
+
+    def report(
+        self, reporter: int, scaled_by: torch.Tensor, found_inf: torch.Tensor, *, force_backoff: bool
+    ) -> None:
+        """Records one optimizer's ``found_inf``; moves the scale once every sharer reported."""
+        self.check_can_report(reporter)
+        if self.sharers == 1:
+            self.update_(scaled_by, found_inf, force_backoff=force_backoff)
+            return
+        torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
+        self._round.add(reporter)
+        if len(self._round) == self.sharers:
+            self.update_(scaled_by, self._round_found_inf, force_backoff=force_backoff)
+            self._round_found_inf.zero_()
+            self._round.clear()
+
+    @torch.no_grad()
+    def update_(
+        self, scaled_by: torch.Tensor, found_inf: torch.Tensor, *, force_backoff: bool = False
+    ) -> None:
+        r"""Sets the scale recommended after a step whose grads were scaled by ``scaled_by``.
+
+        Sync-free: every branch is a ``torch.where`` on device. ``force_backoff`` ignores the
+        hysteresis allowance (closure replay: replaying the same batch at the same scale would
+        overflow again).
+        """
+        c = self.config
+        overflow = found_inf > 0
+        hysteresis_left = torch.where(
+            overflow, (self.hysteresis_tracker - 1).clamp_(min=0), c.hysteresis
+        ).to(torch.int32)
+        back_off = overflow if force_backoff else overflow & (hysteresis_left <= 0)
+        clean_steps = self.growth_tracker + 1
+        grow = ~overflow & (clean_steps >= c.growth_interval)
+        grown = scaled_by * c.growth_factor
+        grown = torch.where(torch.isfinite(grown), grown.clamp(max=c.max_scale), scaled_by)
+        backed_off = (scaled_by * c.backoff_factor).clamp_(min=c.min_scale)
+        new_scale = torch.where(back_off, backed_off, torch.where(grow, grown, scaled_by))
+        self.scale.copy_(new_scale)
+        self.growth_tracker.copy_(torch.where(overflow | grow, 0, clean_steps))
+        self.hysteresis_tracker.copy_(hysteresis_left)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bit for bit: tensors are cloned, config is plain data."""
+        return {
+            "scale": self.scale.detach().clone(),
+            "growth_tracker": self.growth_tracker.detach().clone(),
+            "hysteresis_tracker": self.hysteresis_tracker.detach().clone(),
+            "config": dataclasses.asdict(self.config),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any], device: torch.device) -> LossScale:
+        """Builds a ``LossScale`` from :meth:`state_dict` output, validating every field.
+
+        Reads the values on the host (this is a checkpoint load, not a training step).
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"loss_scale state must be a dict, got {type(state).__name__}")
+        missing = {"scale", "growth_tracker", "hysteresis_tracker", "config"} - set(state)
+        if missing:
+            raise ValueError(
+                f"Corrupt loss_scale state: missing {sorted(missing)}. Pass a dict produced by "
+                "a scaledoptim optimizer's state_dict(), or drop the 'loss_scale' key to start "
+                "from the default scale."
+            )
+        if not isinstance(state["config"], Mapping):
+            raise ValueError("Corrupt loss_scale state: 'config' must be a dict")
+        known = {f.name for f in dataclasses.fields(ScalingConfig)}
+        unknown = set(state["config"]) - known
+        if unknown:
+            raise ValueError(f"Corrupt loss_scale state: unknown config keys {sorted(unknown)}")
+        config = ScalingConfig(**state["config"])
+        values = {}
+        for name in ("scale", "growth_tracker", "hysteresis_tracker"):
+            value = state[name]
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise ValueError(f"Corrupt loss_scale state: {name!r} must be a one-element tensor")
+            values[name] = value.detach().reshape(()).to("cpu", torch.float64).item()
+        scale = values["scale"]
+        if not (math.isfinite(scale) and config.min_scale <= scale <= config.max_scale):
+            raise ValueError(
+                f"Corrupt loss_scale state: scale {scale} is not finite or outside "
+                f"[min_scale={config.min_scale}, max_scale={config.max_scale}]"
+            )
+        for name in ("growth_tracker", "hysteresis_tracker"):
+            if values[name] < 0 or values[name] != int(values[name]):
+                raise ValueError(f"Corrupt loss_scale state: {name} = {values[name]}")
+        loss_scale = cls(config, device)
+        loss_scale.scale.copy_(state["scale"].reshape(()))
+        loss_scale.growth_tracker.fill_(int(values["growth_tracker"]))
+        loss_scale.hysteresis_tracker.fill_(int(values["hysteresis_tracker"]))
+        return loss_scale

@@ -1,0 +1,76 @@
+"""Giving the protocol to optimizers we did not write: a subclass, or an existing instance."""
+
+from __future__ import annotations
+
+import functools
+from typing import TypeVar
+
+import torch
+
+from .optimizer import Optimizer
+
+__all__ = ["with_scaling", "patch_optimizer", "LBFGS"]
+
+_O = TypeVar("_O", bound=torch.optim.Optimizer)
+
+
+@functools.cache
+def with_scaling(optimizer_class: type[_O]) -> type[_O]:
+    r"""Returns a subclass of ``optimizer_class`` that also is a :class:`scaledoptim.Optimizer`.
+
+    Methods ``optimizer_class`` defines itself come first, so an optimizer that already
+    implements ``unscale_and_step`` or ``step_after_unscale`` keeps its own. The same class
+    object is returned for the same argument.
+
+    Example::
+
+        >>> RMSprop = scaledoptim.with_scaling(torch.optim.RMSprop)
+        >>> opt = RMSprop(model.parameters(), lr=1e-2)
+        >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+    """
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+        raise TypeError(f"with_scaling() takes a torch.optim.Optimizer subclass, got {optimizer_class!r}")
+    if issubclass(optimizer_class, Optimizer):
+        return optimizer_class
+    return type(  # type: ignore[return-value]
+        optimizer_class.__name__,
+        (optimizer_class, Optimizer),
+        {"__module__": __name__, "__doc__": optimizer_class.__doc__},
+    )
+
+
+def patch_optimizer(optimizer: _O) -> _O:
+    r"""Gives an existing optimizer instance the loss-scaling protocol, in place; returns it.
+
+    The instance's class becomes :func:`with_scaling` of it: its params, state and hooks are
+    untouched and methods its class defines are left alone (the seed's option 1).
+
+    Example::
+
+        >>> opt = scaledoptim.patch_optimizer(torch.optim.Adagrad(model.parameters()))
+        >>> found_inf, S = opt.unscale(grads_scaled_by=S)
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"patch_optimizer() takes an optimizer instance, got {type(optimizer).__name__}")
+    if not isinstance(optimizer, Optimizer):
+        optimizer.__class__ = with_scaling(type(optimizer))
+    return optimizer
+
+
+LBFGS = with_scaling(torch.optim.LBFGS)
+LBFGS.__doc__ = r""":class:`torch.optim.LBFGS` with the loss-scaling protocol.
+
+LBFGS evaluates its closure many times per step; give the closure to
+:meth:`~scaledoptim.Optimizer.unscale_and_step` and every evaluation gets finite, unscaled grads
+(replayed with a smaller scale when they overflow).
+
+Example::
+
+    >>> opt = scaledoptim.LBFGS(model.parameters(), lr=1)
+    >>> def closure(S):
+    ...     opt.zero_grad()
+    ...     loss = loss_fn(model(x), y)
+    ...     scaledoptim.scale_outputs(loss, S).backward()
+    ...     return loss
+    >>> loss, found_inf, S = opt.unscale_and_step(closure, grads_scaled_by=S)
+"""

@@ -1,0 +1,68 @@
+"""Trajectory parity with torch.amp.GradScaler("cpu") + the matching torch.optim class."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scaledoptim
+from optimizer_table import CASES, OptimizerCase, loss_of, make_model
+
+STEPS = 14
+OVERFLOW_AT = {0: float("inf"), 4: float("nan"), 5: float("-inf"), 11: float("inf")}
+GROWTH_INTERVAL = 3
+
+
+def _inject(model: torch.nn.Module, step: int) -> None:
+    if step in OVERFLOW_AT:
+        param = list(model.parameters())[step % 4]
+        param.grad.view(-1)[step % param.numel()] = OVERFLOW_AT[step]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("form", ["unscale_and_step", "unscale+step_after_unscale"])
+def test_trajectory_matches_gradscaler(case: OptimizerCase, form: str) -> None:
+    ref_model, model = make_model(), make_model()
+    ref_opt = case.reference(ref_model.parameters(), **case.kwargs)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=GROWTH_INTERVAL)
+    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(
+        init_scale=2.0**10, growth_interval=GROWTH_INTERVAL
+    )
+    S = opt.scale
+    skipped = 0
+    for step in range(STEPS):
+        ref_opt.zero_grad()
+        scaler.scale(loss_of(ref_model, step)).backward()
+        _inject(ref_model, step)
+        scaler.step(ref_opt)
+        scaler.update()
+
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), S).backward()
+        _inject(model, step)
+        if form == "unscale_and_step":
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+        else:
+            found_inf, S = opt.unscale(grads_scaled_by=S)
+            opt.step_after_unscale()
+        skipped += int(found_inf.item())
+
+        assert S.item() == scaler.get_scale(), f"scale differs after step {step}"
+        for ref_p, p in zip(ref_model.parameters(), model.parameters()):
+            torch.testing.assert_close(p, ref_p, rtol=1e-5, atol=1e-7, msg=f"step {step}")
+    assert skipped == len(OVERFLOW_AT)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_plain_step_matches_torch(case: OptimizerCase) -> None:
+    """Without scaling, ``step()`` is the torch.optim step."""
+    ref_model, model = make_model(), make_model()
+    ref_opt = case.reference(ref_model.parameters(), **case.kwargs)
+    opt = case.ours(model.parameters(), **case.kwargs)
+    for step in range(5):
+        for m, o in ((ref_model, ref_opt), (model, opt)):
+            o.zero_grad()
+            loss_of(m, step).backward()
+            o.step()
+        for ref_p, p in zip(ref_model.parameters(), model.parameters()):
+            torch.testing.assert_close(p, ref_p, rtol=1e-5, atol=1e-7)

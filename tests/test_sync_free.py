@@ -1,0 +1,61 @@
+"""The no-closure unscale_and_step never reads a tensor on the host (patched to raise)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import scaledoptim
+from optimizer_table import CASES, OptimizerCase, loss_of, make_model
+
+_HOST_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy", "nonzero")
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise AssertionError(f"host read: Tensor.{name} called on the sync-free path")
+
+        return method
+
+    saved = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+    try:
+        for name in _HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def test_the_patch_catches_host_reads() -> None:
+    with no_host_reads(), pytest.raises(AssertionError, match="host read"):
+        bool(torch.ones(()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("overflow", [False, True])
+def test_unscale_and_step_performs_no_host_read(case: OptimizerCase, overflow: bool) -> None:
+    model = make_model()
+    opt = case.ours(model.parameters(), **case.kwargs)
+    S = opt.scale
+    for step in range(3):
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), S).backward()
+        if overflow:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")
+        with no_host_reads():
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+            found_inf, S = (found_inf, S)
+    assert found_inf.item() == float(overflow)
+
+
+def test_python_float_scale_is_sync_free_too() -> None:
+    model = make_model()
+    opt = scaledoptim.AdamW(model.parameters())
+    scaledoptim.scale_outputs(loss_of(model, 0), 1024.0).backward()
+    with no_host_reads():
+        opt.unscale_and_step(grads_scaled_by=1024.0)
