@@ -164,6 +164,19 @@ class Optimizer(torch.optim.Optimizer):
                 sparse grads, or for grads on another device than the scale.
             ValueError: if the scale is not finite and positive.
         """
+        scale, grads = self._begin_unscale(grads_scaled_by)
+        found_inf = self._no_overflow()
+        if scale is None:
+            return self._finish_unscale(None, found_inf)
+        inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
+        for same_dtype in _group_by_dtype(grads):
+            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
+        return self._finish_unscale(scale, found_inf)
+
+    def _begin_unscale(
+        self, grads_scaled_by: torch.Tensor | float | None
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """Validates an unscale before anything changes; returns the scale tensor and the grads."""
         state = self._scaling()
         if state.stage == _UNSCALED:
             raise RuntimeError(
@@ -174,17 +187,20 @@ class Optimizer(torch.optim.Optimizer):
         grads = self._grads()
         check_grads(grads, device)
         if grads_scaled_by is None:
-            found_inf = torch.zeros((), dtype=torch.float32, device=device)
-            state.stage, state.found_inf = _UNSCALED, found_inf
-            return found_inf, None
+            return None, grads
         scale = as_scale_tensor(grads_scaled_by, device, trusted=state.loss_scale.scale)
         state.loss_scale.check_can_report(id(self))
-        found_inf = torch.zeros((), dtype=torch.float32, device=device)
-        inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
-        for same_dtype in _group_by_dtype(grads):
-            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
-        state.loss_scale.report(id(self), scale, found_inf, force_backoff=state.replaying)
+        return scale, grads
+
+    def _finish_unscale(
+        self, scale: torch.Tensor | None, found_inf: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Moves the scale on ``found_inf`` and records it for the step (no host sync)."""
+        state = self._scaling()
         state.stage, state.found_inf = _UNSCALED, found_inf
+        if scale is None:
+            return found_inf, None
+        state.loss_scale.report(id(self), scale, found_inf, force_backoff=state.replaying)
         return found_inf, state.loss_scale.scale
 
     def step_after_unscale(
