@@ -16,3 +16,14 @@ if str(ROOT) not in sys.path:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=["torch-native", "emulated-kernels"])
+def kernel_backend(request, monkeypatch) -> str:
+    """Runs a test on both update paths of the fused optimizers: torch's fused ops, and our CUDA
+    kernels executed by the CPU emulator (``SCALEDOPTIM_KERNELS=emulate``)."""
+    if request.param == "emulated-kernels":
+        monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+    else:
+        monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    return request.param

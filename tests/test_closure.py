@@ -8,6 +8,8 @@ import torch
 import scaledoptim
 from optimizer_table import CASES, OptimizerCase, assert_bit_identical, loss_of, make_model, snapshot
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 
 def _fp16_regression():
     torch.manual_seed(0)

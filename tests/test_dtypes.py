@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 import scaledoptim
 from optimizer_table import CASES, OptimizerCase, assert_bit_identical, snapshot
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -33,9 +35,15 @@ def _fp32_reference_step(case: OptimizerCase, opt, params, grads_fp32) -> list[t
 
 
 def _assert_within_one_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """16-bit: one ulp of the dtype. fp32: 1e-6 relative, where an element that cancels down to
+    a small value is held to 1e-6 of the tensor's largest magnitude (kernels may fuse the
+    multiply-adds that torch rounds separately)."""
     info = torch.finfo(actual.dtype)
-    rtol = 1e-6 if actual.dtype == torch.float32 else info.eps
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=rtol, atol=info.tiny)
+    if actual.dtype == torch.float32:
+        rtol, atol = 1e-6, 1e-6 * expected.abs().max().item()
+    else:
+        rtol, atol = info.eps, info.tiny
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

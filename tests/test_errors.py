@@ -8,6 +8,8 @@ import torch
 import scaledoptim
 from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 
 def _trained(case):
     model = make_model()

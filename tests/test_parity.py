@@ -8,6 +8,8 @@ import torch
 import scaledoptim
 from optimizer_table import CASES, OptimizerCase, loss_of, make_model
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 STEPS = 14
 OVERFLOW_AT = {0: float("inf"), 4: float("nan"), 5: float("-inf"), 11: float("inf")}
 GROWTH_INTERVAL = 3

@@ -11,6 +11,8 @@ import torch
 import scaledoptim
 from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 OVERFLOWS = {2, 5, 6}
 
 

@@ -10,6 +10,8 @@ import torch
 import scaledoptim
 from optimizer_table import CASES, OptimizerCase, loss_of, make_model
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 _HOST_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy", "nonzero")
 
 

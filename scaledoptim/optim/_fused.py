@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from .. import kernels
 from .._checks import check_grads
+from ..kernels.launcher import is_dense
 from ..optimizer import Optimizer
 from . import _native
 
@@ -19,8 +22,19 @@ def state_dtype(param: torch.Tensor) -> torch.dtype:
 
 
 def backend_for(device: torch.device) -> ModuleType:
-    """The module whose ``adam_``/``sgd_`` run the update on ``device``."""
+    """The module whose ``adam_``/``sgd_`` run the update on ``device``.
+
+    CUDA tensors take our kernels (``cuda/``) when CuPy is installed, torch's fused ops
+    otherwise; CPU tensors take torch's fused ops, or our kernels through the CPU emulator when
+    ``SCALEDOPTIM_KERNELS=emulate`` is set (a test and kernel-author tool).
+    """
+    if kernels.emulation_requested() or (device.type == "cuda" and _cupy_installed()):
+        return kernels
     return _native
+
+
+def _cupy_installed() -> bool:
+    return importlib.util.find_spec("cupy") is not None
 
 
 class FusedOptimizer(Optimizer):
@@ -76,15 +90,41 @@ class FusedOptimizer(Optimizer):
         self._update(found_inf=found_inf)
 
     @torch.no_grad()
-    def _update(self, found_inf: torch.Tensor | None) -> None:
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
+    def _update(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None = None) -> None:
+        work = [(group, *self._params_and_grads(group)) for group in self.param_groups]
+        for group, params, grads in work:  # every check before the first update
+            if params:
+                states = [self._state_of(p, group) for p in params]
+                backend = backend_for(params[0].device)
+                # Only our kernels unscale in registers; torch's fused ops get unscaled grads.
+                scaling = {"found_inf": found_inf}
+                if backend is kernels:
+                    scaling["inv_scale"] = inv_scale
+                self._update_group(group, params, grads, states, backend, scaling)
+
+    @staticmethod
+    def _params_and_grads(group: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The group's params that have grads, and their grads in the param's memory layout.
+
+        Fused updates walk param, grad and state storage in lockstep (torch 2.13's CPU fused
+        AdamW silently mixes up elements of a transposed grad), so a grad whose strides differ
+        from its param's is copied into the param's layout first.
+        """
+        params = [p for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in params]
+        if params:
             check_grads(grads, params[0].device)
-            states = [self._state_of(p, group) for p in params]
-            self._update_group(group, params, grads, states, backend_for(params[0].device), found_inf)
+        for param in params:
+            if not is_dense(param):
+                raise RuntimeError(
+                    f"A param of shape {tuple(param.shape)} is a strided view, which fused "
+                    "optimizers cannot update in place; make the parameter contiguous"
+                )
+        grads = [
+            g if g.stride() == p.stride() else torch.empty_like(p, dtype=g.dtype).copy_(g)
+            for p, g in zip(params, grads)
+        ]
+        return params, grads
 
     def _state_of(self, param: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
         state = self.state[param]
@@ -109,8 +149,9 @@ class FusedOptimizer(Optimizer):
         grads: list[torch.Tensor],
         states: list[dict[str, Any]],
         backend: ModuleType,
-        found_inf: torch.Tensor | None,
+        scaling: dict[str, torch.Tensor | None],
     ) -> None:
+        """Calls ``backend``'s update op on one group; ``scaling`` holds its found_inf/inv_scale."""
         raise NotImplementedError  # abstract: every fused optimizer calls its backend op
 
 

@@ -9,15 +9,14 @@ need params, grads and state of one dtype and they do not advance step counters.
   params of 16 or more elements unchanged (``tests/test_torch_kernels.py`` shows it);
 * advances step counters by ``1 - found_inf`` on device, before the update that reads them.
 
-This path never unscales in the update (``FOLDS_UNSCALE = False``): on CPU an in-place unscale
-followed by the plain fused update is about twice as fast as torch's in-kernel ``grad_scale``.
+This path never unscales in the update: on CPU an in-place unscale followed by the plain fused
+update is about twice as fast as torch's in-kernel ``grad_scale``.
 """
 
 from __future__ import annotations
 
 import torch
 
-FOLDS_UNSCALE = False
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 

@@ -76,7 +76,7 @@ class Adam(FusedOptimizer):
         grads: list[torch.Tensor],
         states: list[dict[str, Any]],
         backend: ModuleType,
-        found_inf: torch.Tensor | None,
+        scaling: dict[str, torch.Tensor | None],
     ) -> None:
         beta1, beta2 = group["betas"]
         amsgrad = group["amsgrad"]
@@ -89,7 +89,7 @@ class Adam(FusedOptimizer):
             lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
             weight_decay=group["weight_decay"],
             decoupled_weight_decay=group["decoupled_weight_decay"],
-            amsgrad=amsgrad, maximize=group["maximize"], found_inf=found_inf,
+            amsgrad=amsgrad, maximize=group["maximize"], **scaling,
         )  # fmt: skip
 
 

@@ -69,7 +69,7 @@ class SGD(FusedOptimizer):
         grads: list[torch.Tensor],
         states: list[dict[str, Any]],
         backend: ModuleType,
-        found_inf: torch.Tensor | None,
+        scaling: dict[str, torch.Tensor | None],
     ) -> None:
         momentum = group["momentum"]
         backend.sgd_(
@@ -78,5 +78,5 @@ class SGD(FusedOptimizer):
             [s["step"] for s in states],
             lr=group["lr"], momentum=momentum, dampening=group["dampening"],
             nesterov=group["nesterov"], weight_decay=group["weight_decay"],
-            maximize=group["maximize"], found_inf=found_inf,
+            maximize=group["maximize"], **scaling,
         )  # fmt: skip

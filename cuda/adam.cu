@@ -1,0 +1,93 @@
+// Adam and AdamW (torch.optim.Adam / AdamW, foreach=False semantics), fused with unscaling and
+// the skip on inf/nan (Note [found_inf contract]).
+#include "multi_tensor_apply.cuh"
+
+// Mirrored by AdamArgs in scaledoptim/kernels/builtin.py. The host precomputes every scalar
+// that does not depend on the (device-side) step.
+struct AdamArgs {
+  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* inv_scale;  // may be null: grads are not scaled
+  float lr;
+  float beta2;
+  float one_minus_beta1;
+  float one_minus_beta2;
+  float log_beta1;     // log(beta1), -inf for beta1 == 0
+  float log_beta2;
+  float eps;
+  float weight_decay;  // Adam's L2 term added to the gradient; 0 for AdamW
+  float param_decay;   // AdamW's decoupled decay factor 1 - lr * weight_decay; 1 for Adam
+  int amsgrad;
+  int maximize;
+};
+
+enum AdamList { kAdamParam, kAdamGrad, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq, kAdamStep, kAdamLists };
+
+struct AdamStepScalars {
+  float step_size;              // lr / (1 - beta1^step)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+};
+
+__device__ __forceinline__ AdamStepScalars adam_step_scalars(const AdamArgs& a, float step) {
+  // 1 - beta^step as -expm1(step * log(beta)): accurate in fp32 where 1 - powf(beta, step)
+  // would cancel for beta close to 1.
+  AdamStepScalars s;
+  s.step_size = a.lr / -expm1f(step * a.log_beta1);
+  s.bias_correction2_sqrt = sqrtf(-expm1f(step * a.log_beta2));
+  return s;
+}
+
+// torch.lerp's formula, so exp_avg matches torch to the last bit where possible.
+__device__ __forceinline__ float torch_lerp(float start, float end, float weight) {
+  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+}
+
+// torch.maximum: NaN in either operand propagates.
+__device__ __forceinline__ float nan_propagating_max(float a, float b) {
+  return (a < b || b != b) ? b : a;
+}
+
+// One element of Adam/AdamW in fp32. `g` is already unscaled.
+__device__ __forceinline__ void adam_update(float& p, float g, float& m, float& v, float& v_max,
+                                            const AdamArgs& a, const AdamStepScalars& s) {
+  if (a.maximize) g = -g;
+  if (a.weight_decay != 0.0f) g += a.weight_decay * p;
+  p *= a.param_decay;
+  m = torch_lerp(m, g, a.one_minus_beta1);
+  v = v * a.beta2 + a.one_minus_beta2 * g * g;
+  float second_moment = v;
+  if (a.amsgrad) {
+    v_max = nan_propagating_max(v_max, v);
+    second_moment = v_max;
+  }
+  const float denom = sqrtf(second_moment) / s.bias_correction2_sqrt + a.eps;
+  p += -s.step_size * (m / denom);
+}
+
+template <typename P, typename G>
+__global__ void adam_kernel(TensorTable<kAdamLists> table, AdamArgs args) {
+  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  const Chunk c = this_blocks_chunk(table);
+  P* p = chunk_data<P>(table, kAdamParam, c);
+  const G* g = chunk_data<const G>(table, kAdamGrad, c);
+  float* m = chunk_data<float>(table, kAdamExpAvg, c);
+  float* v = chunk_data<float>(table, kAdamExpAvgSq, c);
+  float* v_max = args.amsgrad ? chunk_data<float>(table, kAdamMaxExpAvgSq, c) : nullptr;
+  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  // Note [step counters]: the counter is advanced after this launch; use the new value.
+  const AdamStepScalars s = adam_step_scalars(args, *tensor_scalar<const float>(table, kAdamStep, c) + 1.0f);
+
+  for_each_lanes(c.size, all_aligned(p, g, m, v, v_max), [&](const Lanes& l) {
+    float rp[kILP], rg[kILP], rm[kILP], rv[kILP], rv_max[kILP] = {};
+    load(rp, p, l);
+    load(rg, g, l);
+    load(rm, m, l);
+    load(rv, v, l);
+    if (v_max) load(rv_max, v_max, l);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) adam_update(rp[k], rg[k] * inv_scale, rm[k], rv[k], rv_max[k], args, s);
+    store(p, rp, l);
+    store(m, rm, l);
+    store(v, rv, l);
+    if (v_max) store(v_max, rv_max, l);
+  });
+}

@@ -1,0 +1,134 @@
+// Multi-tensor apply: one launch updates many tensors. The launcher
+// (scaledoptim/kernels/table.py) splits every tensor into chunks of `chunk_size` elements and
+// fills a TensorTable per launch; block b of the launch processes chunk b of the table.
+#pragma once
+#include "common.cuh"
+#include "dtypes.cuh"
+
+// Elements per thread per iteration: 4 fp32 = one 16-byte vector load.
+constexpr int kILP = 4;
+// Chunks per launch, as in apex/torch.
+constexpr int kMaxChunks = 320;
+// The table travels by value in the kernel parameters, which CUDA caps at 4 KB; keep room for
+// the kernel's scalar-argument struct.
+constexpr int kKernelParamBytes = 4096;
+constexpr int kArgsReserveBytes = 256;
+
+// Note [multi-tensor table layout]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Mirrored field for field by scaledoptim/kernels/table.py (the emulator checks sizeof at
+// load time). `ptrs[list][slot]` is the data pointer of tensor `slot` in tensor list `list`
+// (null for a list the kernel does not read, e.g. max_exp_avg_sq without amsgrad); `sizes[slot]`
+// is the element count of the tensors of list 0. A tensor whose chunks do not fit in one table
+// continues in the next launch, in slot 0.
+template <int N_LISTS>
+struct TensorTable {
+  static constexpr int kMaxTensorsByBytes =
+      (kKernelParamBytes - kArgsReserveBytes - kMaxChunks * 5 - 8) / (8 * (N_LISTS + 1));
+  static constexpr int kMaxTensors = kMaxTensorsByBytes < 255 ? kMaxTensorsByBytes : 255;
+
+  void* ptrs[N_LISTS][kMaxTensors];
+  long long sizes[kMaxTensors];
+  long long chunk_size;  // a multiple of kILP
+  int chunk_index[kMaxChunks];  // chunk number within its tensor
+  unsigned char chunk_tensor[kMaxChunks];  // slot of the chunk's tensor
+};
+
+struct Chunk {
+  int tensor;       // slot in the table
+  long long start;  // first element of the chunk within the tensor
+  long long size;   // elements in the chunk
+};
+
+template <int N>
+__device__ __forceinline__ Chunk this_blocks_chunk(const TensorTable<N>& table) {
+  Chunk c;
+  c.tensor = table.chunk_tensor[blockIdx.x];
+  c.start = static_cast<long long>(table.chunk_index[blockIdx.x]) * table.chunk_size;
+  const long long left = table.sizes[c.tensor] - c.start;
+  c.size = left < table.chunk_size ? left : table.chunk_size;
+  return c;
+}
+
+// The chunk's elements in list `list`.
+template <typename T, int N>
+__device__ __forceinline__ T* chunk_data(const TensorTable<N>& table, int list, const Chunk& c) {
+  return static_cast<T*>(table.ptrs[list][c.tensor]) + c.start;
+}
+
+// The single element of a per-tensor list (e.g. the step counter).
+template <typename T, int N>
+__device__ __forceinline__ T* tensor_scalar(const TensorTable<N>& table, int list, const Chunk& c) {
+  return static_cast<T*>(table.ptrs[list][c.tensor]);
+}
+
+template <typename T>
+struct alignas(sizeof(T) * kILP) Vec {
+  T x[kILP];
+};
+
+template <typename T>
+__device__ __forceinline__ bool is_aligned(const T* p) {
+  return reinterpret_cast<so_uintptr>(p) % sizeof(Vec<T>) == 0;
+}
+
+// Null pointers (lists the kernel does not read) count as aligned.
+template <typename... T>
+__device__ __forceinline__ bool all_aligned(const T*... p) {
+  return (is_aligned(p) && ...);
+}
+
+// The kILP elements one thread handles in one iteration: first + k * stride for k < kILP.
+// Vector lanes are contiguous and in bounds; scalar lanes are strided across the block (so the
+// block's accesses stay coalesced) and only those with index < end exist.
+struct Lanes {
+  long long first;
+  long long stride;
+  long long end;
+  bool vector;
+
+  __device__ __forceinline__ bool active(int k) const { return first + k * stride < end; }
+};
+
+// Loads the lanes as fp32; inactive lanes read as 0 and are never stored.
+template <typename T>
+__device__ __forceinline__ void load(float (&r)[kILP], const T* p, const Lanes& l) {
+  if (l.vector) {
+    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(p + l.first);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) r[k] = to_float(v.x[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) r[k] = l.active(k) ? to_float(p[l.first + k * l.stride]) : 0.0f;
+  }
+}
+
+// Stores the lanes, each rounded once (round-to-nearest-even) to T.
+template <typename T>
+__device__ __forceinline__ void store(T* p, const float (&r)[kILP], const Lanes& l) {
+  if (l.vector) {
+    Vec<T> v;
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) v.x[k] = from_float<T>(r[k]);
+    *reinterpret_cast<Vec<T>*>(p + l.first) = v;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) {
+      if (l.active(k)) p[l.first + k * l.stride] = from_float<T>(r[k]);
+    }
+  }
+}
+
+// Calls body(Lanes) until this thread has covered its share of the chunk's `n` elements:
+// 16-byte vectors while every pointer is aligned, guarded scalars for the rest.
+template <typename Body>
+__device__ __forceinline__ void for_each_lanes(long long n, bool aligned, Body&& body) {
+  const long long threads = blockDim.x;
+  const long long vector_end = aligned ? n / kILP * kILP : 0;
+  for (long long i = threadIdx.x * kILP; i < vector_end; i += threads * kILP) {
+    body(Lanes{i, 1, vector_end, true});
+  }
+  for (long long i = vector_end + threadIdx.x; i < n; i += threads * kILP) {
+    body(Lanes{i, threads, n, false});
+  }
+}

@@ -1,0 +1,54 @@
+// SGD with momentum, dampening, Nesterov, weight decay and maximize (torch.optim.SGD,
+// foreach=False semantics), fused with unscaling and the skip on inf/nan
+// (Note [found_inf contract]).
+#include "multi_tensor_apply.cuh"
+
+// Mirrored by SgdArgs in scaledoptim/kernels/builtin.py.
+struct SgdArgs {
+  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* inv_scale;  // may be null: grads are not scaled
+  float lr;
+  float momentum;             // 0: no momentum buffer (its list holds null pointers)
+  float one_minus_dampening;
+  float weight_decay;
+  int nesterov;
+  int maximize;
+};
+
+enum SgdList { kSgdParam, kSgdGrad, kSgdMomentumBuffer, kSgdStep, kSgdLists };
+
+// One element of SGD in fp32. `g` is already unscaled; `first_step` is true on the first taken
+// step, where torch creates the momentum buffer as a copy of the gradient.
+__device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool first_step,
+                                           const SgdArgs& a) {
+  if (a.maximize) g = -g;
+  if (a.weight_decay != 0.0f) g += a.weight_decay * p;
+  if (a.momentum != 0.0f) {
+    buf = first_step ? g : buf * a.momentum + a.one_minus_dampening * g;
+    g = a.nesterov ? g + a.momentum * buf : buf;
+  }
+  p += -a.lr * g;
+}
+
+template <typename P, typename G>
+__global__ void sgd_kernel(TensorTable<kSgdLists> table, SgdArgs args) {
+  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  const Chunk c = this_blocks_chunk(table);
+  P* p = chunk_data<P>(table, kSgdParam, c);
+  const G* g = chunk_data<const G>(table, kSgdGrad, c);
+  float* buf = args.momentum != 0.0f ? chunk_data<float>(table, kSgdMomentumBuffer, c) : nullptr;
+  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  // Note [step counters]: still the count before this step.
+  const bool first_step = *tensor_scalar<const float>(table, kSgdStep, c) == 0.0f;
+
+  for_each_lanes(c.size, all_aligned(p, g, buf), [&](const Lanes& l) {
+    float rp[kILP], rg[kILP], rbuf[kILP] = {};
+    load(rp, p, l);
+    load(rg, g, l);
+    if (buf) load(rbuf, buf, l);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) sgd_update(rp[k], rg[k] * inv_scale, rbuf[k], first_step, args);
+    store(p, rp, l);
+    if (buf) store(buf, rbuf, l);
+  });
+}

@@ -1,0 +1,73 @@
+"""Launches on CUDA tensors: CuPy's NVRTC compiles the kernels, the driver launches them on
+torch's current stream. CuPy is imported on first use only."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from .nvrtc import compile_options, program_source
+from .spec import MultiTensorKernel
+
+__all__ = ["launch"]
+
+# (kernel, device index) -> cupy.RawModule; (kernel, instantiation, device index) -> Function.
+# One module per device: a RawModule is compiled for the arch of the device it first runs on.
+_modules: dict[tuple[MultiTensorKernel, int], Any] = {}
+_functions: dict[tuple[MultiTensorKernel, str, int], Any] = {}
+
+
+def _import_cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as error:
+        raise RuntimeError(
+            "Fused CUDA kernels need CuPy; install it with `pip install scaledoptim[cuda12]` "
+            "(or [cuda13] for CUDA 13 drivers)"
+        ) from error
+    return cupy
+
+
+def _function(kernel: MultiTensorKernel, instantiation: str, device_index: int) -> Any:
+    key = (kernel, instantiation, device_index)
+    function = _functions.get(key)
+    if function is None:
+        cupy = _import_cupy()
+        with cupy.cuda.Device(device_index):
+            module = _modules.get((kernel, device_index))
+            if module is None:
+                module = cupy.RawModule(
+                    code=program_source(kernel),
+                    options=compile_options(kernel),
+                    name_expressions=kernel.instantiations(),
+                )
+                _modules[(kernel, device_index)] = module
+            # Compiles all instantiations at the first call (NVRTC log in CompileException).
+            function = module.get_function(instantiation)
+        _functions[key] = function
+    return function
+
+
+def launch(
+    kernel: MultiTensorKernel,
+    instantiation: str,
+    params: ctypes.Array,
+    grid: int,
+    block: int,
+    device: torch.device,
+) -> None:
+    """Enqueues one launch on torch's current stream of ``device``; does not synchronize.
+
+    ``params`` is cuLaunchKernel's kernelParams array; the driver copies the arguments (the
+    table travels by value) at launch, so no host memory has to outlive this call.
+    """
+    device_index = device.index if device.index is not None else torch.cuda.current_device()
+    function = _function(kernel, instantiation, device_index)
+    stream = torch.cuda.current_stream(device_index).cuda_stream
+    cupy = _import_cupy()
+    with cupy.cuda.Device(device_index):
+        cupy.cuda.driver.launchKernel(
+            function.ptr, grid, 1, 1, block, 1, 1, 0, stream, ctypes.addressof(params), 0
+        )

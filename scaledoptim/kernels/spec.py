@@ -1,0 +1,75 @@
+"""Description of a multi-tensor kernel: which source, which template, which tensor lists."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["MultiTensorKernel", "CUDA_TYPE_NAMES"]
+
+# The C++ type each torch dtype is instantiated with (cuda/dtypes.cuh).
+CUDA_TYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float",
+    torch.float16: "so_half",
+    torch.bfloat16: "so_bfloat16",
+}
+
+
+@dataclass(frozen=True)
+class MultiTensorKernel:
+    r"""A ``__global__`` multi-tensor kernel in a ``.cu`` file, as the launcher sees it.
+
+    The kernel's signature must be ``kernel(TensorTable<len(lists)>, Args)`` (see
+    ``cuda/multi_tensor_apply.cuh``), templated on the element type of each list in
+    ``dtype_lists``, in that order.
+
+    Args:
+        source: the ``.cu`` file. It may include the headers of ``cuda/`` and of its own folder.
+        name: the kernel (template) name, e.g. ``"adam_kernel"``.
+        lists: a name per tensor list, in table order (used in error messages).
+        args_type: the ``ctypes.Structure`` mirroring the kernel's ``Args`` struct.
+        dtype_lists: indices of lists whose dtype (float32, float16 or bfloat16, may differ
+            per tensor) is a template parameter; every other list must be float32.
+        per_tensor_lists: indices of lists holding one element per tensor (e.g. step counters)
+            rather than one per element of the tensors of list 0.
+
+    Example::
+
+        >>> class ScaleArgs(ctypes.Structure):
+        ...     _fields_ = [("factor", ctypes.c_float)]
+        >>> SCALE = MultiTensorKernel(Path("my_kernels/scale.cu"), "scale_kernel", ("x",),
+        ...                           ScaleArgs, dtype_lists=(0,))
+    """
+
+    source: Path
+    name: str
+    lists: tuple[str, ...]
+    args_type: type[ctypes.Structure]
+    dtype_lists: tuple[int, ...] = ()
+    per_tensor_lists: tuple[int, ...] = ()
+
+    @property
+    def n_lists(self) -> int:
+        return len(self.lists)
+
+    def instantiation(self, dtypes: tuple[torch.dtype, ...]) -> str:
+        """The C++ name expression of the kernel for the template ``dtypes``."""
+        if not self.dtype_lists:
+            return self.name
+        return f"{self.name}<{', '.join(CUDA_TYPE_NAMES[d] for d in dtypes)}>"
+
+    def instantiations(self) -> list[str]:
+        """Every instantiation the backends compile: all dtype combinations."""
+        combos = itertools.product(CUDA_TYPE_NAMES, repeat=len(self.dtype_lists))
+        return [self.instantiation(c) for c in combos]
+
+
+def c_symbol(instantiation: str) -> str:
+    """The emulator's extern "C" entry of an instantiation, e.g.
+    ``so_emulate_adam_kernel_float_so_half``."""
+    return "so_emulate_" + re.sub(r"\W+", "_", instantiation).strip("_")

@@ -1,0 +1,78 @@
+"""The host 16-bit conversions of cuda/dtypes.cuh against torch's casts, bit for bit."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from scaledoptim.kernels import ADVANCE_STEPS
+from scaledoptim.kernels.emulator import emulator_library
+
+DTYPES = {"half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def convert(function: str, source: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(source.shape, dtype=out_dtype)
+    emulator_library(ADVANCE_STEPS).function(function)(
+        ctypes.c_void_p(source.data_ptr()),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_longlong(source.numel()),
+    )
+    return out
+
+
+def float_inputs() -> torch.Tensor:
+    """Random bit patterns, every rounding boundary of both 16-bit formats, and edge values."""
+    generator = torch.Generator().manual_seed(0)
+    random_bits = torch.randint(
+        -(2**31), 2**31 - 1, (1 << 20,), generator=generator, dtype=torch.int64
+    )
+    all_16 = torch.arange(-(2**15), 2**15, dtype=torch.int32)
+    # For both formats: each representable value, the midpoints above it, and one float ulp around.
+    boundaries = []
+    for shift in (16, 13):  # bfloat16 keeps the top 16 bits of a float, half (mostly) 19
+        base = all_16 << shift
+        for offset in (0, 1 << (shift - 1), (1 << (shift - 1)) - 1, (1 << (shift - 1)) + 1):
+            boundaries.append(base + offset)
+    edges = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            float("inf"),
+            float("-inf"),
+            float("nan"),
+            65504.0,
+            65519.99,
+            65520.0,
+            2.0**-24,
+            2.0**-25,
+            2.0**-25 * 1.0000001,
+            2.0**-14,
+            3.4e38,
+            1e-45,
+        ]
+    )
+    bits = torch.cat([random_bits.to(torch.int32), *[b.to(torch.int32) for b in boundaries]])
+    return torch.cat([bits.view(torch.float32), edges])
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_from_float_rounds_like_torch(name):
+    values = float_inputs()
+    ours = convert(f"so_emulator_{name}_from_float", values, torch.int16)
+    theirs = values.to(DTYPES[name]).view(torch.int16)
+    nan = values.isnan()
+    assert torch.equal(ours[~nan], theirs[~nan])
+    assert ours[nan].view(DTYPES[name]).isnan().all()  # payload and sign of NaN are not specified
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_to_float_is_exact_for_every_bit_pattern(name):
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    ours = convert(f"so_emulator_float_from_{name}", patterns, torch.float32)
+    theirs = patterns.view(DTYPES[name]).float()
+    nan = theirs.isnan()
+    assert torch.equal(ours.isnan(), nan)
+    assert torch.equal(ours[~nan].view(torch.int32), theirs[~nan].view(torch.int32))

@@ -1,0 +1,141 @@
+"""The public launcher: chunking across launches, table reuse, validation, a custom kernel."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaledoptim import kernels
+from scaledoptim.kernels import launcher
+from scaledoptim.kernels.emulator import emulator_library
+from scaledoptim.kernels.table import MAX_CHUNKS, max_tensors, plan_launches, table_type
+
+SCALE_SOURCE = Path(__file__).parent / "data" / "scale.cu"
+
+
+class ScaleArgs(ctypes.Structure):
+    _fields_ = [("factor", ctypes.c_float)]
+
+
+SCALE = kernels.MultiTensorKernel(
+    SCALE_SOURCE, "scale_kernel", ("tensors",), ScaleArgs, dtype_lists=(0,)
+)
+
+
+def test_plan_covers_every_chunk_once_across_tables():
+    sizes = [0, 5, 4 * (MAX_CHUNKS + 3), 1, 9] + [1] * (2 * max_tensors(2))
+    pointers = [(1000 + i, 0) for i in range(len(sizes))]
+    launches = plan_launches(pointers, sizes, n_lists=2, chunk_size=4)
+    seen = []
+    for planned in launches:
+        table = planned.table
+        assert 0 < planned.n_chunks <= MAX_CHUNKS
+        for b in range(planned.n_chunks):
+            slot = table.chunk_tensor[b]
+            tensor = table.ptrs[0][slot] - 1000
+            assert table.sizes[slot] == sizes[tensor] and not table.ptrs[1][slot]  # null list
+            seen.append((tensor, table.chunk_index[b]))
+    expected = [(i, c) for i, n in enumerate(sizes) for c in range(-(-n // 4))]
+    assert sorted(seen) == expected
+
+
+@pytest.mark.parametrize("kernel", (*kernels.BUILTIN_KERNELS, SCALE), ids=lambda k: k.name)
+def test_ctypes_tables_match_the_cuda_structs(kernel):
+    library = emulator_library(kernel)
+    for name in kernel.instantiations():
+        library.entry(name)  # raises when sizeof differs between C++ and ctypes
+    assert ctypes.sizeof(table_type(kernel.n_lists)) + ctypes.sizeof(kernel.args_type) <= 4096
+
+
+def test_more_tensors_than_one_table_holds():
+    n = max_tensors(6) * 2 + 3
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.randn(i % 7, generator=generator) for i in range(n)]
+    grads = [torch.randn(p.shape, generator=generator) for p in params]
+    m, v = [torch.zeros(p.shape) for p in params], [torch.zeros(p.shape) for p in params]
+    steps = [torch.zeros(()) for _ in params]
+    expected = [p - 0.1 * torch.sign(g) for p, g in zip(params, grads)]  # Adam's first step
+    kernels.adam_(
+        params,
+        grads,
+        m,
+        v,
+        [],
+        steps,
+        lr=0.1,
+        beta1=0.9,
+        beta2=0.999,
+        eps=0.0,
+        weight_decay=0.0,
+        decoupled_weight_decay=True,
+        amsgrad=False,
+        maximize=False,
+        found_inf=None,
+        inv_scale=None,
+    )
+    for p, e in zip(params, expected):
+        torch.testing.assert_close(p, e, rtol=1e-6, atol=1e-6)
+    assert all(s.item() == 1 for s in steps)
+    found_inf = torch.zeros(())
+    grads[-1].view(-1)[-1] = float("inf")
+    kernels.non_finite_check_(grads, found_inf)
+    assert found_inf.item() == 1
+
+
+def test_custom_kernel_through_the_public_launcher():
+    xs = [torch.randn(n).to(d) for n in (0, 1, 67, 300) for d in (torch.float32, torch.bfloat16)]
+    expected = [(x.float() * 3).to(x.dtype) for x in xs]
+    kernels.launch(SCALE, [xs], ScaleArgs(3.0))
+    for x, e in zip(xs, expected):
+        assert torch.equal(x, e)
+
+
+def test_table_is_reused_while_pointers_are_unchanged(monkeypatch):
+    xs = [torch.randn(10), torch.randn(100)]
+    builds = []
+    build = launcher._build_plans
+    monkeypatch.setattr(launcher, "_build_plans", lambda *a: builds.append(1) or build(*a))
+    for _ in range(3):
+        kernels.launch(SCALE, [xs], ScaleArgs(1.0))
+    assert len(builds) == 1
+    kernels.launch(SCALE, [[xs[0], torch.randn(100)]], ScaleArgs(1.0))  # a new pointer: new table
+    assert len(builds) == 2
+
+
+def test_invalid_tensor_lists_are_rejected_with_the_fix():
+    x = torch.randn(4, 4)
+    with pytest.raises(ValueError, match="not dense"):
+        kernels.launch(SCALE, [[x.t()]], ScaleArgs(1.0))
+    with pytest.raises(TypeError, match="dtype torch.float64"):
+        kernels.launch(SCALE, [[x.double()]], ScaleArgs(1.0))
+    with pytest.raises(ValueError, match="takes 1 tensor lists"):
+        kernels.launch(SCALE, [[x], [x]], ScaleArgs(1.0))
+    with pytest.raises(TypeError, match="ScaleArgs"):
+        kernels.launch(SCALE, [[x]], kernels.UnscaleArgs())
+    with pytest.raises(ValueError, match="has 2 tensors but params has 1"):
+        kernels.sgd_(
+            [x],
+            [x, x],
+            [],
+            [torch.zeros(())],
+            lr=0.1,
+            momentum=0.0,
+            dampening=0.0,
+            nesterov=False,
+            weight_decay=0.0,
+            maximize=False,
+            found_inf=None,
+            inv_scale=None,
+        )
+    with pytest.raises(ValueError, match="found_inf must be a one-element float32"):
+        kernels.non_finite_check_([x], torch.zeros((), dtype=torch.float64))
+
+
+def test_emulation_switch(monkeypatch):
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    assert not kernels.emulation_requested()
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+    assert kernels.emulation_requested()

@@ -1,0 +1,43 @@
+"""Every kernel and dtype instantiation compiles with NVRTC for every target arch; no GPU needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaledoptim.kernels import BUILTIN_KERNELS, KernelCompileError, MultiTensorKernel, UnscaleArgs
+
+cupy = pytest.importorskip("cupy", reason="the NVRTC check compiles through CuPy's NVRTC bindings")
+
+from scaledoptim.kernels.nvrtc import TARGET_ARCHS, compile_for_arch, supported_archs  # noqa: E402
+
+
+def test_installed_nvrtc_covers_current_gpus():
+    assert {80, 90} <= set(
+        supported_archs()
+    ), f"NVRTC supports only {supported_archs()} of {TARGET_ARCHS}"
+
+
+@pytest.mark.parametrize(
+    "arch", supported_archs() or [pytest.param(0, marks=pytest.mark.skip("no NVRTC arch"))]
+)
+@pytest.mark.parametrize("kernel", BUILTIN_KERNELS, ids=lambda k: k.source.name)
+def test_every_instantiation_compiles(kernel, arch):
+    cubin = compile_for_arch(kernel, arch)  # KernelCompileError carries the NVRTC log
+    assert cubin
+
+
+def test_a_broken_kernel_fails_with_the_nvrtc_log(tmp_path):
+    source = tmp_path / "broken.cu"
+    source.write_text(
+        '#include "multi_tensor_apply.cuh"\n'
+        "struct BrokenArgs { float* found_inf; const float* inv_scale; };\n"
+        "template <typename T>\n"
+        "__global__ void broken_kernel(TensorTable<1> table, BrokenArgs args) {\n"
+        "  undeclared_helper(table);\n"
+        "}\n"
+    )
+    kernel = MultiTensorKernel(source, "broken_kernel", ("tensors",), UnscaleArgs, dtype_lists=(0,))
+    with pytest.raises(KernelCompileError) as error:
+        compile_for_arch(kernel, supported_archs()[0])
+    message = str(error.value)
+    assert 'broken.cu(5): error: identifier "undeclared_helper" is undefined' in message
