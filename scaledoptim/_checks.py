@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable
 
 import torch
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def as_scale_tensor(
@@ -30,27 +33,59 @@ def as_scale_tensor(
             )
         if scale is trusted:
             return scale
-        _check_scale_value(scale.detach().to("cpu", torch.float64).item())
-        return scale.detach().reshape(()).to(torch.float32)
+        as_float32 = scale.detach().reshape(()).to(torch.float32)
+        _check_scale_value(as_float32.to("cpu", torch.float64).item())
+        return as_float32
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(
             f"grads_scaled_by must be a tensor, a float or None, got {type(scale).__name__}"
         )
-    _check_scale_value(float(scale))
-    return torch.full((), float(scale), dtype=torch.float32, device=device)
+    as_float32 = _to_float32(float(scale))
+    _check_scale_value(as_float32, float(scale))
+    return torch.full((), as_float32, dtype=torch.float32, device=device)
 
 
-def _check_scale_value(value: float) -> None:
-    if not math.isfinite(value) or value <= 0:
+def _to_float32(value: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # beyond float32's range: it would be inf
+        return math.inf
+
+
+def _check_scale_value(as_float32: float, given: float | None = None) -> None:
+    """The scale is used as a float32 and unscaled by its float32 reciprocal: both must be finite
+    and > 0 (a scale of 1e300 is inf in float32, one of 1e-300 is 0, and 1e-45's reciprocal is inf).
+    """
+    if not (math.isfinite(as_float32) and as_float32 > 0 and 1.0 / as_float32 <= _FLOAT32_MAX):
+        shown = as_float32 if given is None else given
         raise ValueError(
-            f"Invalid loss scale {value}: the scale must be finite and > 0. Use the scale "
-            "returned by unscale()/unscale_and_step() (or opt.scale), which always is."
+            f"Invalid loss scale {shown}: the scale must be finite and > 0 in float32, and so must "
+            "its reciprocal. Use the scale returned by unscale()/unscale_and_step() (or "
+            "opt.scale), which always is."
         )
 
 
+def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> None:
+    """:func:`check_grads` on the params' grads, and each grad must have its param's shape."""
+    params = list(params)
+    check_grads([p.grad for p in params], device)
+    for param in params:
+        if param.grad.shape != param.shape:
+            raise ValueError(
+                f"A grad has shape {tuple(param.grad.shape)} but its param has shape "
+                f"{tuple(param.shape)}; a grad assigned through .data bypassed autograd's check. "
+                "Assign p.grad a tensor shaped like p."
+            )
+
+
 def check_grads(grads: Iterable[torch.Tensor], device: torch.device) -> None:
-    """Rejects sparse grads and grads off ``device`` before anything is modified."""
+    """Rejects sparse, non-floating and off-``device`` grads before anything is modified."""
     for grad in grads:
+        if not grad.is_floating_point():
+            raise TypeError(
+                f"A grad has dtype {grad.dtype}; grads must be floating point. Assign p.grad a "
+                "floating tensor (autograd always produces one)."
+            )
         if grad.is_sparse:
             raise RuntimeError(
                 "scaledoptim does not support sparse gradients; use a dense layer (e.g. "

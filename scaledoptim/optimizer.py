@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._checks import as_scale_tensor, check_grads
+from ._checks import as_scale_tensor, check_param_grads
+from .distributed import agree_on_found_inf, check_process_group
 from .scaling import LossScale, ScalingConfig
 
 __all__ = ["Optimizer", "ClosureReplayError", "share_scale"]
@@ -42,7 +43,18 @@ class _ScalingState:
     loss_scale: LossScale
     stage: str = _READY
     found_inf: torch.Tensor | None = None
+    # Set when the grads were checked but left scaled: the step multiplies them by it in
+    # registers (our fused kernels fold the unscale into the update).
+    pending_inv_scale: torch.Tensor | None = None
     replaying: bool = False
+    # Not part of the state_dict: a process group belongs to this run, not to the checkpoint.
+    process_group: Any = None
+
+    def record_unscale(self, found_inf: torch.Tensor, pending_inv_scale: torch.Tensor | None) -> None:
+        self.stage, self.found_inf, self.pending_inv_scale = _UNSCALED, found_inf, pending_inv_scale
+
+    def forget_unscale(self) -> None:
+        self.stage, self.found_inf, self.pending_inv_scale = _READY, None, None
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -108,15 +120,25 @@ class Optimizer(torch.optim.Optimizer):
         min_scale: float = ScalingConfig.min_scale,
         max_scale: float = ScalingConfig.max_scale,
         max_replays: int = ScalingConfig.max_replays,
+        process_group: Any = None,
     ) -> _Self:
         r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
 
         The defaults reproduce :class:`torch.amp.GradScaler`'s scale sequence exactly. See
-        :class:`scaledoptim.scaling.ScalingConfig` for each argument.
+        :class:`scaledoptim.scaling.ScalingConfig` for the other arguments.
+
+        Args:
+            process_group: a :class:`torch.distributed.ProcessGroup` whose ranks must agree on
+                overflow (DDP, FSDP, sharded optimizers). Every :meth:`unscale` then all-reduces
+                ``found_inf`` with MAX over it, on device with no host read, before the scale
+                moves or anything steps: if one rank overflows, every rank skips and every
+                rank's scale moves the same way. Every rank of the group must unscale once per
+                iteration. ``None`` (default): no agreement (single process).
 
         Returns:
             the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.
         """
+        check_process_group(process_group)
         config = ScalingConfig(
             init_scale=init_scale,
             growth_factor=growth_factor,
@@ -133,7 +155,9 @@ class Optimizer(torch.optim.Optimizer):
                 "configure_scaling() on an optimizer that shares its scale: configure the first "
                 "optimizer, then call scaledoptim.share_scale(...)"
             )
-        self.__dict__[self._SCALING_ATTR] = _ScalingState(LossScale(config, self._params_device()))
+        self.__dict__[self._SCALING_ATTR] = _ScalingState(
+            LossScale(config, self._params_device()), process_group=process_group
+        )
         return self
 
     # ------------------------------------------------------------------ the protocol
@@ -184,8 +208,10 @@ class Optimizer(torch.optim.Optimizer):
                 "already. Call step_after_unscale() (or zero_grad() and a new backward) first."
             )
         device = state.loss_scale.device
+        check_param_grads(
+            (p for g in self.param_groups for p in g["params"] if p.grad is not None), device
+        )
         grads = self._grads()
-        check_grads(grads, device)
         if grads_scaled_by is None:
             return None, grads
         scale = as_scale_tensor(grads_scaled_by, device, trusted=state.loss_scale.scale)
@@ -193,13 +219,21 @@ class Optimizer(torch.optim.Optimizer):
         return scale, grads
 
     def _finish_unscale(
-        self, scale: torch.Tensor | None, found_inf: torch.Tensor
+        self,
+        scale: torch.Tensor | None,
+        found_inf: torch.Tensor,
+        pending_inv_scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Moves the scale on ``found_inf`` and records it for the step (no host sync)."""
+        """Agrees on ``found_inf`` across the process group, moves the scale on it and records it
+        for the step (no host sync). Every unscale path ends here; one that left the grads
+        scaled passes the ``pending_inv_scale`` the step must apply."""
         state = self._scaling()
-        state.stage, state.found_inf = _UNSCALED, found_inf
         if scale is None:
+            state.record_unscale(found_inf, None)
             return found_inf, None
+        if state.process_group is not None:
+            agree_on_found_inf(found_inf, state.process_group)  # before anything uses it
+        state.record_unscale(found_inf, pending_inv_scale)
         state.loss_scale.report(id(self), scale, found_inf, force_backoff=state.replaying)
         return found_inf, state.loss_scale.scale
 
@@ -231,6 +265,7 @@ class Optimizer(torch.optim.Optimizer):
             ClosureReplayError: if the closure's grads stay non-finite; nothing is changed.
         """
         if closure is not None:
+            _check_callable(closure, "step_after_unscale", "current_grad_scale")
             return self._step_replaying(
                 lambda scale: self._checked_closure_result(closure(scale)), current_grad_scale
             )
@@ -241,7 +276,7 @@ class Optimizer(torch.optim.Optimizer):
                 "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
             )
         self._step_skipping_if(state.found_inf)
-        state.stage, state.found_inf = _READY, None
+        state.forget_unscale()
         return None
 
     def unscale_and_step(
@@ -282,6 +317,7 @@ class Optimizer(torch.optim.Optimizer):
             found_inf, scale = self.unscale(grads_scaled_by)
             self.step_after_unscale()
             return None, found_inf, scale
+        _check_callable(closure, "unscale_and_step", "grads_scaled_by")
         if grads_scaled_by is None:
             loss = self.step(lambda: closure(None))
             return loss, self._no_overflow(), None
@@ -341,7 +377,7 @@ class Optimizer(torch.optim.Optimizer):
         def replaying_closure() -> Any:
             scale = outcome.get("scale", first_scale)
             for attempt in range(max_replays + 1):
-                state.stage = _READY
+                state.forget_unscale()
                 tried = None if scale is None else float(scale)  # the scale updates in place
                 loss, found_inf, next_scale = evaluate(scale)
                 if next_scale is None or found_inf.item() == 0.0:
@@ -367,7 +403,7 @@ class Optimizer(torch.optim.Optimizer):
             raise
         finally:
             state.replaying = False
-            state.stage, state.found_inf = _READY, None
+            state.forget_unscale()
         return loss, outcome["found_inf"], outcome["scale"]
 
     # ------------------------------------------------------------------ snapshots
@@ -393,11 +429,22 @@ class Optimizer(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
         state = self.__dict__.get(self._SCALING_ATTR)
         if state is not None:
-            state.stage, state.found_inf = _READY, None
+            state.forget_unscale()
 
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`torch.optim.Optimizer.state_dict`, plus ``"loss_scale"``: the scale, its
-        growth and hysteresis trackers and its config."""
+        growth and hysteresis trackers and its config. Loading it resumes bit for bit.
+
+        The process group given to :meth:`configure_scaling` is not saved (it belongs to the
+        run): configure the resumed optimizer with its own, then load.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`. A checkpoint
+                taken there could not resume exactly: the pending step needs the unscaled grads,
+                which no optimizer state_dict holds, and the scale has already moved for it.
+                Save before :meth:`unscale` or after the step.
+        """
+        self._check_between_steps("state_dict()")
         state_dict = super().state_dict()
         state_dict["loss_scale"] = self._scaling().loss_scale.state_dict()
         return state_dict
@@ -407,10 +454,15 @@ class Optimizer(torch.optim.Optimizer):
 
         A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
         scale reset to its configured ``init_scale``. The scale state is validated before
-        anything changes.
+        anything changes. The process group given to :meth:`configure_scaling` is kept.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale` (see
+                :meth:`state_dict`).
         """
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+        self._check_between_steps("load_state_dict()")
         state_dict = dict(state_dict)
         scale_state = state_dict.pop("loss_scale", None)
         device = self._params_device()
@@ -426,7 +478,18 @@ class Optimizer(torch.optim.Optimizer):
             else LossScale.from_state_dict(scale_state, device)
         )
         super().load_state_dict(state_dict)
-        self.__dict__[self._SCALING_ATTR] = _ScalingState(loss_scale)
+        self.__dict__[self._SCALING_ATTR] = _ScalingState(
+            loss_scale, process_group=current.process_group
+        )
+
+    def _check_between_steps(self, method: str) -> None:
+        state = self.__dict__.get(self._SCALING_ATTR)
+        if state is not None and state.stage == _UNSCALED:
+            raise RuntimeError(
+                f"{method} was called between unscale() and step_after_unscale(): a checkpoint "
+                "cannot hold the pending step (its unscaled grads are not optimizer state). Call "
+                "step_after_unscale() (or zero_grad() to drop the step) first."
+            )
 
 
 def share_scale(*optimizers: Optimizer) -> torch.Tensor:
@@ -459,8 +522,18 @@ def share_scale(*optimizers: Optimizer) -> torch.Tensor:
     shared = LossScale(optimizers[0]._scaling().loss_scale.config, devices.pop())
     shared.sharers = len(optimizers)
     for opt in optimizers:
-        opt.__dict__[Optimizer._SCALING_ATTR] = _ScalingState(shared)
+        process_group = opt._scaling().process_group
+        opt.__dict__[Optimizer._SCALING_ATTR] = _ScalingState(shared, process_group=process_group)
     return shared.scale
+
+
+def _check_callable(closure: Any, method: str, scale_keyword: str) -> None:
+    # A scale passed positionally lands in ``closure``: say so instead of failing inside step().
+    if not callable(closure):
+        raise TypeError(
+            f"{method}() takes a closure(S) function or None as its first argument, got "
+            f"{type(closure).__name__}; pass the scale by keyword: {method}({scale_keyword}=S)"
+        )
 
 
 def _group_by_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -184,8 +184,10 @@ class LossScale:
         values = {}
         for name in ("scale", "growth_tracker", "hysteresis_tracker"):
             value = state[name]
-            if not isinstance(value, torch.Tensor) or value.numel() != 1:
-                raise ValueError(f"Corrupt loss_scale state: {name!r} must be a one-element tensor")
+            if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_meta:
+                raise ValueError(
+                    f"Corrupt loss_scale state: {name!r} must be a one-element tensor with data"
+                )
             values[name] = value.detach().reshape(()).to("cpu", torch.float64).item()
         scale = values["scale"]
         if not (math.isfinite(scale) and config.min_scale <= scale <= config.max_scale):
@@ -193,9 +195,14 @@ class LossScale:
                 f"Corrupt loss_scale state: scale {scale} is not finite or outside "
                 f"[min_scale={config.min_scale}, max_scale={config.max_scale}]"
             )
-        for name in ("growth_tracker", "hysteresis_tracker"):
-            if values[name] < 0 or values[name] != int(values[name]):
-                raise ValueError(f"Corrupt loss_scale state: {name} = {values[name]}")
+        # A tracker beyond its config would grow the scale early or tolerate too many overflows.
+        limits = {"growth_tracker": config.growth_interval - 1, "hysteresis_tracker": config.hysteresis}
+        for name, limit in limits.items():
+            if not 0 <= values[name] <= limit or values[name] != int(values[name]):
+                raise ValueError(
+                    f"Corrupt loss_scale state: {name} = {values[name]} is not an integer in "
+                    f"[0, {limit}] for its config"
+                )
         loss_scale = cls(config, device)
         loss_scale.scale.copy_(state["scale"].reshape(()))
         loss_scale.growth_tracker.fill_(int(values["growth_tracker"]))

@@ -34,3 +34,28 @@ def test_emulation_switch_sends_the_step_through_the_kernel_launcher(monkeypatch
     scaledoptim.scale_outputs(model(torch.randn(3, 4)).sum(), opt.scale).backward()
     opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert any("adam" in name for name in launched)
+
+
+def test_kernels_fold_the_unscale_into_the_update_and_leave_grads_scaled(monkeypatch) -> None:
+    """One read-only check, one update unscaling in registers: the grads stay as backward left
+    them, and the step equals the unscale-in-place path."""
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)]
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.randn(5, 4)
+    results = []
+    for model, mode in zip(models, ["emulate", "native"]):
+        if mode == "emulate":
+            monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+        else:
+            monkeypatch.delenv("SCALEDOPTIM_KERNELS")
+        opt = scaledoptim.AdamW(model.parameters(), lr=0.1).configure_scaling(init_scale=1024.0)
+        scaledoptim.scale_outputs(model(x).square().sum(), opt.scale).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
+        kept = all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+        results.append((kept, [p.detach().clone() for p in model.parameters()]))
+    (emulated_kept, emulated), (native_kept, native) = results
+    assert emulated_kept and not native_kept
+    for a, b in zip(emulated, native):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

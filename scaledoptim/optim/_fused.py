@@ -86,8 +86,44 @@ class FusedOptimizer(Optimizer):
         self._update(found_inf=None)
         return loss
 
+    def unscale_and_step(
+        self,
+        closure: Callable[[Any], Any] | None = None,
+        grads_scaled_by: torch.Tensor | float | None = None,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+        r"""As :meth:`scaledoptim.Optimizer.unscale_and_step`.
+
+        On our CUDA kernels (and their emulator) the no-closure form reads the grads twice and
+        writes them never: a read-only inf/nan check, then the update, which unscales in
+        registers. The grads are therefore left *scaled* afterwards; call :meth:`unscale` and
+        :meth:`step_after_unscale` when you need them unscaled (to clip them, say). On torch's
+        fused ops (CPU) the grads are unscaled in place first, which is faster there.
+        """
+        if (
+            closure is not None
+            or grads_scaled_by is None
+            or backend_for(self._params_device()) is not kernels
+            or not self._grads_have_param_layouts()  # rare: unscaling in place copes with any
+        ):
+            return super().unscale_and_step(closure, grads_scaled_by)
+        scale, grads = self._begin_unscale(grads_scaled_by)
+        found_inf = self._no_overflow()
+        kernels.non_finite_check_(grads, found_inf)
+        inv_scale = scale.double().reciprocal().float()  # before the scale moves, in place
+        found_inf, next_scale = self._finish_unscale(scale, found_inf, pending_inv_scale=inv_scale)
+        self.step_after_unscale()
+        return None, found_inf, next_scale
+
+    def _grads_have_param_layouts(self) -> bool:
+        return all(
+            p.grad.stride() == p.stride() and is_dense(p)
+            for g in self.param_groups
+            for p in g["params"]
+            if p.grad is not None
+        )
+
     def _step_skipping_if(self, found_inf: torch.Tensor) -> None:
-        self._update(found_inf=found_inf)
+        self._update(found_inf, self._scaling().pending_inv_scale)
 
     @torch.no_grad()
     def _update(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None = None) -> None:
