@@ -12,23 +12,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scaledoptim import kernels
+from tests.kernels.kernel_reference import (
+    CUDA_KERNEL_MARKS,
+    checked_adam_step_,
+    needs_cupy,  # noqa: F401 (the fixture CUDA_KERNEL_MARKS uses)
+    zero_adam_state,
+)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = list(CUDA_KERNEL_MARKS)
 
 SHAPES = {"1x25M": [25_000_000], "500x10k": [10_000] * 500}
 SCALE = 2.0**16
 BYTES_PER_PARAM = 32
-
-
-@pytest.fixture(autouse=True)
-def needs_cupy() -> None:
-    pytest.importorskip(
-        "cupy", reason="CUDA kernels launch through CuPy (pip install scaledoptim[cuda12])"
-    )
 
 
 def _synchronized(step):
@@ -47,32 +42,12 @@ def _scaled_grads(sizes):
 def _scaledoptim_step(sizes):
     params = [torch.randn(n, device="cuda") for n in sizes]
     grads = _scaled_grads(sizes)
-    m, v = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
-    steps = [torch.zeros((), device="cuda") for _ in params]
+    m, v, steps = zero_adam_state(params)
     found_inf = torch.zeros((), device="cuda")
     inv_scale = torch.full((), 1 / SCALE, device="cuda")
 
     def step():
-        found_inf.zero_()
-        kernels.non_finite_check_(grads, found_inf)
-        kernels.adam_(
-            params,
-            grads,
-            m,
-            v,
-            [],
-            steps,
-            lr=1e-3,
-            beta1=0.9,
-            beta2=0.999,
-            eps=1e-8,
-            weight_decay=0.01,
-            decoupled_weight_decay=True,
-            amsgrad=False,
-            maximize=False,
-            found_inf=found_inf,
-            inv_scale=inv_scale,
-        )
+        checked_adam_step_(params, grads, m, v, steps, found_inf, inv_scale)
 
     step()  # compile and build tables outside the timed rounds
     return step

@@ -21,13 +21,15 @@ enum SgdList { kSgdParam, kSgdGrad, kSgdMomentumBuffer, kSgdStep, kSgdLists };
 // step, where torch creates the momentum buffer as a copy of the gradient.
 __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool first_step,
                                            const SgdArgs& a) {
+  // Each `x.add(y, alpha=a)` of torch.optim.SGD is one fmaf, as torch's vectorised CPU and CUDA
+  // kernels compute it: separate roundings lose the update when p and lr * g nearly cancel.
   if (a.maximize) g = -g;
-  if (a.weight_decay != 0.0f) g += a.weight_decay * p;
+  if (a.weight_decay != 0.0f) g = fmaf(a.weight_decay, p, g);
   if (a.momentum != 0.0f) {
-    buf = first_step ? g : buf * a.momentum + a.one_minus_dampening * g;
-    g = a.nesterov ? g + a.momentum * buf : buf;
+    buf = first_step ? g : fmaf(a.one_minus_dampening, g, buf * a.momentum);
+    g = a.nesterov ? fmaf(a.momentum, buf, g) : buf;
   }
-  p += -a.lr * g;
+  p = fmaf(-a.lr, g, p);
 }
 
 template <typename P, typename G>

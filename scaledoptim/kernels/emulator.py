@@ -34,6 +34,7 @@ __all__ = ["emulation_requested", "emulator_library", "EmulatorLibrary", "cache_
 _BASE_FLAGS = (
     "-std=c++20",
     "-O2",
+    "-ffp-contract=off",  # as NVRTC's --fmad=false: only the fmaf calls in the source fuse
     "-fPIC",
     "-shared",
     "-pthread",

@@ -38,7 +38,14 @@ def program_source(kernel: MultiTensorKernel) -> str:
 
 def compile_options(kernel: MultiTensorKernel) -> tuple[str, ...]:
     """NVRTC options without the architecture (CuPy adds the current device's)."""
-    return ("-std=c++17", f"-I{CUDA_SOURCE_DIR}", f"-I{kernel.source.resolve().parent}")
+    # No implicit contraction: kernels write fmaf where torch fuses, and the emulator (g++,
+    # -ffp-contract=off) then computes the same bits as the GPU.
+    return (
+        "-std=c++17",
+        "--fmad=false",
+        f"-I{CUDA_SOURCE_DIR}",
+        f"-I{kernel.source.resolve().parent}",
+    )
 
 
 def supported_archs() -> tuple[int, ...]:

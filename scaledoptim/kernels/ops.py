@@ -7,8 +7,9 @@ kernels through the emulator.
 
 from __future__ import annotations
 
+import ctypes
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ from .builtin import (
     UnscaleArgs,
 )
 from .launcher import launch
+from .spec import MultiTensorKernel
 
 __all__ = ["adam_", "non_finite_check_", "sgd_", "unscale_"]
 
@@ -72,9 +74,20 @@ def unscale_(tensors: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) ->
     launch(UNSCALE, [tensors], args)
 
 
-def _advance_steps(steps: Sequence[Tensor], found_inf_ptr: int | None) -> None:
+def _launch_update(
+    kernel: MultiTensorKernel,
+    tensor_lists: list[Sequence[Tensor]],
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    make_args: Callable[[int | None, int | None], ctypes.Structure],
+) -> None:
+    """Launches an update ``kernel`` over ``tensor_lists`` (params first, step counters last) with
+    ``make_args(found_inf_ptr, inv_scale_ptr)``, then advances the counters."""
+    device = tensor_lists[0][0].device
+    found = _scalar_ptr(found_inf, "found_inf", device)
+    launch(kernel, tensor_lists, make_args(found, _scalar_ptr(inv_scale, "inv_scale", device)))
     # Note [step counters]: after the update launches, on the same stream.
-    launch(ADVANCE_STEPS, [steps], AdvanceStepsArgs(found_inf_ptr))
+    launch(ADVANCE_STEPS, [tensor_lists[-1]], AdvanceStepsArgs(found))
 
 
 def adam_(
@@ -118,29 +131,27 @@ def adam_(
         return
     if amsgrad and len(max_exp_avg_sqs) != len(params):
         raise ValueError("adam_ with amsgrad=True needs one max_exp_avg_sq per param")
-    device = params[0].device
-    found = _scalar_ptr(found_inf, "found_inf", device)
-    args = AdamArgs(
-        found_inf=found,
-        inv_scale=_scalar_ptr(inv_scale, "inv_scale", device),
-        lr=lr,
-        beta2=beta2,
-        one_minus_beta1=1 - beta1,
-        one_minus_beta2=1 - beta2,
-        log_beta1=math.log(beta1) if beta1 > 0 else -math.inf,
-        log_beta2=math.log(beta2) if beta2 > 0 else -math.inf,
-        eps=eps,
-        weight_decay=0.0 if decoupled_weight_decay else weight_decay,
-        param_decay=1 - lr * weight_decay if decoupled_weight_decay else 1.0,
-        amsgrad=amsgrad,
-        maximize=maximize,
-    )
-    launch(
+    _launch_update(
         ADAM,
         [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], steps],
-        args,
+        found_inf,
+        inv_scale,
+        lambda found, inv: AdamArgs(
+            found_inf=found,
+            inv_scale=inv,
+            lr=lr,
+            beta2=beta2,
+            one_minus_beta1=1 - beta1,
+            one_minus_beta2=1 - beta2,
+            log_beta1=math.log(beta1) if beta1 > 0 else -math.inf,
+            log_beta2=math.log(beta2) if beta2 > 0 else -math.inf,
+            eps=eps,
+            weight_decay=0.0 if decoupled_weight_decay else weight_decay,
+            param_decay=1 - lr * weight_decay if decoupled_weight_decay else 1.0,
+            amsgrad=amsgrad,
+            maximize=maximize,
+        ),
     )
-    _advance_steps(steps, found)
 
 
 def sgd_(
@@ -177,17 +188,19 @@ def sgd_(
         return
     if momentum != 0 and len(momentum_buffers) != len(params):
         raise ValueError("sgd_ with momentum != 0 needs one momentum buffer per param")
-    device = params[0].device
-    found = _scalar_ptr(found_inf, "found_inf", device)
-    args = SgdArgs(
-        found_inf=found,
-        inv_scale=_scalar_ptr(inv_scale, "inv_scale", device),
-        lr=lr,
-        momentum=momentum,
-        one_minus_dampening=1 - dampening,
-        weight_decay=weight_decay,
-        nesterov=nesterov,
-        maximize=maximize,
+    _launch_update(
+        SGD,
+        [params, grads, momentum_buffers if momentum != 0 else [], steps],
+        found_inf,
+        inv_scale,
+        lambda found, inv: SgdArgs(
+            found_inf=found,
+            inv_scale=inv,
+            lr=lr,
+            momentum=momentum,
+            one_minus_dampening=1 - dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+        ),
     )
-    launch(SGD, [params, grads, momentum_buffers if momentum != 0 else [], steps], args)
-    _advance_steps(steps, found)

@@ -10,20 +10,19 @@ import pytest
 import torch
 
 from scaledoptim import kernels
+from tests.kernels.kernel_reference import (
+    CUDA_KERNEL_MARKS,
+    adam_options,
+    checked_adam_step_,
+    needs_cupy,  # noqa: F401 (the fixture CUDA_KERNEL_MARKS uses)
+    sgd_options,
+    ulp_distance,
+    zero_adam_state,
+)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = list(CUDA_KERNEL_MARKS)
 
 SIZES = (1, 3, 5, 4096 + 3, 3 * 65536 + 7)  # odd, sub-vector, multi-chunk
-
-
-@pytest.fixture(autouse=True)
-def needs_cupy() -> None:
-    pytest.importorskip(
-        "cupy", reason="CUDA kernels launch through CuPy (pip install scaledoptim[cuda12])"
-    )
 
 
 @contextlib.contextmanager
@@ -36,29 +35,13 @@ def sync_debug_error():
         torch.cuda.set_sync_debug_mode("default")
 
 
-def adam_state(params):
-    return (
-        [torch.zeros_like(p, dtype=torch.float32) for p in params],
-        [torch.zeros_like(p, dtype=torch.float32) for p in params],
-        [torch.zeros((), device=p.device) for p in params],
-    )
-
-
-def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
-    def ordered(t):
-        bits = t.view(torch.int16).to(torch.int32)
-        return torch.where(bits < 0, -32768 - bits, bits)
-
-    return int((ordered(a) - ordered(b)).abs().max())
-
-
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
 def test_adamw_matches_torch_fused_adamw_with_grad_scaling(dtype):
     torch.manual_seed(0)
     ours = [torch.randn(n, device="cuda").to(dtype) for n in SIZES]
     theirs = [p.clone().requires_grad_() for p in ours]
     torch_opt = torch.optim.AdamW(theirs, lr=1e-3, weight_decay=0.01, fused=True)
-    m, v, steps = adam_state(ours)
+    m, v, steps = zero_adam_state(ours)
     scale = torch.tensor(1024.0, device="cuda")
     inv_scale = scale.reciprocal()
     found_inf = torch.zeros((), device="cuda")
@@ -77,14 +60,7 @@ def test_adamw_matches_torch_fused_adamw_with_grad_scaling(dtype):
             v,
             [],
             steps,
-            lr=1e-3,
-            beta1=0.9,
-            beta2=0.999,
-            eps=1e-8,
-            weight_decay=0.01,
-            decoupled_weight_decay=True,
-            amsgrad=False,
-            maximize=False,
+            **adam_options(),
             found_inf=found_inf,
             inv_scale=inv_scale,
         )
@@ -92,7 +68,7 @@ def test_adamw_matches_torch_fused_adamw_with_grad_scaling(dtype):
         if dtype == torch.float32:
             torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
         else:
-            assert ulp_distance(a, b.detach()) <= 1
+            assert ulp_distance(a, b.detach()).max().item() <= 1
     for a, b in zip(m, theirs):
         torch.testing.assert_close(a, torch_opt.state[b]["exp_avg"], rtol=1e-5, atol=1e-7)
     assert all(s.item() == n_steps for s in steps)
@@ -121,7 +97,7 @@ def test_sgd_matches_torch_fused_sgd():
 def test_a_step_does_not_sync_with_the_host():
     params = [torch.randn(n, device="cuda") for n in SIZES]
     grads = [torch.randn(n, device="cuda") for n in SIZES]
-    m, v, steps = adam_state(params)
+    m, v, steps = zero_adam_state(params)
     buffers = [torch.zeros_like(p) for p in params]
     found_inf, inv_scale = torch.zeros((), device="cuda"), torch.full((), 0.5, device="cuda")
 
@@ -136,30 +112,12 @@ def test_a_step_does_not_sync_with_the_host():
             v,
             [],
             steps,
-            lr=1e-3,
-            beta1=0.9,
-            beta2=0.999,
-            eps=1e-8,
-            weight_decay=0.0,
-            decoupled_weight_decay=True,
-            amsgrad=False,
-            maximize=False,
+            **adam_options(weight_decay=0.0),
             found_inf=found_inf,
             inv_scale=inv_scale,
         )
         kernels.sgd_(
-            params,
-            grads,
-            buffers,
-            steps,
-            lr=0.1,
-            momentum=0.9,
-            dampening=0.0,
-            nesterov=False,
-            weight_decay=0.0,
-            maximize=False,
-            found_inf=found_inf,
-            inv_scale=None,
+            params, grads, buffers, steps, **sgd_options(), found_inf=found_inf, inv_scale=None
         )
 
     step()  # compiles the kernels and builds the tables
@@ -174,7 +132,7 @@ def test_a_whole_step_is_captured_and_replayed_in_a_cuda_graph():
     torch.manual_seed(0)
     params = [torch.randn(n, device="cuda") for n in SIZES]
     grads = [torch.randn(n, device="cuda") for n in SIZES]
-    m, v, steps = adam_state(params)
+    m, v, steps = zero_adam_state(params)
     found_inf, inv_scale = torch.zeros((), device="cuda"), torch.full((), 0.5, device="cuda")
     reference = (
         [t.clone() for t in params],
@@ -184,26 +142,7 @@ def test_a_whole_step_is_captured_and_replayed_in_a_cuda_graph():
     )
 
     def step(params, m, v, steps):
-        found_inf.zero_()
-        kernels.non_finite_check_(grads, found_inf)
-        kernels.adam_(
-            params,
-            grads,
-            m,
-            v,
-            [],
-            steps,
-            lr=1e-3,
-            beta1=0.9,
-            beta2=0.999,
-            eps=1e-8,
-            weight_decay=0.01,
-            decoupled_weight_decay=True,
-            amsgrad=False,
-            maximize=False,
-            found_inf=found_inf,
-            inv_scale=inv_scale,
-        )
+        checked_adam_step_(params, grads, m, v, steps, found_inf, inv_scale)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

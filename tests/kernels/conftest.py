@@ -11,13 +11,13 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(_REPO_ROOT) not in sys.path:  # runs from a checkout without `pip install -e .`
     sys.path.insert(0, str(_REPO_ROOT))
 
-from kernel_reference import CHUNK  # noqa: E402
+from kernel_reference import CHUNK, EMULATOR_THREADS  # noqa: E402
 
 from scaledoptim.kernels import launch_config  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def small_launch_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of CHUNK elements and 8 emulated threads (2 vector iterations per chunk)."""
+    """Chunks of CHUNK elements and EMULATOR_THREADS emulated threads."""
     monkeypatch.setattr(launch_config, "chunk_size", CHUNK)
-    monkeypatch.setattr(launch_config, "emulator_threads_per_block", 8)
+    monkeypatch.setattr(launch_config, "emulator_threads_per_block", EMULATOR_THREADS)

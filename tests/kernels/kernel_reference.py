@@ -1,4 +1,6 @@
-"""The test oracle: torch.optim's single-tensor (foreach=False) math on fp32 copies.
+"""The test oracle: torch.optim's single-tensor (foreach=False) math on fp32 copies; and the
+setup and checks that the kernel tests, tests/gpu and benchmarks/test_bench_cuda_kernels.py share
+(imported there as ``tests.kernels.kernel_reference``).
 
 Each reference step starts from the kernel's current state (params upcast from their 16-bit
 storage), so a 16-bit param is compared with the fp32 result rounded once.
@@ -6,16 +8,37 @@ storage), so a 16-bit param is compared with the fp32 result rounded once.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from torch import Tensor
 from torch.optim.adam import adam as torch_adam
 from torch.optim.sgd import sgd as torch_sgd
 
+from scaledoptim import kernels
+
 # Chunk size of the kernel tests (set by conftest.py): 3 * CHUNK + 7 elements span four chunks.
 CHUNK = 64
 SIZES_IN_CHUNKS = (0, 1, 3, 4, 5, "c-1", "c", "c+1", "3c+7")
+EMULATOR_THREADS = 8  # emulated threads per block: 2 vector iterations per chunk of CHUNK
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Marks of the tests that launch the kernels on a CUDA device (they also need CuPy).
+CUDA_KERNEL_MARKS = (
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.usefixtures("needs_cupy"),
+)
+
+
+@pytest.fixture
+def needs_cupy() -> None:
+    """Used through CUDA_KERNEL_MARKS: a module using those marks imports this fixture too."""
+    pytest.importorskip(
+        "cupy", reason="CUDA kernels launch through CuPy (pip install scaledoptim[cuda12])"
+    )
 
 
 def test_sizes(chunk: int) -> list[int]:
@@ -42,6 +65,116 @@ def make_tensors(
     tensors = [(torch.randn(n, generator=generator) * scale).to(dtype) for n in sizes]
     tensors.append(misaligned((torch.randn(sizes[-1], generator=generator) * scale).to(dtype)))
     return tensors
+
+
+def boundary_params_and_grads(
+    param_dtype: torch.dtype, grad_dtype: torch.dtype, generator: torch.Generator
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Params and grads of every size of ``test_sizes(CHUNK)``, plus a misaligned view each."""
+    sizes = test_sizes(CHUNK)
+    return make_tensors(sizes, param_dtype, generator), make_tensors(sizes, grad_dtype, generator)
+
+
+def mixed_params_and_grads(
+    sizes: Sequence[int], dtypes: Sequence[tuple[torch.dtype, torch.dtype]], seed: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """A param and a grad per ``(param_dtype, grad_dtype)`` of ``dtypes``, sized by ``sizes``."""
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.randn(n, generator=generator).to(p) for n, (p, _) in zip(sizes, dtypes)]
+    grads = [torch.randn(n, generator=generator).to(g) for n, (_, g) in zip(sizes, dtypes)]
+    return params, grads
+
+
+def adam_options(**changes: float | bool) -> dict:
+    """The keyword arguments of ``kernels.adam_`` but found_inf and inv_scale: torch.optim.AdamW's
+    defaults, with ``changes``."""
+    return dict(
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.01,
+        decoupled_weight_decay=True,
+        amsgrad=False,
+        maximize=False,
+    ) | changes
+
+
+def sgd_options(**changes: float | bool) -> dict:
+    """The keyword arguments of ``kernels.sgd_`` but found_inf and inv_scale: lr 0.1 and plain
+    momentum 0.9, with ``changes``."""
+    return dict(
+        lr=0.1,
+        momentum=0.9,
+        dampening=0.0,
+        nesterov=False,
+        weight_decay=0.0,
+        maximize=False,
+    ) | changes
+
+
+def zero_adam_state(params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Zero exp_avgs, exp_avg_sqs (fp32) and step counters for ``params``, on their device."""
+    return (
+        [torch.zeros_like(p, dtype=torch.float32) for p in params],
+        [torch.zeros_like(p, dtype=torch.float32) for p in params],
+        [torch.zeros((), device=p.device) for p in params],
+    )
+
+
+def checked_adam_step_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    found_inf: Tensor,
+    inv_scale: Tensor,
+) -> None:
+    """A loss-scaled AdamW step as the optimizer runs it on device: clear found_inf, check the
+    grads, then the update (unscaling in registers; skipped where found_inf is set)."""
+    found_inf.zero_()
+    kernels.non_finite_check_(grads, found_inf)
+    kernels.adam_(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        **adam_options(),
+        found_inf=found_inf,
+        inv_scale=inv_scale,
+    )
+
+
+def snapshot(tensors: Sequence[Tensor]) -> list[Tensor]:
+    return [t.clone() for t in tensors]
+
+
+def assert_bytes_unchanged(before: Sequence[Tensor], after: Sequence[Tensor]) -> None:
+    for b, a in zip(before, after):
+        assert torch.equal(b.reshape(-1).view(torch.uint8), a.reshape(-1).view(torch.uint8))
+
+
+def compare_steps(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    n_steps: int,
+    generator: torch.Generator,
+    step: Callable[[int], Sequence[Tensor]],
+) -> None:
+    """Runs ``n_steps`` steps, each on fresh gradients drawn from ``generator``: ``step(i)`` runs
+    the reference and the kernel, checks the state, and returns the reference's fp32 params,
+    which ``params`` must match. The update must leave the grads unwritten."""
+    for i in range(n_steps):
+        for g in grads:  # fresh gradients every step
+            g.copy_(torch.randn(g.shape, generator=generator).to(g.dtype))
+        grads_before = snapshot(grads)
+        expected_params = step(i)
+        for actual, reference in zip(params, expected_params):
+            assert_param_close(actual, reference)
+        assert_bytes_unchanged(grads_before, grads)  # update kernels never write grads
 
 
 @dataclass

@@ -10,17 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_reference import (
     CHUNK,
+    DTYPES,
     AdamState,
-    assert_param_close,
     assert_state_close,
-    make_tensors,
+    boundary_params_and_grads,
+    compare_steps,
+    mixed_params_and_grads,
     reference_adam,
-    test_sizes,
+    zero_adam_state,
 )
 
 from scaledoptim import kernels
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 OPTIONS = [
     dict(decoupled_weight_decay=d, amsgrad=a, maximize=m, weight_decay=w)
     for d, a, m, w in itertools.product((False, True), (False, True), (False, True), (0.0, 0.1))
@@ -28,18 +29,12 @@ OPTIONS = [
 
 
 def run_and_compare(params, grads, options, hyper, inv_scale, steps=3, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    state = AdamState(
-        [torch.zeros(p.shape) for p in params],
-        [torch.zeros(p.shape) for p in params],
-        [torch.zeros(p.shape) for p in params] if options["amsgrad"] else [],
-        [torch.zeros(()) for _ in params],
-    )
+    exp_avgs, exp_avg_sqs, counters = zero_adam_state(params)
+    max_exp_avg_sqs = [torch.zeros(p.shape) for p in params] if options["amsgrad"] else []
+    state = AdamState(exp_avgs, exp_avg_sqs, max_exp_avg_sqs, counters)
     scale = torch.tensor(inv_scale) if inv_scale is not None else None
-    for _ in range(steps):
-        for g in grads:  # fresh gradients every step
-            g.copy_(torch.randn(g.shape, generator=generator).to(g.dtype))
-        grads_before = [g.clone() for g in grads]
+
+    def step(_):
         expected_params, expected = reference_adam(
             params, grads, state, inv_scale, {**options, **hyper}
         )
@@ -55,14 +50,13 @@ def run_and_compare(params, grads, options, hyper, inv_scale, steps=3, seed=0):
             found_inf=torch.zeros(()),
             inv_scale=scale,
         )
-        for actual, reference in zip(params, expected_params):
-            assert_param_close(actual, reference)
         for name in ("exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"):
             for actual, reference in zip(getattr(state, name), getattr(expected, name)):
                 assert_state_close(actual, reference)
         assert [s.item() for s in state.steps] == [s.item() for s in expected.steps]
-        for g, before in zip(grads, grads_before):  # update kernels never write grads
-            assert torch.equal(g.view(torch.uint8), before.view(torch.uint8))
+        return expected_params
+
+    compare_steps(params, grads, steps, torch.Generator().manual_seed(seed), step)
 
 
 @pytest.mark.parametrize(
@@ -72,9 +66,7 @@ def run_and_compare(params, grads, options, hyper, inv_scale, steps=3, seed=0):
 @pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
 def test_matches_torch_every_option_and_dtype(param_dtype, grad_dtype, options):
     generator = torch.Generator().manual_seed(1)
-    sizes = test_sizes(CHUNK)
-    params = make_tensors(sizes, param_dtype, generator)
-    grads = make_tensors(sizes, grad_dtype, generator)
+    params, grads = boundary_params_and_grads(param_dtype, grad_dtype, generator)
     hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8)
     run_and_compare(params, grads, options, hyper, inv_scale=0.25)
 
@@ -96,8 +88,6 @@ def test_matches_torch_every_option_and_dtype(param_dtype, grad_dtype, options):
 def test_matches_torch_for_mixed_dtypes_and_hyperparameters(
     options, dtypes, sizes, lr, beta1, beta2, eps, inv_scale, seed
 ):
-    generator = torch.Generator().manual_seed(seed)
-    params = [torch.randn(n, generator=generator).to(p) for n, (p, _) in zip(sizes, dtypes)]
-    grads = [torch.randn(n, generator=generator).to(g) for n, (_, g) in zip(sizes, dtypes)]
+    params, grads = mixed_params_and_grads(sizes, dtypes, seed)
     hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps)
     run_and_compare(params, grads, options, hyper, inv_scale, steps=2, seed=seed)

@@ -7,11 +7,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_reference import CHUNK, make_tensors, test_sizes
+from kernel_reference import CHUNK, DTYPES, make_tensors, test_sizes
 
 from scaledoptim import kernels
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BAD_VALUES = (float("inf"), float("-inf"), float("nan"))
 
 

@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_reference import CHUNK, make_tensors, test_sizes
+from kernel_reference import (
+    adam_options,
+    assert_bytes_unchanged,
+    boundary_params_and_grads,
+    sgd_options,
+    snapshot,
+)
 
 from scaledoptim import kernels
 
 SKIP_FLAGS = (1.0, 2.0, -1.0, float("nan"), float("inf"))
 
 
-def snapshot(tensors):
-    return [t.clone() for t in tensors]
-
-
-def assert_bytes_unchanged(before, after):
-    for b, a in zip(before, after):
-        assert torch.equal(b.reshape(-1).view(torch.uint8), a.reshape(-1).view(torch.uint8))
-
-
 def adam_tensors(dtype):
     generator = torch.Generator().manual_seed(0)
-    sizes = test_sizes(CHUNK)
-    params = make_tensors(sizes, dtype, generator)
-    grads = make_tensors(sizes, dtype, generator)
+    params, grads = boundary_params_and_grads(dtype, dtype, generator)
     state = [[torch.rand(p.shape, generator=generator) for p in params] for _ in range(3)]
     steps = [torch.full((), 7.0) for _ in params]
     return params, grads, state, steps
@@ -44,14 +39,7 @@ def test_adam_skips_on_nonzero_found_inf(flag, dtype, decoupled):
         v,
         v_max,
         steps,
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.999,
-        eps=1e-8,
-        weight_decay=0.1,
-        decoupled_weight_decay=decoupled,
-        amsgrad=True,
-        maximize=False,
+        **adam_options(lr=0.1, weight_decay=0.1, decoupled_weight_decay=decoupled, amsgrad=True),
         found_inf=torch.tensor(flag),
         inv_scale=torch.tensor(0.5),
     )
@@ -69,12 +57,7 @@ def test_sgd_skips_on_nonzero_found_inf(flag, dtype):
         grads,
         buffers,
         steps,
-        lr=0.1,
-        momentum=0.9,
-        dampening=0.0,
-        nesterov=True,
-        weight_decay=0.1,
-        maximize=False,
+        **sgd_options(nesterov=True, weight_decay=0.1),
         found_inf=torch.tensor(flag),
         inv_scale=torch.tensor(0.5),
     )
@@ -91,14 +74,7 @@ def test_zero_found_inf_steps_and_advances_counters():
         v,
         [],
         steps,
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.999,
-        eps=1e-8,
-        weight_decay=0.0,
-        decoupled_weight_decay=True,
-        amsgrad=False,
-        maximize=False,
+        **adam_options(lr=0.1, weight_decay=0.0),
         found_inf=torch.zeros(()),
         inv_scale=None,
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_reference import adam_options, sgd_options, zero_adam_state
 
 from scaledoptim import kernels
 from scaledoptim.kernels import launcher
@@ -55,8 +56,7 @@ def test_more_tensors_than_one_table_holds():
     generator = torch.Generator().manual_seed(0)
     params = [torch.randn(i % 7, generator=generator) for i in range(n)]
     grads = [torch.randn(p.shape, generator=generator) for p in params]
-    m, v = [torch.zeros(p.shape) for p in params], [torch.zeros(p.shape) for p in params]
-    steps = [torch.zeros(()) for _ in params]
+    m, v, steps = zero_adam_state(params)
     expected = [p - 0.1 * torch.sign(g) for p, g in zip(params, grads)]  # Adam's first step
     kernels.adam_(
         params,
@@ -65,14 +65,7 @@ def test_more_tensors_than_one_table_holds():
         v,
         [],
         steps,
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.999,
-        eps=0.0,
-        weight_decay=0.0,
-        decoupled_weight_decay=True,
-        amsgrad=False,
-        maximize=False,
+        **adam_options(lr=0.1, eps=0.0, weight_decay=0.0),
         found_inf=None,
         inv_scale=None,
     )
@@ -121,12 +114,7 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
             [x, x],
             [],
             [torch.zeros(())],
-            lr=0.1,
-            momentum=0.0,
-            dampening=0.0,
-            nesterov=False,
-            weight_decay=0.0,
-            maximize=False,
+            **sgd_options(momentum=0.0),
             found_inf=None,
             inv_scale=None,
         )

@@ -7,18 +7,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (3, 1)]  # repo, tests/kernels
 
 import ctypes  # noqa: E402
 
 import torch  # noqa: E402
+from kernel_reference import CHUNK, EMULATOR_THREADS, adam_options, sgd_options  # noqa: E402
 
 from scaledoptim import kernels  # noqa: E402
 from scaledoptim.kernels import emulator, launch_config  # noqa: E402
 from scaledoptim.kernels.table import plan_launches  # noqa: E402
 
-launch_config.chunk_size = 64
-launch_config.emulator_threads_per_block = 8
+launch_config.chunk_size = CHUNK
+launch_config.emulator_threads_per_block = EMULATOR_THREADS
 
 
 def odd_and_misaligned(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -43,14 +44,13 @@ def clean() -> None:
                 grads,
                 *state,
                 steps,
-                lr=0.1,
-                beta1=0.9,
-                beta2=0.999,
-                eps=1e-8,
-                weight_decay=0.1,
-                decoupled_weight_decay=False,
-                amsgrad=True,
-                maximize=True,
+                **adam_options(
+                    lr=0.1,
+                    weight_decay=0.1,
+                    decoupled_weight_decay=False,
+                    amsgrad=True,
+                    maximize=True,
+                ),
                 found_inf=found_inf,
                 inv_scale=torch.tensor(2.0),
             )
@@ -59,12 +59,7 @@ def clean() -> None:
                 grads,
                 state[0],
                 steps,
-                lr=0.1,
-                momentum=0.9,
-                dampening=0.1,
-                nesterov=False,
-                weight_decay=0.1,
-                maximize=False,
+                **sgd_options(dampening=0.1, weight_decay=0.1),
                 found_inf=found_inf,
                 inv_scale=None,
             )
