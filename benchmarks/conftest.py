@@ -9,7 +9,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-BASELINE_MARK = "torch"
+# The group's baseline: GradScaler + torch's fused optimizer. Other torch cases in a group
+# (foreach, unscaled) are comparisons, not the denominator.
+BASELINE_MARK = "test_torch_gradscaler_fused"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -23,7 +25,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         groups.setdefault(bench.group or "", {})[bench.name] = bench.stats.median
     terminalreporter.section("ratios to torch, medians from this run")
     for group, medians in sorted(groups.items()):
-        baseline = [t for name, t in medians.items() if BASELINE_MARK in name.split("[")[0]]
+        baseline = [t for name, t in medians.items() if name.startswith(BASELINE_MARK)]
         if not baseline:
             continue
         for name, median in sorted(medians.items()):

@@ -66,21 +66,10 @@ def _check_scale_value(as_float32: float, given: float | None = None) -> None:
 
 
 def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> None:
-    """:func:`check_grads` on the params' grads, and each grad must have its param's shape."""
-    params = list(params)
-    check_grads([p.grad for p in params], device)
+    """Rejects, before anything is modified, grads that are not floating, sparse, off
+    ``device``, or not shaped like their param. One pass: it runs on every step."""
     for param in params:
-        if param.grad.shape != param.shape:
-            raise ValueError(
-                f"A grad has shape {tuple(param.grad.shape)} but its param has shape "
-                f"{tuple(param.shape)}; a grad assigned through .data bypassed autograd's check. "
-                "Assign p.grad a tensor shaped like p."
-            )
-
-
-def check_grads(grads: Iterable[torch.Tensor], device: torch.device) -> None:
-    """Rejects sparse, non-floating and off-``device`` grads before anything is modified."""
-    for grad in grads:
+        grad = param.grad
         if not grad.is_floating_point():
             raise TypeError(
                 f"A grad has dtype {grad.dtype}; grads must be floating point. Assign p.grad a "
@@ -95,4 +84,10 @@ def check_grads(grads: Iterable[torch.Tensor], device: torch.device) -> None:
             raise RuntimeError(
                 f"A grad is on {grad.device} but the loss scale is on {device}; an optimizer's "
                 "params must all live on one device: use one optimizer per device"
+            )
+        if grad.shape != param.shape:
+            raise ValueError(
+                f"A grad has shape {tuple(grad.shape)} but its param has shape "
+                f"{tuple(param.shape)}; a grad assigned through .data bypassed autograd's check. "
+                "Assign p.grad a tensor shaped like p."
             )

@@ -71,25 +71,6 @@ def test_every_path_and_dtype_matches_the_fp32_reference(case, dtype, path) -> N
         assert all(v.dtype == torch.float32 for s in opt.state.values() for v in s.values())
 
 
-def test_torch_cpu_fused_sgd_leaves_16bit_params_unchanged_so_we_route_around_it() -> None:
-    """torch 2.13 CPU ``SGD(fused=True)`` skips bf16/fp16 params of >= 16 elements.
-
-    This is why ``optim/_native.py`` updates 16-bit params through fp32 working copies. If
-    this test starts failing, torch fixed its kernel and the detour can be re-measured.
-    """
-    for dtype in (torch.bfloat16, torch.float16):
-        torch_param = torch.nn.Parameter(torch.randn(16).to(dtype))
-        our_param = torch.nn.Parameter(torch_param.detach().clone())
-        before = torch_param.detach().clone()
-        grad = torch.randn(16).to(dtype)
-        torch_param.grad, our_param.grad = grad.clone(), grad.clone()
-        torch.optim.SGD([torch_param], lr=0.5, fused=True).step()
-        scaledoptim.SGD([our_param], lr=0.5).step()
-        assert torch.equal(torch_param, before), "torch's fused CPU SGD now updates 16-bit params"
-        expected = (before.float() - 0.5 * grad.float()).to(dtype)
-        _assert_within_one_ulp(our_param.detach(), expected)
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     case=st.sampled_from(CASES),

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import kernels
-from .._checks import check_grads
+from .._checks import check_param_grads
 from ..kernels.launcher import is_dense
 from ..optimizer import Optimizer
 from . import _native
@@ -147,18 +147,19 @@ class FusedOptimizer(Optimizer):
         from its param's is copied into the param's layout first.
         """
         params = [p for p in group["params"] if p.grad is not None]
-        grads = [p.grad for p in params]
         if params:
-            check_grads(grads, params[0].device)
+            check_param_grads(params, params[0].device)
         for param in params:
-            if not is_dense(param):
+            if not param.is_contiguous() and not is_dense(param):
                 raise RuntimeError(
                     f"A param of shape {tuple(param.shape)} is a strided view, which fused "
                     "optimizers cannot update in place; make the parameter contiguous"
                 )
         grads = [
-            g if g.stride() == p.stride() else torch.empty_like(p, dtype=g.dtype).copy_(g)
-            for p, g in zip(params, grads)
+            p.grad
+            if p.grad.stride() == p.stride()
+            else torch.empty_like(p, dtype=p.grad.dtype).copy_(p.grad)
+            for p in params
         ]
         return params, grads
 
