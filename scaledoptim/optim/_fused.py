@@ -123,11 +123,17 @@ class FusedOptimizer(Optimizer):
         )
 
     def _step_skipping_if(self, found_inf: torch.Tensor) -> None:
-        self._update(found_inf, self._scaling().pending_inv_scale)
+        # unscale() checked these grads moments ago: skip the per-param checks on the hot path.
+        self._update(found_inf, self._scaling().pending_inv_scale, grads_checked=True)
 
     @torch.no_grad()
-    def _update(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None = None) -> None:
-        work = [(group, *self._params_and_grads(group)) for group in self.param_groups]
+    def _update(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None = None,
+        grads_checked: bool = False,
+    ) -> None:
+        work = [(g, *self._params_and_grads(g, grads_checked)) for g in self.param_groups]
         for group, params, grads in work:  # every check before the first update
             if params:
                 states = [self._state_of(p, group) for p in params]
@@ -139,7 +145,9 @@ class FusedOptimizer(Optimizer):
                 self._update_group(group, params, grads, states, backend, scaling)
 
     @staticmethod
-    def _params_and_grads(group: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _params_and_grads(
+        group: dict[str, Any], grads_checked: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The group's params that have grads, and their grads in the param's memory layout.
 
         Fused updates walk param, grad and state storage in lockstep (torch 2.13's CPU fused
@@ -147,7 +155,7 @@ class FusedOptimizer(Optimizer):
         from its param's is copied into the param's layout first.
         """
         params = [p for p in group["params"] if p.grad is not None]
-        if params:
+        if params and not grads_checked:
             check_param_grads(params, params[0].device)
         for param in params:
             if not param.is_contiguous() and not is_dense(param):
