@@ -2,12 +2,13 @@
 
 Run from the repository root::
 
-    python3 -m pytest benchmarks/test_bench_autocast.py -q -s
+    python3 -m pytest benchmarks/test_bench_autocast.py -q
 
 Each benchmark times ``CALLS`` calls of one op inside an already entered region, so the
-numbers are per-op dispatch overhead, not region entry. The last test prints, for each
-case, scaledoptim's time over torch's (ops left on torch's kernels: ~1.0x) and the extra
-microseconds per call of an op whose policy was edited (goal: <= 10 us).
+numbers are per-op dispatch overhead, not region entry. The summary at the end of the run
+(benchmarks/conftest.py) gives, for each case, scaledoptim's time over torch's (ops left on
+torch's kernels: ~1.0x) and the extra microseconds per call of an op whose policy was edited
+(goal: <= 10 us).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ CASES = {
         lambda: torch.softmax(X32, -1), {"aten::softmax.int": "lower_precision_fp"}
     ),
 }
-_MEANS: dict[tuple[str, str], float] = {}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -63,7 +63,8 @@ def _loop(call):
 @pytest.mark.parametrize("case", list(CASES))
 def test_op_overhead(benchmark, case, region):
     call, edits = CASES[case]
-    benchmark.group = case
+    benchmark.group = f"autocast: {case}"
+    benchmark.extra_info.update(baseline=region == "torch", calls=CALLS)
     try:
         if region == "torch":
             context = torch.autocast("cpu", dtype=LOW)
@@ -75,14 +76,3 @@ def test_op_overhead(benchmark, case, region):
             benchmark(_loop(call))
     finally:
         amp.reset_policy()
-    if benchmark.stats is not None:
-        _MEANS[(case, region)] = benchmark.stats.stats.mean / CALLS
-
-
-def test_report_ratios():
-    if len(_MEANS) < 2 * len(CASES):
-        pytest.skip("benchmarks disabled or filtered: no timings to compare")
-    print(f"\n{'case':48s} {'torch us':>9s} {'ours us':>9s} {'ratio':>6s} {'extra us':>9s}")
-    for case in CASES:
-        theirs, ours = _MEANS[(case, "torch")] * 1e6, _MEANS[(case, "scaledoptim")] * 1e6
-        print(f"{case:48s} {theirs:9.2f} {ours:9.2f} {ours / theirs:6.2f} {ours - theirs:9.2f}")

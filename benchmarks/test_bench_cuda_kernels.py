@@ -56,6 +56,7 @@ def _scaledoptim_step(sizes):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_torch_gradscaler_fused_adamw_cuda(benchmark, shape) -> None:
     benchmark.group = f"adamw-step-cuda-{shape}"
+    benchmark.extra_info["baseline"] = True
     params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in SHAPES[shape]]
     for p, g in zip(params, _scaled_grads(SHAPES[shape])):
         p.grad = g

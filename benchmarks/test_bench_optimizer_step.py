@@ -92,6 +92,7 @@ def _with_gradscaler(opt: torch.optim.Optimizer, device: str) -> Callable[[], No
 @cases
 def test_torch_gradscaler_fused(benchmark, optimizer, device, shape) -> None:
     """The baseline: what torch.amp users run today at its fastest."""
+    benchmark.extra_info["baseline"] = True
     torch_class, _, kwargs = OPTIMIZERS[optimizer]
     _run(benchmark, optimizer, device, shape,
          lambda params: _with_gradscaler(torch_class(params, fused=True, **kwargs), device))  # fmt: skip
