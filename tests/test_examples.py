@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from prerequisites import require_module
 
 from scaledoptim.examples.compare import format_table, relative_gap, run_variants
 from scaledoptim.examples.train import RunConfig, train
@@ -56,7 +57,7 @@ def test_bfloat16_trains_without_a_scale() -> None:
 
 
 def test_plot_writes_a_png(compared, tmp_path) -> None:
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "the plot is written with the plot extra")
     from scaledoptim.examples.plot import write_plot
 
     path = tmp_path / "compare.png"

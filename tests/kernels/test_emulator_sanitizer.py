@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prerequisites import missing
 
 SCRIPT = Path(__file__).parent / "data" / "sanitized_launches.py"
 
@@ -26,7 +27,7 @@ def libasan() -> str | None:
 def run_sanitized(mode: str) -> subprocess.CompletedProcess:
     library = libasan()
     if library is None:
-        pytest.skip("needs g++ with libasan (AddressSanitizer runtime)")
+        missing("needs g++ with libasan (AddressSanitizer runtime)")
     env = {
         **os.environ,
         "LD_PRELOAD": library,

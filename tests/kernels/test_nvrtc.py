@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from prerequisites import require_module
 
 from scaledoptim.kernels import BUILTIN_KERNELS, KernelCompileError, MultiTensorKernel, UnscaleArgs
 
-cupy = pytest.importorskip("cupy", reason="the NVRTC check compiles through CuPy's NVRTC bindings")
+cupy = require_module("cupy", "the NVRTC check compiles through CuPy's NVRTC bindings")
 
 from scaledoptim.kernels.nvrtc import TARGET_ARCHS, compile_for_arch, supported_archs  # noqa: E402
 
