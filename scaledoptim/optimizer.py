@@ -232,7 +232,14 @@ class Optimizer(torch.optim.Optimizer):
             state.record_unscale(found_inf, None)
             return found_inf, None
         if state.process_group is not None:
-            agree_on_found_inf(found_inf, state.process_group)  # before anything uses it
+            try:
+                agree_on_found_inf(found_inf, state.process_group)  # before anything uses it
+            except BaseException:
+                # The grads may already be unscaled in place, so a second unscale() must be
+                # refused; and this rank cannot know whether another overflowed: skip the step.
+                found_inf.fill_(1.0)
+                state.record_unscale(found_inf, pending_inv_scale)
+                raise
         state.record_unscale(found_inf, pending_inv_scale)
         state.loss_scale.report(id(self), scale, found_inf, force_backoff=state.replaying)
         return found_inf, state.loss_scale.scale

@@ -273,3 +273,27 @@ LEGAL = [
 @pytest.mark.parametrize("legal", LEGAL, ids=lambda f: f.__name__)
 def test_legal_oddity_works(case, legal) -> None:
     legal(case)
+
+
+def test_a_failed_found_inf_agreement_refuses_a_second_unscale_and_skips_the_step(monkeypatch) -> None:
+    """If the all-reduce raises after the grads were unscaled in place, retrying unscale() would
+    unscale them twice: it is refused, and the pending step is a skip (this rank cannot know
+    whether another overflowed)."""
+    import scaledoptim.optimizer as protocol
+
+    model = make_model()
+    opt = scaledoptim.AdamW(model.parameters())
+    opt._scaling().process_group = object()  # stands in for a group whose collective fails
+
+    def broken_all_reduce(found_inf, group):
+        raise RuntimeError("connection reset by peer")
+
+    monkeypatch.setattr(protocol, "agree_on_found_inf", broken_all_reduce)
+    scaledoptim.scale_outputs(loss_of(model, 0), opt.scale).backward()
+    with pytest.raises(RuntimeError, match="connection reset"):
+        opt.unscale(grads_scaled_by=opt.scale)
+    with pytest.raises(RuntimeError, match="already called"):
+        opt.unscale(grads_scaled_by=opt.scale)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step_after_unscale()
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
