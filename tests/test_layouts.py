@@ -45,3 +45,9 @@ def test_a_strided_view_param_is_refused_before_anything_changes() -> None:
     with pytest.raises(RuntimeError, match="make the parameter contiguous"):
         opt.step()
     assert torch.equal(dense, before)
+    scale_before = opt.scale.clone()
+    for call in (opt.unscale, opt.unscale_and_step):
+        with pytest.raises(RuntimeError, match="make the parameter contiguous"):
+            call(grads_scaled_by=opt.scale)
+    assert torch.equal(dense, before) and torch.equal(dense.grad, torch.ones(3))
+    assert torch.equal(opt.scale, scale_before)

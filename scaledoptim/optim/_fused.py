@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
@@ -103,24 +103,23 @@ class FusedOptimizer(Optimizer):
             closure is not None
             or grads_scaled_by is None
             or backend_for(self._params_device()) is not kernels
-            or not self._grads_have_param_layouts()  # rare: unscaling in place copes with any
         ):
             return super().unscale_and_step(closure, grads_scaled_by)
         scale, grads = self._begin_unscale(grads_scaled_by)
         found_inf = self._no_overflow()
-        kernels.non_finite_check_(grads, found_inf)
+        # The check walks storage flat; a (rare) strided grad is checked through a dense copy.
+        kernels.non_finite_check_([g if is_dense(g) else g.contiguous() for g in grads], found_inf)
         inv_scale = scale.double().reciprocal().float()  # before the scale moves, in place
         found_inf, next_scale = self._finish_unscale(scale, found_inf, pending_inv_scale=inv_scale)
         self.step_after_unscale()
         return None, found_inf, next_scale
 
-    def _grads_have_param_layouts(self) -> bool:
-        return all(
-            p.grad.stride() == p.stride() and is_dense(p)
-            for g in self.param_groups
-            for p in g["params"]
-            if p.grad is not None
-        )
+    def _begin_unscale(
+        self, grads_scaled_by: torch.Tensor | float | None
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        # Refuse params the update cannot take before unscale() touches grads or the scale.
+        _check_dense(p for g in self.param_groups for p in g["params"] if p.grad is not None)
+        return super()._begin_unscale(grads_scaled_by)
 
     def _step_skipping_if(self, found_inf: torch.Tensor) -> None:
         # unscale() checked these grads moments ago: skip the per-param checks on the hot path.
@@ -157,12 +156,7 @@ class FusedOptimizer(Optimizer):
         params = [p for p in group["params"] if p.grad is not None]
         if params and not grads_checked:
             check_param_grads(params, params[0].device)
-        for param in params:
-            if not param.is_contiguous() and not is_dense(param):
-                raise RuntimeError(
-                    f"A param of shape {tuple(param.shape)} is a strided view, which fused "
-                    "optimizers cannot update in place; make the parameter contiguous"
-                )
+            _check_dense(params)
         grads = [
             p.grad
             if p.grad.stride() == p.stride()
@@ -214,6 +208,15 @@ def reject_differentiable(differentiable: bool) -> None:
             "differentiable=True is not supported by scaledoptim's fused optimizers; use the "
             "torch.optim class (scaledoptim.with_scaling(torch.optim.X) keeps the protocol)"
         )
+
+
+def _check_dense(params: Iterable[torch.Tensor]) -> None:
+    for param in params:
+        if not param.is_contiguous() and not is_dense(param):
+            raise RuntimeError(
+                f"A param of shape {tuple(param.shape)} is a strided view, which fused "
+                "optimizers cannot update in place; make the parameter contiguous"
+            )
 
 
 def _cast_state(param: torch.Tensor, key: str, value: Any) -> Any:
