@@ -2,10 +2,11 @@
 
 from . import amp
 from .amp import autocast
-from .optim import SGD, Adam, AdamW
-from .optimizer import ClosureReplayError, Optimizer, share_scale
+from .optim import SGD, Adam, AdamW, FusedOptimizer
+from .optimizer import ClosureReplayError, Optimizer
 from .outputs import backward, grad, scale_outputs
 from .scaling import ScalingConfig
+from .sharing import share_scale
 from .wrapping import LBFGS, patch_optimizer, with_scaling
 
 __version__ = "0.1.0.dev0"
@@ -14,6 +15,7 @@ __all__ = [
     "amp",
     "autocast",
     "Optimizer",
+    "FusedOptimizer",
     "Adam",
     "AdamW",
     "SGD",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["ScalingConfig", "LossScale"]
+__all__ = ["ScalingConfig", "LossScale", "Stage", "ScalingState"]
 
 _FLOAT32 = torch.finfo(torch.float32)
 
@@ -208,3 +209,31 @@ class LossScale:
         loss_scale.growth_tracker.fill_(int(values["growth_tracker"]))
         loss_scale.hysteresis_tracker.fill_(int(values["hysteresis_tracker"]))
         return loss_scale
+
+
+class Stage(enum.Enum):
+    """Where an optimizer is in the protocol: ``READY`` -> :meth:`unscale` -> ``UNSCALED`` ->
+    :meth:`step_after_unscale` (or ``zero_grad``) -> ``READY``."""
+
+    READY = "ready"
+    UNSCALED = "unscaled"
+
+
+@dataclasses.dataclass
+class ScalingState:
+    """One optimizer's loss scale (possibly shared) and its place in the protocol."""
+
+    loss_scale: LossScale
+    stage: Stage = Stage.READY
+    # What unscale() found, for the step that consumes it (Note [found_inf contract]).
+    found_inf: torch.Tensor | None = None
+    # Set while closure replay runs: every overflow backs off, hysteresis notwithstanding.
+    replaying: bool = False
+    # Not part of the state_dict: a process group belongs to this run, not to the checkpoint.
+    process_group: Any = None
+
+    def record_unscale(self, found_inf: torch.Tensor) -> None:
+        self.stage, self.found_inf = Stage.UNSCALED, found_inf
+
+    def forget_unscale(self) -> None:
+        self.stage, self.found_inf = Stage.READY, None

@@ -18,7 +18,7 @@ def _within_one_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 def test_cpu_fused_sgd_leaves_16bit_params_unchanged() -> None:
     """CPU ``SGD(fused=True)`` skips bf16/fp16 params of >= 16 elements, so
-    ``optim/_native.py`` updates 16-bit params through fp32 working copies."""
+    the torch-native backend updates 16-bit params through fp32 working copies."""
     for dtype in (torch.bfloat16, torch.float16):
         torch_param = torch.nn.Parameter(torch.randn(16).to(dtype))
         our_param = torch.nn.Parameter(torch_param.detach().clone())

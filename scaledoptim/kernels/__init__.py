@@ -6,26 +6,23 @@ emulator works without CuPy or a GPU. See docs/kernels.md for writing a kernel.
 
 from __future__ import annotations
 
+from .adam import ADAM, AdamArgs, adam_, adam_args
 from .builtin import (
-    ADAM,
     ADVANCE_STEPS,
-    BUILTIN_KERNELS,
     NON_FINITE_CHECK,
-    SGD,
-    UNSCALE,
-    AdamArgs,
     AdvanceStepsArgs,
     NonFiniteCheckArgs,
-    SgdArgs,
-    UnscaleArgs,
+    non_finite_check_,
 )
 from .config import LaunchConfig, launch_config
-from .emulator import emulation_requested
-from .launcher import launch
+from .launcher import PreparedLaunch, launch, prepare_launch
 from .nvrtc import KernelCompileError
-from .ops import adam_, non_finite_check_, sgd_, unscale_
+from .sgd import SGD, SgdArgs, sgd_, sgd_args
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
+
+#: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
+BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD)
 
 __all__ = [
     "ADAM",
@@ -34,20 +31,20 @@ __all__ = [
     "CUDA_SOURCE_DIR",
     "NON_FINITE_CHECK",
     "SGD",
-    "UNSCALE",
     "AdamArgs",
     "AdvanceStepsArgs",
     "KernelCompileError",
     "LaunchConfig",
     "MultiTensorKernel",
     "NonFiniteCheckArgs",
+    "PreparedLaunch",
     "SgdArgs",
-    "UnscaleArgs",
     "adam_",
-    "emulation_requested",
+    "adam_args",
     "launch",
     "launch_config",
     "non_finite_check_",
+    "prepare_launch",
     "sgd_",
-    "unscale_",
+    "sgd_args",
 ]

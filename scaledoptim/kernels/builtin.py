@@ -1,80 +1,36 @@
-"""The kernels of cuda/ and the ctypes mirrors of their argument structs."""
+"""The kernels every fused optimizer shares: the read-only inf/nan check and the step counters."""
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
+from torch import Tensor
+
+from .launcher import PreparedLaunch, launch, prepare_launch, scalar_pointer
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 __all__ = [
-    "ADAM",
     "ADVANCE_STEPS",
-    "BUILTIN_KERNELS",
     "NON_FINITE_CHECK",
-    "SGD",
-    "UNSCALE",
-    "AdamArgs",
     "AdvanceStepsArgs",
     "NonFiniteCheckArgs",
-    "SgdArgs",
-    "UnscaleArgs",
+    "non_finite_check_",
+    "prepare_advance_steps",
 ]
-
-_float, _int, _ptr = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 
 
 class NonFiniteCheckArgs(ctypes.Structure):
     """Mirror of ``NonFiniteCheckArgs`` in cuda/non_finite_check.cu."""
 
-    _fields_ = [("found_inf", _ptr)]
-
-
-class UnscaleArgs(ctypes.Structure):
-    """Mirror of ``UnscaleArgs`` in cuda/unscale.cu."""
-
-    _fields_ = [("found_inf", _ptr), ("inv_scale", _ptr)]
+    _fields_ = [("found_inf", ctypes.c_void_p)]
 
 
 class AdvanceStepsArgs(ctypes.Structure):
     """Mirror of ``AdvanceStepsArgs`` in cuda/advance_steps.cu."""
 
-    _fields_ = [("found_inf", _ptr)]
-
-
-class AdamArgs(ctypes.Structure):
-    """Mirror of ``AdamArgs`` in cuda/adam.cu."""
-
-    _fields_ = [
-        ("found_inf", _ptr),
-        ("inv_scale", _ptr),
-        ("lr", _float),
-        ("beta2", _float),
-        ("one_minus_beta1", _float),
-        ("one_minus_beta2", _float),
-        ("log_beta1", _float),
-        ("log_beta2", _float),
-        ("eps", _float),
-        ("weight_decay", _float),
-        ("param_decay", _float),
-        ("amsgrad", _int),
-        ("maximize", _int),
-    ]
-
-
-class SgdArgs(ctypes.Structure):
-    """Mirror of ``SgdArgs`` in cuda/sgd.cu."""
-
-    _fields_ = [
-        ("found_inf", _ptr),
-        ("inv_scale", _ptr),
-        ("lr", _float),
-        ("momentum", _float),
-        ("one_minus_dampening", _float),
-        ("weight_decay", _float),
-        ("nesterov", _int),
-        ("maximize", _int),
-    ]
+    _fields_ = [("found_inf", ctypes.c_void_p)]
 
 
 NON_FINITE_CHECK = MultiTensorKernel(
@@ -84,34 +40,27 @@ NON_FINITE_CHECK = MultiTensorKernel(
     NonFiniteCheckArgs,
     dtype_lists=(0,),
 )
-UNSCALE = MultiTensorKernel(
-    CUDA_SOURCE_DIR / "unscale.cu",
-    "unscale_kernel",
-    ("tensors",),
-    UnscaleArgs,
-    dtype_lists=(0,),
-)
 ADVANCE_STEPS = MultiTensorKernel(
     CUDA_SOURCE_DIR / "advance_steps.cu",
     "advance_steps_kernel",
     ("steps",),
     AdvanceStepsArgs,
 )
-ADAM = MultiTensorKernel(
-    CUDA_SOURCE_DIR / "adam.cu",
-    "adam_kernel",
-    ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "steps"),
-    AdamArgs,
-    dtype_lists=(0, 1),
-    per_tensor_lists=(5,),
-)
-SGD = MultiTensorKernel(
-    CUDA_SOURCE_DIR / "sgd.cu",
-    "sgd_kernel",
-    ("params", "grads", "momentum_buffers", "steps"),
-    SgdArgs,
-    dtype_lists=(0, 1),
-    per_tensor_lists=(3,),
-)
 
-BUILTIN_KERNELS = (NON_FINITE_CHECK, UNSCALE, ADVANCE_STEPS, ADAM, SGD)
+
+def non_finite_check_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
+    r"""Sets ``found_inf`` to 1.0 if any element of ``tensors`` is inf or nan; never writes 0.
+
+    Read-only on ``tensors`` (dense, see :func:`~scaledoptim.kernels.prepare_launch`). The
+    caller zeroes ``found_inf`` first (Note [found_inf contract] in cuda/common.cuh).
+    """
+    if not tensors:
+        return
+    found = scalar_pointer(found_inf, "found_inf", tensors[0].device)
+    launch(NON_FINITE_CHECK, [tensors], NonFiniteCheckArgs(found))
+
+
+def prepare_advance_steps(steps: Sequence[Tensor]) -> PreparedLaunch:
+    """The launch that adds 1 to every step counter unless ``found_inf`` is set (Note [step
+    counters]); run it with ``AdvanceStepsArgs(found_inf_pointer)`` after the update."""
+    return prepare_launch(ADVANCE_STEPS, [steps])

@@ -1,10 +1,15 @@
-"""The public multi-tensor launcher: tensor lists in, one or more kernel launches out."""
+"""The public multi-tensor launcher: tensor lists in, one or more kernel launches out.
+
+A launch is prepared (validated, its argument tables built and cached) before anything runs, so
+an optimizer can validate every launch of a step before the first one changes a tensor.
+"""
 
 from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -14,12 +19,70 @@ from .config import launch_config
 from .spec import CUDA_TYPE_NAMES, MultiTensorKernel
 from .table import PlannedLaunch, plan_launches
 
-__all__ = ["launch"]
+__all__ = ["PreparedLaunch", "launch", "prepare_launch", "scalar_pointer"]
 
 # Tables are rebuilt only when a tensor set's data pointers (or sizes, dtypes, chunk size)
 # change; an optimizer reuses the same few sets every step.
 _PLAN_CACHE_SIZE = 64
 _plans: OrderedDict[tuple, list[tuple[str, PlannedLaunch]]] = OrderedDict()
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """A validated launch of ``kernel`` over fixed tensor lists; :meth:`run` enqueues it."""
+
+    kernel: MultiTensorKernel
+    device: torch.device
+    plans: tuple[tuple[str, PlannedLaunch], ...]
+
+    def run(self, args: ctypes.Structure) -> None:
+        """Launches with scalar arguments ``args`` (an instance of ``kernel.args_type``).
+
+        CUDA launches are asynchronous on torch's current stream; emulated ones return when done.
+        """
+        if not isinstance(args, self.kernel.args_type):
+            raise TypeError(
+                f"{self.kernel.name} takes args of type {self.kernel.args_type.__name__}, "
+                f"got {type(args).__name__}"
+            )
+        for instantiation, planned in self.plans:
+            params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(args))
+            if self.device.type == "cuda":
+                cuda_backend.launch(
+                    self.kernel, instantiation, params, planned.n_chunks,
+                    launch_config.threads_per_block, self.device,
+                )  # fmt: skip
+            else:
+                emulator.launch(
+                    self.kernel, instantiation, params, planned.n_chunks,
+                    launch_config.emulator_threads_per_block,
+                )  # fmt: skip
+
+
+def prepare_launch(
+    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]
+) -> PreparedLaunch:
+    r"""Validates ``tensor_lists`` for ``kernel`` and builds (or reuses) its argument tables.
+
+    Args:
+        kernel: the kernel to run.
+        tensor_lists: ``kernel.n_lists`` lists, each empty (the kernel gets null pointers and
+            must not read that list) or as long as the first. All tensors are dense, on one
+            device, and tensor ``i`` of every list has the strides of ``tensor_lists[0][i]``
+            and its element count, except in ``kernel.per_tensor_lists`` (one element each).
+
+    Raises:
+        ValueError, TypeError: naming the offending list and tensor; nothing is launched.
+    """
+    if len(tensor_lists) != kernel.n_lists:
+        raise ValueError(
+            f"{kernel.name} takes {kernel.n_lists} tensor lists {kernel.lists}, "
+            f"got {len(tensor_lists)}"
+        )
+    first = tensor_lists[0]
+    device = first[0].device if first else torch.device("cpu")
+    plans = _planned_launches(kernel, tensor_lists) if first else []
+    return PreparedLaunch(kernel, device, tuple(plans))
 
 
 def launch(
@@ -32,52 +95,29 @@ def launch(
     launches as the 4 KB argument table needs. CUDA tensors run through CuPy on torch's current
     stream, asynchronously and with no host sync (the table travels by value in the kernel
     parameters, so a launch can be captured in a CUDA graph); CPU tensors run through the
-    emulator and the call returns when they are done.
-
-    Args:
-        kernel: the kernel to run.
-        tensor_lists: ``kernel.n_lists`` lists, each empty (the kernel gets null pointers and
-            must not read that list) or as long as the first. All tensors are contiguous and on
-            one device; tensor ``i`` of every list has ``tensor_lists[0][i].numel()`` elements,
-            except in ``kernel.per_tensor_lists`` where it has one.
-        args: an instance of ``kernel.args_type``; device scalars go in as ``data_ptr()``.
-
-    The tensor set is validated when its table is built, i.e. at the first launch and after any
-    data pointer changes.
+    emulator and the call returns when they are done. See :func:`prepare_launch` for the rules
+    ``tensor_lists`` must follow.
     """
-    if len(tensor_lists) != kernel.n_lists:
-        raise ValueError(
-            f"{kernel.name} takes {kernel.n_lists} tensor lists {kernel.lists}, "
-            f"got {len(tensor_lists)}"
-        )
     if not isinstance(args, kernel.args_type):
         raise TypeError(
             f"{kernel.name} takes args of type {kernel.args_type.__name__}, "
             f"got {type(args).__name__}"
         )
-    first = tensor_lists[0]
-    if not first:
-        return
-    device = first[0].device
-    for planned_instantiation, planned in _planned_launches(kernel, tensor_lists):
-        params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(args))
-        if device.type == "cuda":
-            cuda_backend.launch(
-                kernel,
-                planned_instantiation,
-                params,
-                planned.n_chunks,
-                launch_config.threads_per_block,
-                device,
-            )
-        else:
-            emulator.launch(
-                kernel,
-                planned_instantiation,
-                params,
-                planned.n_chunks,
-                launch_config.emulator_threads_per_block,
-            )
+    prepare_launch(kernel, tensor_lists).run(args)
+
+
+def scalar_pointer(t: Tensor | None, name: str, device: torch.device) -> int | None:
+    """The data pointer of a one-element float32 scalar on ``device`` (``None`` stays null)."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a 0-dim float32 tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32 or t.numel() != 1 or t.device != device:
+        raise ValueError(
+            f"{name} must be a one-element float32 tensor on {device}, got {t.dtype} of "
+            f"shape {tuple(t.shape)} on {t.device}"
+        )
+    return t.data_ptr()
 
 
 def _planned_launches(
@@ -89,6 +129,7 @@ def _planned_launches(
         launch_config.chunk_size,
         tuple(t.data_ptr() for tensors in tensor_lists for t in tensors),
         tuple(t.numel() for t in first),
+        tuple(t.stride() for t in first),
         tuple(
             tensor_lists[i][j].dtype
             for i in kernel.dtype_lists
@@ -153,7 +194,8 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
             if not is_dense(t) or (not per_tensor and t.stride() != first[i].stride()):
                 raise ValueError(
                     f"{where} is not dense with the layout of {kernel.lists[0]}[{i}]; kernels "
-                    "walk storage flat, so pass .contiguous() tensors (or all channels_last)"
+                    "walk storage flat, so pass tensors that cover their storage with the "
+                    "same strides (e.g. all .contiguous(), or all channels_last)"
                 )
             expected = 1 if per_tensor else first[i].numel()
             if t.numel() != expected:
@@ -161,11 +203,19 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
 
 
 def is_dense(t: Tensor) -> bool:
-    """Whether ``t`` covers its storage span with no gaps or overlaps in a standard layout, so
-    that an elementwise kernel may walk it as a flat array from ``data_ptr``."""
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+    """Whether ``t`` covers its storage span exactly, with no gaps or overlaps (any dimension
+    order: contiguous, channels_last, transposed), so that an elementwise kernel may walk it as a
+    flat array from ``data_ptr`` -- provided every tensor it is paired with has its strides."""
+    if t.layout != torch.strided:
+        return False
+    if t.numel() == 0:
         return True
-    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
-        return True
-    return t.is_contiguous()
-
+    expected = 1
+    for size, stride in sorted(
+        ((size, stride) for size, stride in zip(t.shape, t.stride()) if size != 1),
+        key=lambda dim: dim[1],
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -1,6 +1,7 @@
-"""The fused optimizers: one file each for hyper-parameters and state, one shared update path."""
+"""The fused optimizers: one file each for hyper-parameters, state and the update's two forms."""
 
 from .adam import Adam, AdamW
+from .fused import FusedOptimizer
 from .sgd import SGD
 
-__all__ = ["Adam", "AdamW", "SGD"]
+__all__ = ["Adam", "AdamW", "FusedOptimizer", "SGD"]

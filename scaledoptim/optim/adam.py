@@ -1,14 +1,15 @@
-"""Adam and AdamW: hyper-parameters, state and the call into the fused update."""
+"""Adam and AdamW: hyper-parameters, state, and the update as kernel arguments and torch ops."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from ._fused import FusedOptimizer, check_hyperparameter, reject_differentiable
+from ..backends.torch_native import advance_steps_
+from ..kernels.adam import ADAM, AdamArgs, adam_args
+from .fused import FusedOptimizer, check_hyperparameter
 
 __all__ = ["Adam", "AdamW"]
 
@@ -33,6 +34,8 @@ class Adam(FusedOptimizer):
         decoupled_weight_decay: apply weight decay as AdamW does.
     """
 
+    kernel = ADAM
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -49,12 +52,6 @@ class Adam(FusedOptimizer):
         fused: bool | None = None,
         decoupled_weight_decay: bool = False,
     ) -> None:
-        check_hyperparameter("learning rate", lr)
-        check_hyperparameter("epsilon value", eps)
-        check_hyperparameter("beta parameter at index 0", betas[0], high=1.0)
-        check_hyperparameter("beta parameter at index 1", betas[1], high=1.0)
-        check_hyperparameter("weight_decay value", weight_decay)
-        reject_differentiable(differentiable)
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
             maximize=maximize, foreach=foreach, capturable=capturable,
@@ -63,34 +60,28 @@ class Adam(FusedOptimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        state["exp_avg"] = self._zeros_like_state(param)
-        state["exp_avg_sq"] = self._zeros_like_state(param)
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = self._zeros_like_state(param)
+    def _check_options(self, options: dict[str, Any]) -> None:
+        check_hyperparameter("learning rate", options["lr"])
+        check_hyperparameter("epsilon value", options["eps"])
+        check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
+        check_hyperparameter("beta parameter at index 1", options["betas"][1], high=1.0)
+        check_hyperparameter("weight_decay value", options["weight_decay"])
+        reject_differentiable(options["differentiable"])
 
-    def _update_group(
-        self,
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        states: list[dict[str, Any]],
-        backend: ModuleType,
-        scaling: dict[str, torch.Tensor | None],
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if group["amsgrad"] else None)
+
+    def _kernel_args(self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None) -> AdamArgs:
+        return adam_args(found_inf, inv_scale, **_adam_options(group))
+
+    def _torch_update(
+        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
     ) -> None:
-        beta1, beta2 = group["betas"]
-        amsgrad = group["amsgrad"]
-        backend.adam_(
-            params, grads,
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
-            [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
-            [s["step"] for s in states],
-            lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            decoupled_weight_decay=group["decoupled_weight_decay"],
-            amsgrad=amsgrad, maximize=group["maximize"], **scaling,
-        )  # fmt: skip
+        *tensors, steps = tensor_lists
+        advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
+        options = _adam_options(group)
+        fused = torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
+        fused(*tensors, steps, **options, found_inf=found_inf)
 
 
 class AdamW(Adam):
@@ -127,3 +118,27 @@ class AdamW(Adam):
             foreach=foreach, maximize=maximize, capturable=capturable,
             differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
         )  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # As torch.optim.AdamW: a checkpoint saved by Adam still steps as AdamW.
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True
+
+
+def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
+    beta1, beta2 = group["betas"]
+    return dict(
+        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+        weight_decay=group["weight_decay"], decoupled_weight_decay=group["decoupled_weight_decay"],
+        amsgrad=group["amsgrad"], maximize=group["maximize"],
+    )  # fmt: skip
+
+
+def reject_differentiable(differentiable: bool) -> None:
+    """fused updates are not differentiable: say what is."""
+    if differentiable:
+        raise ValueError(
+            "differentiable=True is not supported by scaledoptim's fused optimizers; use the "
+            "torch.optim class (scaledoptim.with_scaling(torch.optim.X) keeps the protocol)"
+        )

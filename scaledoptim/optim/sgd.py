@@ -1,14 +1,17 @@
-"""SGD: hyper-parameters, state and the call into the fused update."""
+"""SGD: hyper-parameters, state, and the update as kernel arguments and torch ops."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from ._fused import FusedOptimizer, check_hyperparameter, reject_differentiable
+from ..backends.torch_native import advance_steps_
+from ..kernels.sgd import SGD as SGD_KERNEL
+from ..kernels.sgd import SgdArgs, sgd_args
+from .adam import reject_differentiable
+from .fused import FusedOptimizer, check_hyperparameter
 
 __all__ = ["SGD"]
 
@@ -31,6 +34,8 @@ class SGD(FusedOptimizer):
         maximize: maximize the objective instead of minimizing.
     """
 
+    kernel = SGD_KERNEL
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -45,12 +50,6 @@ class SGD(FusedOptimizer):
         differentiable: bool = False,
         fused: bool | None = None,
     ) -> None:
-        check_hyperparameter("learning rate", lr)
-        check_hyperparameter("momentum value", momentum)
-        check_hyperparameter("weight_decay value", weight_decay)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        reject_differentiable(differentiable)
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
             nesterov=nesterov, maximize=maximize, foreach=foreach,
@@ -58,25 +57,47 @@ class SGD(FusedOptimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _init_state(self, param: torch.Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        if group["momentum"] != 0:
-            state["momentum_buffer"] = self._zeros_like_state(param)
+    def _check_options(self, options: dict[str, Any]) -> None:
+        check_hyperparameter("learning rate", options["lr"])
+        check_hyperparameter("momentum value", options["momentum"])
+        check_hyperparameter("weight_decay value", options["weight_decay"])
+        if options["nesterov"] and (options["momentum"] <= 0 or options["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        reject_differentiable(options["differentiable"])
 
-    def _update_group(
-        self,
-        group: dict[str, Any],
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        states: list[dict[str, Any]],
-        backend: ModuleType,
-        scaling: dict[str, torch.Tensor | None],
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+        return ("momentum_buffer" if group["momentum"] != 0 else None,)
+
+    def _kernel_args(self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None) -> SgdArgs:
+        return sgd_args(found_inf, inv_scale, **_sgd_options(group))
+
+    def _torch_update(
+        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
     ) -> None:
-        momentum = group["momentum"]
-        backend.sgd_(
-            params, grads,
-            [s["momentum_buffer"] for s in states] if momentum != 0 else [],
-            [s["step"] for s in states],
-            lr=group["lr"], momentum=momentum, dampening=group["dampening"],
-            nesterov=group["nesterov"], weight_decay=group["weight_decay"],
-            maximize=group["maximize"], **scaling,
-        )  # fmt: skip
+        """torch's fused SGD, with the first step decided on device.
+
+        The momentum buffers start at zero, so ``momentum * 0 + (1 - dampening) * d_p`` is
+        torch's first-step ``buf = d_p`` whenever ``dampening == 0``. With dampening, the buffer
+        of a param whose first step is still to be taken is pre-set on device so the same
+        formula yields ``d_p``: a skipped step must not count as the first one.
+        """
+        params, grads, buffers, steps = tensor_lists
+        options = _sgd_options(group)
+        momentum, dampening = options["momentum"], options["dampening"]
+        if buffers and dampening != 0:
+            for buf, param, grad, step in zip(buffers, params, grads, steps):
+                d_p = grad.neg() if options["maximize"] else grad
+                if options["weight_decay"] != 0:
+                    d_p = d_p.add(param, alpha=options["weight_decay"])
+                buf.copy_(torch.where(step == 0, d_p * (dampening / momentum), buf))
+        torch._fused_sgd_(
+            params, grads, buffers, **options, is_first_step=False, found_inf=found_inf
+        )
+        advance_steps_(steps, found_inf)
+
+
+def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+        nesterov=group["nesterov"], weight_decay=group["weight_decay"], maximize=group["maximize"],
+    )  # fmt: skip

@@ -104,7 +104,6 @@ def test_a_step_does_not_sync_with_the_host():
     def step():
         found_inf.zero_()
         kernels.non_finite_check_(grads, found_inf)
-        kernels.unscale_(grads, found_inf, inv_scale)
         kernels.adam_(
             params,
             grads,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prerequisites import require_module
 
-from scaledoptim.kernels import BUILTIN_KERNELS, KernelCompileError, MultiTensorKernel, UnscaleArgs
+from scaledoptim.kernels import BUILTIN_KERNELS, KernelCompileError, MultiTensorKernel, NonFiniteCheckArgs
 
 cupy = require_module("cupy", "the NVRTC check compiles through CuPy's NVRTC bindings")
 
@@ -31,13 +31,13 @@ def test_a_broken_kernel_fails_with_the_nvrtc_log(tmp_path):
     source = tmp_path / "broken.cu"
     source.write_text(
         '#include "multi_tensor_apply.cuh"\n'
-        "struct BrokenArgs { float* found_inf; const float* inv_scale; };\n"
+        "struct NonFiniteCheckArgs { float* found_inf; };\n"
         "template <typename T>\n"
-        "__global__ void broken_kernel(TensorTable<1> table, BrokenArgs args) {\n"
+        "__global__ void broken_kernel(TensorTable<1> table, NonFiniteCheckArgs args) {\n"
         "  undeclared_helper(table);\n"
         "}\n"
     )
-    kernel = MultiTensorKernel(source, "broken_kernel", ("tensors",), UnscaleArgs, dtype_lists=(0,))
+    kernel = MultiTensorKernel(source, "broken_kernel", ("tensors",), NonFiniteCheckArgs, dtype_lists=(0,))
     with pytest.raises(KernelCompileError) as error:
         compile_for_arch(kernel, supported_archs()[0])
     message = str(error.value)

@@ -38,7 +38,6 @@ def clean() -> None:
             steps = [torch.zeros(()) for _ in params]
             found_inf = torch.zeros(())
             kernels.non_finite_check_(grads, found_inf)
-            kernels.unscale_(grads, found_inf, torch.tensor(0.5))
             kernels.adam_(
                 params,
                 grads,
@@ -69,9 +68,9 @@ def clean() -> None:
 
 def overflow() -> None:
     x = torch.randn(13)
-    kernel = kernels.UNSCALE
-    found_inf, inv_scale = torch.zeros(()), torch.ones(())
-    args = kernels.UnscaleArgs(found_inf.data_ptr(), inv_scale.data_ptr())
+    kernel = kernels.NON_FINITE_CHECK
+    found_inf = torch.zeros(())
+    args = kernels.NonFiniteCheckArgs(found_inf.data_ptr())
     (planned,) = plan_launches([(x.data_ptr(),)], [x.numel() + 3], 1, launch_config.chunk_size)
     params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(args))
     emulator.launch(kernel, kernel.instantiation((torch.float32,)), params, planned.n_chunks, 8)

@@ -1,4 +1,4 @@
-"""Validation of user input shared by the protocol methods; every check runs before anything changes."""
+"""Validation of user input for the protocol methods' plans; every check runs before anything changes."""
 
 from __future__ import annotations
 
@@ -90,4 +90,18 @@ def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> N
                 f"A grad has shape {tuple(grad.shape)} but its param has shape "
                 f"{tuple(param.shape)}; a grad assigned through .data bypassed autograd's check. "
                 "Assign p.grad a tensor shaped like p."
+            )
+
+
+def check_param_groups(optimizer: torch.optim.Optimizer) -> None:
+    """Rejects a param group that lost an option its optimizer's defaults have (torch would raise
+    a bare ``KeyError`` mid-step)."""
+    for index, group in enumerate(optimizer.param_groups):
+        missing = sorted(key for key in optimizer.defaults if key not in group)
+        if missing:
+            raise ValueError(
+                f"param_groups[{index}] has no {missing}: every param group must hold all of "
+                f"{type(optimizer).__name__}'s options. Add groups with opt.add_param_group(...) "
+                "(it fills in the defaults), or restore the key, e.g. "
+                f"opt.param_groups[{index}][{missing[0]!r}] = opt.defaults[{missing[0]!r}]"
             )

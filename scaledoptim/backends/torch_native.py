@@ -1,0 +1,69 @@
+"""The torch-native backend: torch's fused multi-tensor ops, sync-free on any device.
+
+torch's ``_fused_adam(w)_`` / ``_fused_sgd_`` read ``found_inf`` on device and skip the whole
+update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they need params,
+grads and state of one dtype and they do not advance step counters. So this backend runs 16-bit
+params through fp32 working copies (state and math are fp32, the param is rounded once), which
+also routes around torch 2.13's CPU ``_fused_sgd_`` leaving bf16/fp16 params of 16 or more
+elements unchanged (``tests/test_torch_kernels.py`` shows it). Counters are each optimizer's
+business (``FusedOptimizer._torch_update``).
+
+It never unscales in the update: on CPU an in-place unscale followed by the plain fused update
+is about twice as fast as torch's in-kernel ``grad_scale``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .base import Backend, PreparedUpdate
+
+__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "advance_steps_", "unscale_in_place_"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class TorchNativeBackend(Backend):
+    """Updates through ``FusedOptimizer._torch_update`` on fp32 working copies."""
+
+    name = "torch"
+    folds_unscale = False
+
+    def check_(self, grads: Sequence[Tensor], found_inf: Tensor) -> None:
+        raise RuntimeError("the torch-native backend unscales in place; it has no read-only check")
+
+    def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
+        params, grads, *state_lists, steps = tensor_lists
+
+        def update(found_inf: Tensor | None, inv_scale: Tensor | None) -> None:
+            work = [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
+            work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
+            optimizer._torch_update(group, [work, work_grads, *state_lists, steps], found_inf)
+            rounded = [(p, w) for p, w in zip(params, work) if p is not w]
+            if rounded:
+                torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
+
+        return update
+
+
+def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+    """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan (torch's op, grouped
+    by dtype as it requires)."""
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for same_dtype in by_dtype.values():
+        torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
+
+
+def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
+    """Adds 1 to every step counter, or nothing when ``found_inf`` is set (on device)."""
+    if steps:
+        torch._foreach_add_(steps, 1 if found_inf is None else 1 - found_inf)
+
+
+TORCH_NATIVE = TorchNativeBackend()

@@ -1,0 +1,210 @@
+"""``FusedOptimizer``: the public base of optimizers whose update is one multi-tensor op that
+reads ``found_inf`` on device, so that skipping an overflowed step needs no host sync."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import torch
+
+from ..backends import Backend, PreparedUpdate, select, unscale_in_place_
+from ..kernels.spec import MultiTensorKernel
+from ..optimizer import Optimizer
+from ..validation import check_param_grads, check_param_groups
+from .state import cast_loaded_state, check_param, stage_state
+
+__all__ = ["FusedOptimizer", "check_hyperparameter"]
+
+# While the protocol runs ``self.step()``, the validated plan and its scalars wait here, so that
+# the step hooks, schedulers and the profiler see an ordinary ``step()`` call.
+_PENDING = "_scaledoptim_pending_step"
+
+
+class FusedOptimizer(Optimizer):
+    r"""Base of scaledoptim's fused optimizers, and of yours: subclass it, declare the state,
+    point it at a kernel.
+
+    A subclass defines:
+
+    * ``kernel``: a :class:`scaledoptim.kernels.MultiTensorKernel` whose tensor lists are
+      ``(params, grads, *state lists, steps)``; see ``docs/kernels.md``.
+    * ``_state_keys(group)``: the names of the per-param state tensors, in the order of the
+      kernel's state lists (``None`` for a list the group's options turn off). They are created
+      as float32 zeros shaped like the param; ``state["step"]`` (a 0-dim float32 tensor
+      counting taken steps) is added and advanced for every optimizer.
+    * ``_check_options(options)``: validates hyper-parameters (a dict of them); called by the
+      constructor and on every param group before every step.
+    * ``_kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
+      (``found_inf``/``inv_scale`` are device pointers or ``None``).
+    * ``_torch_update(group, tensor_lists, found_inf)``: the same update with torch ops, for the
+      torch-native backend (16-bit params arrive as fp32 working copies, grads unscaled, and it
+      must advance ``steps`` itself, on device).
+
+    Everything else (the loss-scaling protocol, validation before any change, backend choice,
+    state creation and checkpoints) is inherited.
+    """
+
+    kernel: ClassVar[MultiTensorKernel]
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        self._check_options(defaults)
+        super().__init__(params, defaults)
+
+    # ------------------------------------------------------------------ what a subclass defines
+    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+        raise NotImplementedError(f"{type(self).__name__} must define _state_keys(group)")
+
+    def _check_options(self, options: dict[str, Any]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define _check_options(options)")
+
+    def _kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> ctypes.Structure:
+        raise NotImplementedError(f"{type(self).__name__} must define _kernel_args(...)")
+
+    def _torch_update(
+        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define _torch_update(...)")
+
+    # ------------------------------------------------------------------ the inherited machinery
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
+
+        Args:
+            closure: optional, re-evaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        pending = self.__dict__.pop(_PENDING, None)
+        if pending is None:
+            pending = (self._plan_step(None, None), None, None)
+        plan, found_inf, inv_scale = pending
+        plan.commit(found_inf, inv_scale)
+        return loss
+
+    def _plan_step(
+        self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None
+    ) -> _FusedStepPlan:
+        check_param_groups(self)
+        backend = select(self._params_device())
+        plan = _FusedStepPlan(self, backend)
+        for group in self.param_groups:
+            self._check_options(group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for param in params:
+                check_param(param)
+            check_param_grads(params, params[0].device)
+            # Updates walk param, grad and state storage in lockstep, so a grad whose strides
+            # differ from its param's is copied into the param's layout (torch 2.13's CPU fused
+            # AdamW silently mixes up the elements of a transposed grad).
+            grads = [
+                p.grad
+                if p.grad.stride() == p.stride()
+                else torch.empty_like(p, dtype=p.grad.dtype).copy_(p.grad)
+                for p in params
+            ]
+            keys = self._state_keys(group)
+            state_lists: list[list[torch.Tensor]] = [[] for key in keys if key is not None]
+            steps = []
+            for param in params:
+                tensors, step, replacement = stage_state(param, self.state.get(param, {}), keys)
+                for state_list, tensor in zip(state_lists, tensors):
+                    state_list.append(tensor)
+                steps.append(step)
+                if replacement is not None:
+                    plan.new_state[param] = replacement
+            lists = [params, grads, *_with_empty_lists(keys, state_lists), steps]
+            plan.updates.append(backend.prepare(self, group, lists))
+            plan.grads += grads
+        return plan
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`scaledoptim.Optimizer.load_state_dict`, keeping state fp32 for 16-bit params.
+
+        torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
+        resume needs), so the per-param state is cast here instead: floating state to float32
+        (or the param's dtype if wider), everything on the param's device, every tensor a copy.
+        """
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
+            raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
+        saved_groups = state_dict.get("param_groups")
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                "loaded state dict has a different number of parameter groups than the optimizer"
+            )
+        saved_ids = [i for g in saved_groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len(saved_ids) != len(params):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match")
+        by_id = dict(zip(saved_ids, params))
+        loaded = {
+            by_id[i]: {key: cast_loaded_state(by_id[i], key, value) for key, value in s.items()}
+            for i, s in state_dict["state"].items()
+            if i in by_id
+        }
+        super().load_state_dict({**state_dict, "state": {}})
+        self.state.update(loaded)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # As torch.optim's classes do: groups saved by older versions lack newer options.
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
+
+class _FusedStepPlan:
+    """A fused step, validated: the prepared group updates and the state they will create."""
+
+    def __init__(self, optimizer: FusedOptimizer, backend: Backend) -> None:
+        self.optimizer = optimizer
+        self.backend = backend
+        self.updates: list[PreparedUpdate] = []
+        self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
+        self.grads: list[torch.Tensor] = []  # as the updates read them (in their params' layout)
+
+    def unscale_grads_(
+        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+    ) -> torch.Tensor | None:
+        if self.backend.folds_unscale:
+            self.backend.check_(self.grads, found_inf)
+            return inv_scale
+        unscale_in_place_(self.grads, found_inf, inv_scale)
+        return None
+
+    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+        optimizer = self.optimizer
+        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale)
+        try:
+            optimizer.step()
+        finally:
+            optimizer.__dict__.pop(_PENDING, None)
+
+    def commit(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+        """Installs the new state and runs every update: only device errors can interrupt."""
+        self.optimizer.state.update(self.new_state)
+        for update in self.updates:
+            update(found_inf, inv_scale)
+
+
+def _with_empty_lists(
+    keys: tuple[str | None, ...], state_lists: list[list[torch.Tensor]]
+) -> list[list[torch.Tensor]]:
+    filled = iter(state_lists)
+    return [[] if key is None else next(filled) for key in keys]
+
+
+def check_hyperparameter(name: str, value: Any, low: float = 0.0, high: float | None = None) -> None:
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's style."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
+    if not (low <= value and (high is None or value < high)):
+        raise ValueError(f"Invalid {name}: {value}")

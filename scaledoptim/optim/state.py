@@ -1,0 +1,149 @@
+"""Per-param optimizer state of the fused optimizers: validated, created and converted before a
+step commits, so a corrupt or foreign state fails cleanly instead of inside a kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..kernels.launcher import is_dense
+
+__all__ = ["cast_loaded_state", "check_param", "stage_state", "state_dtype"]
+
+
+def state_dtype(param: torch.Tensor) -> torch.dtype:
+    """Optimizer state is at least fp32: 16-bit moments underflow (``(1 - beta2) * g**2``)."""
+    return torch.promote_types(param.dtype, torch.float32)
+
+
+def check_param(param: torch.Tensor) -> None:
+    """Rejects params a fused update cannot take, naming what to do instead."""
+    if param.layout != torch.strided:
+        raise RuntimeError(
+            f"A param has layout {param.layout}; scaledoptim's fused optimizers update dense "
+            "params only. Use torch.optim's class for sparse params (scaledoptim.with_scaling("
+            "torch.optim.X) keeps the loss-scaling protocol)"
+        )
+    if param.is_complex() or not param.is_floating_point():
+        raise TypeError(
+            f"A param has dtype {param.dtype}; scaledoptim's fused optimizers update real "
+            "floating params (float32, float64, float16, bfloat16). For complex params use "
+            "scaledoptim.with_scaling(torch.optim.X)"
+        )
+    if not is_dense(param):
+        raise RuntimeError(
+            f"A param of shape {tuple(param.shape)} and strides {param.stride()} is a view "
+            "with gaps or overlaps, which fused optimizers cannot update in place; make the "
+            "parameter contiguous (nn.Parameter(t.contiguous()))"
+        )
+
+
+def stage_state(
+    param: torch.Tensor, state: dict[str, Any], keys: Sequence[str | None]
+) -> tuple[list[torch.Tensor], torch.Tensor, dict[str, Any] | None]:
+    """The param's state tensors for ``keys`` (``None`` keys are skipped) and its step counter.
+
+    Returns ``(tensors, step, replacement)``: ``replacement`` is the whole state dict to install
+    when anything had to be created (a first step) or converted (an int or CPU step from an old
+    checkpoint, state in another memory layout or dtype than the param), else ``None``. Nothing
+    is written to ``state``.
+
+    Raises:
+        ValueError, TypeError: a corrupt state entry, naming the param's shape and the fix.
+    """
+    replacement = dict(state)
+    changed = False
+    fresh = not any(key != "step" for key in state)
+    tensors = []
+    for key in keys:
+        if key is None:
+            continue
+        value = state.get(key)
+        if value is None:
+            if not fresh:
+                raise ValueError(
+                    f"Corrupt optimizer state: a param of shape {tuple(param.shape)} has state "
+                    f"{sorted(state)} but no {key!r}. Load a state_dict saved by this optimizer "
+                    "class with the same options, or clear that param's state "
+                    "(opt.state[p].clear()) to restart it"
+                )
+            value = torch.zeros_like(param, dtype=state_dtype(param), memory_format=torch.preserve_format)
+        else:
+            _check_state_tensor(param, key, value)
+            if value.dtype != state_dtype(param) or value.stride() != param.stride():
+                value = torch.empty_like(param, dtype=state_dtype(param)).copy_(value)
+            else:
+                tensors.append(value)
+                continue
+        replacement[key], changed = value, True
+        tensors.append(value)
+    step = state.get("step")
+    if not _is_step_counter(step, param.device):
+        replacement["step"], changed = _as_step_counter(param, step, taken=0.0 if fresh else 1.0), True
+    return tensors, replacement["step"], replacement if changed else None
+
+
+def cast_loaded_state(param: torch.Tensor, key: str, value: Any) -> Any:
+    """A copy of one loaded state entry on the param's device, floating state in
+    :func:`state_dtype` (torch's loader would round 16-bit params' moments to 16 bits)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if key == "step":
+        return value.to(dtype=torch.float32, device=param.device, copy=True)
+    if value.is_floating_point():
+        _check_state_tensor(param, key, value, loading=True)
+        return value.to(dtype=state_dtype(param), device=param.device, copy=True)
+    return value.to(device=param.device, copy=True)
+
+
+def _check_state_tensor(param: torch.Tensor, key: str, value: Any, loading: bool = False) -> None:
+    fix = (
+        "was it saved for another model?"
+        if loading
+        else "load a state_dict saved for this model, or clear that param's state "
+        "(opt.state[p].clear()) to restart it"
+    )
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"Corrupt optimizer state: {key!r} of a param of shape {tuple(param.shape)} is a "
+            f"{type(value).__name__}, not a tensor; {fix}"
+        )
+    if value.shape != param.shape or not value.is_floating_point() or value.is_complex():
+        raise ValueError(
+            f"Corrupt optimizer state_dict: state {key!r} is a {value.dtype} tensor of shape "
+            f"{tuple(value.shape)} but its param is a real floating tensor of shape "
+            f"{tuple(param.shape)}; {fix}"
+        )
+    if not loading and value.device != param.device:
+        raise RuntimeError(
+            f"Optimizer state {key!r} is on {value.device} but its param is on {param.device}; "
+            "move the state with the param (opt.load_state_dict(opt.state_dict()) after "
+            "model.to(device) does it)"
+        )
+
+
+def _is_step_counter(step: Any, device: torch.device) -> bool:
+    return (
+        isinstance(step, torch.Tensor)
+        and step.dtype == torch.float32
+        and step.shape == ()
+        and step.device == device
+    )
+
+
+def _as_step_counter(param: torch.Tensor, step: Any, taken: float) -> torch.Tensor:
+    """A 0-dim float32 counter on the param's device. A state without one (torch.optim.SGD's)
+    has ``taken`` steps; an old checkpoint's int or CPU tensor step is converted."""
+    if step is None:
+        return torch.full((), taken, dtype=torch.float32, device=param.device)
+    if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_complex():
+        return step.detach().reshape(()).to(dtype=torch.float32, device=param.device, copy=True)
+    if isinstance(step, (int, float)) and not isinstance(step, bool):
+        return torch.full((), float(step), dtype=torch.float32, device=param.device)
+    raise TypeError(
+        f"Corrupt optimizer state: 'step' of a param of shape {tuple(param.shape)} is "
+        f"{step!r}; it must be a number or a one-element tensor. Load a state_dict saved by "
+        "this optimizer, or clear that param's state (opt.state[p].clear()) to restart it"
+    )

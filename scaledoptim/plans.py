@@ -1,0 +1,64 @@
+"""The plans of the step sequence: everything validated, ready to commit (see optimizer.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from .backends import unscale_in_place_
+
+if TYPE_CHECKING:
+    from .optimizer import Optimizer
+
+__all__ = ["GenericStepPlan", "StepPlan", "UnscalePlan"]
+
+
+@dataclasses.dataclass
+class UnscalePlan:
+    """A validated unscale: the scale (``None``: grads not scaled), its reciprocal, a fresh
+    ``found_inf`` and the grads."""
+
+    scale: torch.Tensor | None
+    inv_scale: torch.Tensor | None
+    found_inf: torch.Tensor
+    grads: list[torch.Tensor]
+
+
+class StepPlan(Protocol):
+    """A validated step, ready to commit: only device errors can interrupt it now."""
+
+    def unscale_grads_(
+        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Checks (and unscales, or leaves to the update) ``grads``; returns the ``inv_scale``
+        the update must still apply, or ``None`` when the grads were unscaled in place."""
+
+    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+        """Runs ``optimizer.step()``, skipped where ``found_inf`` is set."""
+
+
+class GenericStepPlan:
+    """The step of an optimizer we cannot see into: ``self.step()`` as it is."""
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def unscale_grads_(
+        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+    ) -> None:
+        unscale_in_place_(grads, found_inf, inv_scale)
+
+    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+        opt = self.optimizer
+        if found_inf is None:
+            opt.step()
+        elif getattr(opt, "_step_supports_amp_scaling", False):
+            opt.grad_scale, opt.found_inf = None, found_inf
+            try:
+                opt.step()
+            finally:
+                del opt.grad_scale, opt.found_inf
+        elif found_inf.item() == 0.0:  # the documented host read of a generic step
+            opt.step()

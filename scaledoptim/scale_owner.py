@@ -1,0 +1,124 @@
+"""Owning a dynamic loss scale: the scale itself, its configuration, and its checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+
+from . import checkpoint
+from .distributed import check_process_group
+from .scaling import LossScale, ScalingConfig, ScalingState
+
+__all__ = ["ScaleOwner"]
+
+_Self = TypeVar("_Self", bound="ScaleOwner")
+
+
+class ScaleOwner:
+    """The loss-scale half of :class:`scaledoptim.Optimizer`, mixed into a torch optimizer."""
+
+    # Per-instance bookkeeping lives under this attribute so that classes made by
+    # ``with_scaling`` (whose ``__init__`` we do not own) and patched instances get it lazily.
+    _SCALING_ATTR = "_scaledoptim_scaling"
+
+    def _scaling(self) -> ScalingState:
+        state = self.__dict__.get(self._SCALING_ATTR)
+        if state is None:
+            state = ScalingState(LossScale(ScalingConfig(), self._params_device()))
+            self.__dict__[self._SCALING_ATTR] = state
+        return state
+
+    def _params_device(self) -> torch.device:
+        for group in self.param_groups:
+            for param in group["params"]:
+                return param.device
+        raise RuntimeError("The optimizer holds no parameters, so it has no device for its scale")
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The current recommended loss scale: a 0-dim float32 tensor on the params' device.
+
+        It is updated in place by :meth:`unscale`; ``opt.scale.clone()`` keeps a snapshot.
+        """
+        return self._scaling().loss_scale.scale
+
+    def configure_scaling(
+        self: _Self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        hysteresis: int = 1,
+        min_scale: float = ScalingConfig.min_scale,
+        max_scale: float = ScalingConfig.max_scale,
+        max_replays: int = ScalingConfig.max_replays,
+        process_group: Any = None,
+    ) -> _Self:
+        r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
+
+        The defaults reproduce :class:`torch.amp.GradScaler`'s scale sequence exactly. See
+        :class:`scaledoptim.ScalingConfig` for the other arguments.
+
+        Args:
+            process_group: a :class:`torch.distributed.ProcessGroup` whose ranks must agree on
+                overflow (DDP, FSDP, sharded optimizers). Every :meth:`unscale` then all-reduces
+                ``found_inf`` with MAX over it, on device with no host read, before the scale
+                moves or anything steps: if one rank overflows, every rank skips and every
+                rank's scale moves the same way. Every rank of the group must unscale once per
+                iteration. ``None`` (default): no agreement (single process).
+
+        Returns:
+            the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.
+        """
+        check_process_group(process_group)
+        config = ScalingConfig(
+            init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+            growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
+            max_scale=max_scale, max_replays=max_replays,
+        )  # fmt: skip
+        current = self.__dict__.get(self._SCALING_ATTR)
+        if current is not None and current.loss_scale.sharers > 1:
+            raise RuntimeError(
+                "configure_scaling() on an optimizer that shares its scale: configure the first "
+                "optimizer, then call scaledoptim.share_scale(...)"
+            )
+        self.__dict__[self._SCALING_ATTR] = ScalingState(
+            LossScale(config, self._params_device()), process_group=process_group
+        )
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`torch.optim.Optimizer.state_dict`, plus ``"loss_scale"``: the scale, its
+        growth and hysteresis trackers and its config. Loading it resumes bit for bit.
+
+        The process group given to :meth:`configure_scaling` is not saved (it belongs to the
+        run): configure the resumed optimizer with its own, then load.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`. A checkpoint
+                taken there could not resume exactly: the pending step needs the unscaled grads,
+                which no optimizer state_dict holds, and the scale has already moved for it.
+                Save before :meth:`unscale` or after the step.
+        """
+        checkpoint.check_between_steps(self, "state_dict()")
+        state_dict = super().state_dict()
+        state_dict["loss_scale"] = self._scaling().loss_scale.state_dict()
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`torch.optim.Optimizer.load_state_dict`, restoring the loss scale too.
+
+        A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
+        scale reset to its configured ``init_scale``. The scale state is validated before
+        anything changes. The process group given to :meth:`configure_scaling` is kept.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale` (see
+                :meth:`state_dict`).
+        """
+        loss_scale, torch_state_dict = checkpoint.split_scale_state(self, state_dict)
+        super().load_state_dict(torch_state_dict)
+        self.__dict__[self._SCALING_ATTR] = ScalingState(
+            loss_scale, process_group=self._scaling().process_group
+        )

@@ -1,0 +1,45 @@
+"""Several optimizers sharing one dynamic loss scale (GANs, several models, several losses)."""
+
+from __future__ import annotations
+
+import torch
+
+from .optimizer import Optimizer
+from .scaling import LossScale, ScalingState
+
+__all__ = ["share_scale"]
+
+
+def share_scale(*optimizers: Optimizer) -> torch.Tensor:
+    r"""Makes several optimizers share one dynamic loss scale; returns it.
+
+    The first optimizer's configuration is used and the shared scale starts from its
+    ``init_scale``. Each optimizer still skips its own step when *its* grads overflow (as
+    :class:`torch.amp.GradScaler` does); the scale moves once per iteration, after every
+    optimizer has called :meth:`Optimizer.unscale` (or :meth:`Optimizer.unscale_and_step`),
+    backing off if any of them found inf/nan.
+
+    Example::
+
+        >>> S = scaledoptim.share_scale(opt_g, opt_d)
+        >>> scaledoptim.scale_outputs(loss_g + loss_d, S).backward()
+        >>> for opt in (opt_g, opt_d):
+        ...     _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+    """
+    if len(optimizers) < 2:
+        raise ValueError("share_scale() needs at least two optimizers")
+    for opt in optimizers:
+        if not isinstance(opt, Optimizer):
+            raise TypeError(
+                f"{type(opt).__name__} has no loss-scaling protocol; wrap it with "
+                "scaledoptim.patch_optimizer(opt) first"
+            )
+    devices = {opt._params_device() for opt in optimizers}
+    if len(devices) > 1:
+        raise RuntimeError(f"Optimizers sharing a scale must share a device, got {devices}")
+    shared = LossScale(optimizers[0]._scaling().loss_scale.config, devices.pop())
+    shared.sharers = len(optimizers)
+    for opt in optimizers:
+        process_group = opt._scaling().process_group
+        opt.__dict__[Optimizer._SCALING_ATTR] = ScalingState(shared, process_group=process_group)
+    return shared.scale
