@@ -118,7 +118,7 @@ def _promote(op: OpOverload, device_type: str) -> Preparer:
     def prepare(args: Args, kwargs: Kwargs, cache: CastCache | None):
         lower = torch.get_autocast_dtype(device_type)
         widest = lower
-        inputs = (*args, *kwargs.values()) if stats is None else stats.cast_inputs(args, kwargs)
+        inputs = (*args, *kwargs.values()) if stats is None else stats.without_stats(args, kwargs)
         for tensor in _tensors(inputs):
             if not _is_eligible(tensor, on_device) or tensor.dtype is lower:
                 continue

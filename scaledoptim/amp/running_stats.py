@@ -70,9 +70,7 @@ class RunningStats:
             {name: one(name, arg) for name, arg in kwargs.items()},
         )
 
-    def cast_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        """Return the arguments the policy casts (neither statistics nor followers)."""
-        stats_given = self._stats_dtype(args, kwargs) is not None
-        skipped = set(self.stats) | (set(self.followers) if stats_given else set())
+    def without_stats(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """Return the arguments other than the running statistics (what ``promote`` weighs)."""
         named = [*zip(self.names, args), *kwargs.items()]
-        return [value for name, value in named if name not in skipped]
+        return [value for name, value in named if name not in self.stats]
