@@ -11,7 +11,8 @@ and ``None`` inside a plain ``torch.autocast`` region (see Note [telling regions
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
@@ -40,7 +41,7 @@ def _is_eligible(tensor: torch.Tensor, on_device: Callable[[torch.Tensor], bool]
 class _Caster:
     """Casts eligible tensors of one call to one dtype, using the cache where ATen would."""
 
-    __slots__ = ("dtype", "on_device", "cache")
+    __slots__ = ("cache", "dtype", "on_device")
 
     def __init__(self, dtype: torch.dtype, device_type: str, cache: CastCache | None) -> None:
         self.dtype = dtype

@@ -14,7 +14,8 @@ The statistics then update exactly as when the op runs without autocast on the s
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
@@ -26,7 +27,7 @@ _FOLLOWERS = ("weight", "bias")
 class RunningStats:
     """The running statistics arguments of one op and the parameters that follow them."""
 
-    __slots__ = ("names", "stats", "followers")
+    __slots__ = ("followers", "names", "stats")
 
     def __init__(self, op: OpOverload) -> None:
         self.names = [argument.name for argument in op._schema.arguments]

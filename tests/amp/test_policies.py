@@ -12,7 +12,6 @@ import torch
 from scaledoptim import amp
 from scaledoptim.amp import policies
 
-
 _TORCHS_AUTOCAST_OPS = (
     "import json, torch\n"
     "keys = {'cpu': 'AutocastCPU', 'cuda': 'AutocastCUDA'}\n"

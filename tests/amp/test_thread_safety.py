@@ -85,7 +85,7 @@ print(json.dumps({"cycles": cycles, "calls": calls, "errors": errors}))
 def test_editing_policies_while_threads_run_ops_is_safe():
     result = subprocess.run(
         [sys.executable, "-c", _STRESS, "3"],
-        cwd=_ROOT, capture_output=True, text=True, timeout=300,
+        check=False, cwd=_ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
     report = json.loads(result.stdout)
