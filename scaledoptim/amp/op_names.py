@@ -35,9 +35,10 @@ def _packet(qualified_name: str) -> OpOverloadPacket:
 
 def _functional_overloads(packet: OpOverloadPacket) -> list[OpOverload]:
     # A packet without a default overload (aten::softmax) stands for its functional
-    # overloads; out= and in-place overloads never have autocast kernels in ATen.
+    # overloads; out= and in-place overloads never have autocast kernels in ATen. A packet
+    # of in-place ops only (aten::add_) stands for all of them, which set_policy refuses.
     overloads = [getattr(packet, name) for name in packet.overloads()]
-    return [op for op in overloads if not op._schema.is_mutable]
+    return [op for op in overloads if not op._schema.is_mutable] or overloads
 
 
 def resolve_overloads(op: OpLike) -> list[OpOverload]:

@@ -20,25 +20,30 @@ from hypothesis import strategies as st
 
 from scaledoptim import amp
 from scaledoptim.amp import policies
-from scaledoptim.amp.kernels import make_autocast_kernel
+from scaledoptim.amp.cast_kernels import PolicySlot, make_autocast_kernel, make_preparer
 from scaledoptim.amp.op_names import resolve_overloads
 
 
 @contextlib.contextmanager
 def python_kernels(op_names: list[str], device_type: str = "cpu") -> Iterator[None]:
-    """Register scaledoptim's kernel with torch's own policy (set_policy would skip it)."""
+    """Register scaledoptim's kernel with torch's own policy forced on (set_policy would not).
+
+    The kernel is destroyed afterwards, which is only safe because no other thread runs
+    ops here (see Note [policy slots]).
+    """
     libraries = []
     try:
         for name in op_names:
             (overload,) = resolve_overloads(name)
-            kernel = make_autocast_kernel(
-                overload, device_type, policies.default_policy(name, device_type)
-            )
+            policy = policies.default_policy(name, device_type)
+            slot = PolicySlot((policy, make_preparer(overload, device_type, policy)))
+            kernel = make_autocast_kernel(overload, device_type, slot)
             namespace, _, op = name.partition("::")
             library = torch.library.Library(namespace, "IMPL")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # overriding torch's C++ kernel on purpose
-                library.impl(op, kernel, policies.AUTOCAST_DISPATCH_KEYS[device_type])
+                key = policies.AUTOCAST_DISPATCH_KEYS[device_type]
+                library.impl(op, kernel, key, with_keyset=True)
             libraries.append(library)
         yield
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -11,20 +12,33 @@ import torch
 from scaledoptim import amp
 from scaledoptim.amp import policies
 
+_TORCHS_AUTOCAST_OPS = (
+    "import json, torch\n"
+    "keys = {'cpu': 'AutocastCPU', 'cuda': 'AutocastCUDA'}\n"
+    "print(json.dumps({device: sorted(\n"
+    "    name for name in torch._C._dispatch_get_all_op_names()\n"
+    "    if torch._C._dispatch_has_kernel_for_dispatch_key(name, key)) for device, key in keys.items()}))\n"
+)
 
-def _ops_with_autocast_kernel(device_type: str) -> set[str]:
-    key = policies.AUTOCAST_DISPATCH_KEYS[device_type]
-    return {
-        name
-        for name in torch._C._dispatch_get_all_op_names()
-        if torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
-    }
+
+@pytest.fixture(scope="module")
+def torchs_autocast_ops() -> dict[str, set[str]]:
+    """The ops torch itself has Autocast kernels for, read in a fresh interpreter.
+
+    In this process, scaledoptim's kernels stay registered for every op a test edited
+    (Note [policy slots]), so the dispatcher here would list those ops too.
+    """
+    output = subprocess.run(
+        [sys.executable, "-c", _TORCHS_AUTOCAST_OPS], check=True, capture_output=True,
+        text=True, timeout=120,
+    ).stdout
+    return {device: set(names) for device, names in json.loads(output).items()}
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"])
-def test_default_table_covers_exactly_torchs_autocast_ops(device_type):
+def test_default_table_covers_exactly_torchs_autocast_ops(device_type, torchs_autocast_ops):
     table = set(policies.DEFAULT_POLICIES[device_type]) | policies.UNSAFE_TO_AUTOCAST[device_type]
-    assert table == _ops_with_autocast_kernel(device_type)
+    assert table == torchs_autocast_ops[device_type]
 
 
 def _probe_policy(fn, make_inputs) -> str | None:
@@ -111,15 +125,36 @@ def _autocast_kernel_source(op_name: str) -> str:
     return next(line for line in dump.splitlines() if line.startswith("AutocastCPU:"))
 
 
-def test_default_policy_keeps_torchs_cpp_kernel():
-    amp.set_policy("aten::mm", "fp32", "cpu")
-    assert "scaledoptim" in _autocast_kernel_source("aten::mm")
-    amp.set_policy("aten::mm", "lower_precision_fp", "cpu")  # torch's own policy
-    assert "autocast_mode.cpp" in _autocast_kernel_source("aten::mm")
+def test_an_op_never_edited_keeps_torchs_cpp_kernel():
+    # No other test edits addbmm; setting torch's own policy must install nothing.
+    assert "autocast_mode.cpp" in _autocast_kernel_source("aten::addbmm")
+    amp.set_policy("aten::addbmm", "lower_precision_fp", "cpu")
+    assert "autocast_mode.cpp" in _autocast_kernel_source("aten::addbmm")
     assert amp.edited_policies() == {}
-    amp.set_policy("aten::softmax", "fp32", "cpu")
+
+
+def _mm_and_softmax_dtypes():
+    x = torch.randn(3, 3)
+    return torch.mm(x, x).dtype, torch.softmax(x, -1).dtype
+
+
+def test_edited_then_reset_op_keeps_its_kernel_and_behaves_like_torch():
+    amp.set_policy("aten::mm", "fp32", "cpu")
+    amp.set_policy("aten::softmax", "lower_precision_fp", "cpu")
+    assert "scaledoptim" in _autocast_kernel_source("aten::mm")
+    with amp.autocast("cpu", dtype=torch.bfloat16):
+        assert _mm_and_softmax_dtypes() == (torch.float32, torch.bfloat16)
     amp.reset_policy()
-    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::softmax.int", "AutocastCPU")
+    # The kernel is never removed (Note [policy slots]); it now runs torch's policy.
+    assert "scaledoptim" in _autocast_kernel_source("aten::mm")
+    assert amp.get_policy("aten::mm", "cpu") == "lower_precision_fp"
+    assert amp.get_policy("aten::softmax", "cpu") is None
+    for region in (amp.autocast, torch.autocast):
+        with region("cpu", dtype=torch.bfloat16):
+            assert _mm_and_softmax_dtypes() == (torch.bfloat16, torch.float32)
+    amp.set_policy("aten::mm", "fp32", "cpu")  # editing again swaps the policy back in
+    with amp.autocast("cpu", dtype=torch.bfloat16):
+        assert _mm_and_softmax_dtypes() == (torch.float32, torch.float32)
 
 
 def test_reset_policy_filters_by_op_and_device():

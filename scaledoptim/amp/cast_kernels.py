@@ -1,4 +1,4 @@
-"""The Python autocast kernel registered for an op whose policy was edited.
+"""The Python autocast kernel registered for an op whose policy was edited, and its policies.
 
 Each policy is a *preparer*: ``prepare(args, kwargs, cache) -> (op, args, kwargs)`` returns
 what to redispatch below autocast (``op`` is ``OpOverload._op``, the C++ entry point, which
@@ -11,7 +11,8 @@ and ``None`` inside a plain ``torch.autocast`` region (see Note [telling regions
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
@@ -20,6 +21,7 @@ from . import policies
 from .cache import CastCache, thread_cache
 from .op_names import dispatcher_name
 from .regions import in_scaledoptim_region
+from .running_stats import RunningStats
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -39,7 +41,7 @@ def _is_eligible(tensor: torch.Tensor, on_device: Callable[[torch.Tensor], bool]
 class _Caster:
     """Casts eligible tensors of one call to one dtype, using the cache where ATen would."""
 
-    __slots__ = ("dtype", "on_device", "cache")
+    __slots__ = ("cache", "dtype", "on_device")
 
     def __init__(self, dtype: torch.dtype, device_type: str, cache: CastCache | None) -> None:
         self.dtype = dtype
@@ -80,19 +82,30 @@ class _Caster:
         )
 
 
-def _tensors(args: Args, kwargs: Kwargs):
-    for value in (*args, *kwargs.values()):
+def _tensors(values: Any):
+    for value in values:
         if isinstance(value, torch.Tensor):
             yield value
         elif isinstance(value, (list, tuple)):
             yield from (item for item in value if isinstance(item, torch.Tensor))
 
 
+def _cast_call(
+    caster: _Caster, stats: RunningStats | None, args: Args, kwargs: Kwargs
+) -> tuple[Args, Kwargs]:
+    # See Note [running statistics]: never cast what the op writes without saying so.
+    if stats is None:
+        return caster.call_args(args, kwargs)
+    return stats.cast(args, kwargs, caster.value)
+
+
 def _cast_all_to(target: Callable[[str], torch.dtype]) -> Callable[[OpOverload, str], Preparer]:
     def make(op: OpOverload, device_type: str) -> Preparer:
+        stats = RunningStats.of(op)
+
         def prepare(args: Args, kwargs: Kwargs, cache: CastCache | None):
             caster = _Caster(target(device_type), device_type, cache)
-            return (op._op, *caster.call_args(args, kwargs))
+            return (op._op, *_cast_call(caster, stats, args, kwargs))
 
         return prepare
 
@@ -101,11 +114,13 @@ def _cast_all_to(target: Callable[[str], torch.dtype]) -> Callable[[OpOverload, 
 
 def _promote(op: OpOverload, device_type: str) -> Preparer:
     on_device = _ON_DEVICE[device_type]
+    stats = RunningStats.of(op)
 
     def prepare(args: Args, kwargs: Kwargs, cache: CastCache | None):
         lower = torch.get_autocast_dtype(device_type)
         widest = lower
-        for tensor in _tensors(args, kwargs):
+        inputs = (*args, *kwargs.values()) if stats is None else stats.without_stats(args, kwargs)
+        for tensor in _tensors(inputs):
             if not _is_eligible(tensor, on_device) or tensor.dtype is lower:
                 continue
             if tensor.dtype is not torch.float32:
@@ -114,7 +129,7 @@ def _promote(op: OpOverload, device_type: str) -> Preparer:
                     f"{op}: inputs must be float32 or the region's dtype {lower}"
                 )
             widest = torch.float32
-        return (op._op, *_Caster(widest, device_type, cache).call_args(args, kwargs))
+        return (op._op, *_cast_call(_Caster(widest, device_type, cache), stats, args, kwargs))
 
     return prepare
 
@@ -195,16 +210,6 @@ def _fall_through(op: OpOverload, device_type: str) -> Preparer:
     return prepare
 
 
-def _unsafe_to_autocast(op: OpOverload, device_type: str) -> Preparer:
-    def prepare(args: Args, kwargs: Kwargs, cache: CastCache | None):
-        raise RuntimeError(
-            f"{op} is unsafe to autocast on {device_type}; use its *_with_logits variant or "
-            "run it with autocast disabled on float32 inputs"
-        )
-
-    return prepare
-
-
 _PREPARERS: dict[str | None, Callable[[OpOverload, str], Preparer]] = {
     policies.LOWER_PRECISION_FP: _cast_all_to(torch.get_autocast_dtype),
     policies.FP32: _cast_all_to(lambda device_type: torch.float32),
@@ -215,37 +220,71 @@ _PREPARERS: dict[str | None, Callable[[OpOverload, str], Preparer]] = {
 }
 
 
-def make_autocast_kernel(
-    op: OpOverload, device_type: str, policy: str | None
-) -> Callable[..., Any]:
-    """Build the Autocast kernel of ``op`` on ``device_type`` for ``policy``.
 
-    Inside a scaledoptim region the kernel applies ``policy``; inside a plain
-    ``torch.autocast`` region it applies torch's default policy for ``op``. Either way it
-    casts the inputs and redispatches below the device's Autocast key, so autograd records
-    (and saves for backward) the cast inputs.
+def make_preparer(op: OpOverload, device_type: str, policy: str | None) -> Preparer:
+    """Return the preparer that applies ``policy`` to ``op`` on ``device_type``.
 
     Raises:
         ValueError: ``policy`` cannot apply to ``op``'s schema.
     """
+    return _PREPARERS[policy](op, device_type)
+
+
+class PolicySlot:
+    """The edited policy an installed kernel reads on every call (Note [policy slots]).
+
+    ``edit`` is ``None`` (torch's default applies) or ``(policy, preparer)``; it is replaced
+    as a whole, so a kernel reading it on another thread sees the old or the new edit.
+    """
+
+    __slots__ = ("edit",)
+
+    def __init__(self, edit: tuple[str | None, Preparer] | None = None) -> None:
+        self.edit = edit
+
+
+def _torchs_kernel(op: OpOverload, device_type: str) -> Callable[..., Any]:
+    """Return a call of the op as torch's own Autocast kernel would run it (keyset first)."""
+    key = policies.AUTOCAST_DISPATCH_KEYS[device_type]
     name = dispatcher_name(op)
-    ours = _PREPARERS[policy](op, device_type)
-    if name in policies.UNSAFE_TO_AUTOCAST[device_type]:
-        torchs = _unsafe_to_autocast(op, device_type)
-    else:
-        torchs = _PREPARERS[policies.default_policy(name, device_type)](op, device_type)
+    below_autocast = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    exclude_autocast = torch._C._ExcludeDispatchKeyGuard
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+        # torch's C++ kernel (or another library's), kept alive by the returned handle:
+        # calling it keeps torch's exact behaviour, torch's cast cache included.
+        return torch.library.get_kernel(op, key).call_boxed
+
+    def fall_through(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        with exclude_autocast(below_autocast):
+            return op._op(*args, **kwargs)
+
+    return fall_through
+
+
+def make_autocast_kernel(op: OpOverload, device_type: str, slot: PolicySlot) -> Callable[..., Any]:
+    """Build the Autocast kernel of ``op`` on ``device_type``, reading ``slot`` per call.
+
+    Inside a scaledoptim region with an edit in ``slot`` the kernel applies the edited
+    policy: it casts the inputs and redispatches below the device's Autocast key, so
+    autograd records (and saves for backward) the cast inputs. Otherwise (a plain
+    ``torch.autocast`` region, or no edit) it runs the kernel torch had for the op before
+    this one was registered, or falls through when torch had none. Build it before
+    registering it. The kernel takes the dispatch keyset first (``with_keyset=True``).
+    """
+    torchs = _torchs_kernel(op, device_type)
     below_autocast = torch._C.DispatchKeySet(
         getattr(torch._C.DispatchKey, policies.AUTOCAST_DISPATCH_KEYS[device_type])
     )
     exclude_autocast = torch._C._ExcludeDispatchKeyGuard
 
-    def autocast_kernel(*args: Any, **kwargs: Any) -> Any:
+    def autocast_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        edit = slot.edit  # one read: set_policy on another thread swaps it whole
+        if edit is None or not in_scaledoptim_region(device_type):
+            return torchs(keyset, *args, **kwargs)
         with exclude_autocast(below_autocast):
-            if in_scaledoptim_region(device_type):
-                target, args, kwargs = ours(args, kwargs, thread_cache())
-            else:
-                target, args, kwargs = torchs(args, kwargs, None)
+            target, args, kwargs = edit[1](args, kwargs, thread_cache())
             return target(*args, **kwargs)
 
+    name = dispatcher_name(op)
     autocast_kernel.__name__ = f"scaledoptim_autocast_{name.replace('::', '_').replace('.', '_')}"
     return autocast_kernel
