@@ -38,9 +38,10 @@ _ROLE = re.compile(
 _EXPLICIT_TITLE = re.compile(r"(?P<title>.*?)\s*<(?P<target>[^<>]+)>", re.DOTALL)
 _CALLABLE_ROLES = frozenset({"meth", "func"})
 _FENCE = re.compile(r"^\s*(```|~~~)")
+_GOOGLE_ITEM = re.compile(r"\s+\*{0,2}[\w.]+(\s*\([^)]*\))?:(\s|$)")
 _EXAMPLE_TITLES = frozenset({"Example::", "Examples::"})
 # What griffe raises when a name leads outside the loaded packages (e.g. into torch).
-_LOOKUP_ERRORS = (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError)
+_LOOKUP_ERRORS = (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError)
 
 
 def _indent(line: str) -> int:
@@ -99,7 +100,9 @@ def _convert_literal_blocks(text: str) -> list[tuple[bool, str]]:
             if head_line.strip():
                 prose.append(head_line)
             prose.append("")
-            pad = " " * base
+            # Inside a Google section, a block after "name: text::" belongs to that item's
+            # description, which continues one level deeper than the item line.
+            pad = " " * (base + 4 if base and _GOOGLE_ITEM.match(line) else base)
         chunks.append((False, "\n".join(prose)))
         prose = []
         code = [f"{pad}```{'pycon' if body[0].startswith('>>>') else 'python'}"]
@@ -151,13 +154,8 @@ class PyTorchDocstrings(griffe.Extension):
                 continue
             member = mod.members.get(target.value.id)
             if member is not None and not member.is_alias and member.docstring is None:
-                member.docstring = griffe.Docstring(
-                    node.value.value,
-                    lineno=node.lineno,
-                    endlineno=node.end_lineno,
-                    parent=member,
-                    parser=loader.docstring_parser,
-                    parser_options=loader.docstring_options,
+                member.docstring = _docstring(
+                    node.value.value, node.lineno, node.end_lineno, member, loader
                 )
 
     def _attach_doc_comment(self, attr: griffe.Object, loader: griffe.GriffeLoader) -> None:
@@ -174,14 +172,7 @@ class PyTorchDocstrings(griffe.Extension):
             comment.insert(0, source[i].lstrip()[2:].removeprefix(" "))
             i -= 1
         if comment:
-            attr.docstring = griffe.Docstring(
-                "\n".join(comment),
-                lineno=i + 2,
-                endlineno=attr.lineno - 1,
-                parent=attr,
-                parser=loader.docstring_parser,
-                parser_options=loader.docstring_options,
-            )
+            attr.docstring = _docstring("\n".join(comment), i + 2, attr.lineno - 1, attr, loader)
 
     def _rewrite(self, text: str, obj: griffe.Object, pkg: griffe.Module) -> str:
         out = []
@@ -234,6 +225,24 @@ class PyTorchDocstrings(griffe.Extension):
             # ``mkdocs build --strict`` reports the typo instead of rendering plain code.
             return True, name
         return False, name
+
+
+def _docstring(
+    value: str,
+    lineno: int,
+    endlineno: int | None,
+    parent: griffe.Object,
+    loader: griffe.GriffeLoader,
+) -> griffe.Docstring:
+    """A docstring found in the source, parsed like the ones griffe finds itself."""
+    return griffe.Docstring(
+        value,
+        lineno=lineno,
+        endlineno=endlineno,
+        parent=parent,
+        parser=loader.docstring_parser,
+        parser_options=loader.docstring_options,
+    )
 
 
 def _walk(scope: griffe.Object, parts: list[str]) -> tuple[bool, str] | None:
