@@ -30,7 +30,14 @@ PROMOTE = "promote"
 FP32_SET_OPT_DTYPE = "fp32_set_opt_dtype"
 FP32_APPEND_DTYPE = "fp32_append_dtype"
 
-#: Every policy name ``set_policy`` accepts (besides ``None``: fall through).
+#: Every policy name :func:`set_policy` accepts, in ATen's ``at::autocast::CastPolicy`` terms
+#: (``None`` besides these means the op falls through autocast):
+#:
+#: * ``"lower_precision_fp"``: cast floating inputs to the region's dtype (fp16/bf16).
+#: * ``"fp32"``: cast floating inputs to float32.
+#: * ``"promote"``: cast floating inputs to the widest floating dtype among them.
+#: * ``"fp32_set_opt_dtype"``: pass ``dtype=torch.float32`` unless the caller gave a dtype.
+#: * ``"fp32_append_dtype"``: call the overload that takes a trailing ``dtype``, with float32.
 POLICY_NAMES: tuple[str, ...] = (
     LOWER_PRECISION_FP,
     FP32,
@@ -143,7 +150,20 @@ _CUDA_TABLE = _table(
     fp32_append_dtype=("aten::norm.Scalar", "aten::norm.ScalarOpt_dim"),
 )
 
-#: torch's default policy of every op that has an Autocast kernel, per device type.
+#: torch's default policy of every op that has an Autocast kernel, per device type:
+#: ``DEFAULT_POLICIES[device_type][op]`` is a name from :data:`POLICY_NAMES`, for
+#: ``device_type`` ``"cpu"`` or ``"cuda"`` and ``op`` a dispatcher name such as ``"aten::mm"``
+#: (the default overload) or ``"aten::softmax.int"``. An op missing from a table has no
+#: autocast kernel on that device. Read-only; :func:`get_policy` gives the policy in effect,
+#: edits included.
+#:
+#: Example::
+#:
+#:     >>> from scaledoptim.amp import DEFAULT_POLICIES
+#:     >>> DEFAULT_POLICIES["cuda"]["aten::mm"], DEFAULT_POLICIES["cpu"]["aten::cat"]
+#:     ('lower_precision_fp', 'promote')
+#:     >>> "aten::relu" in DEFAULT_POLICIES["cpu"]
+#:     False
 DEFAULT_POLICIES: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {"cpu": _CPU_TABLE, "cuda": _CUDA_TABLE}
 )
