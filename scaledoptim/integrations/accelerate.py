@@ -3,7 +3,7 @@
 ``accelerator.prepare(opt)`` returns an ``AcceleratedOptimizer`` that forwards ``step`` and
 ``zero_grad`` (as no-ops while gradients accumulate) but none of scaledoptim's methods. Keep
 both: zero grads through the wrapper, and unscale and step through the optimizer it wraps, on
-the iterations where ``accelerator.sync_gradients`` is true. See ``docs/integrations/accelerate.md``.
+the iterations where ``accelerator.sync_gradients`` is true (``docs/integrations/accelerate.md``).
 """
 
 from __future__ import annotations

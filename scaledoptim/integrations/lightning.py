@@ -197,7 +197,9 @@ class ScaledMixedPrecision(Precision):
             raise RuntimeError(
                 "Closure replay cannot be combined with accumulate_grad_batches > 1: a replay "
                 "re-runs only the last micro-batch, while the others were scaled by the old "
-                "scale. Set accumulate_grad_batches=1 or ScaledMixedPrecision(closure_replay=False)."
+                "scale. Set accumulate_grad_batches=1, or pass "
+                "ScaledMixedPrecision(closure_replay=False) if the optimizer evaluates its "
+                "closure once."
             )
 
         def evaluate(scale: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor | None]:

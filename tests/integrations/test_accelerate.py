@@ -87,6 +87,7 @@ def test_unwrap_refuses_a_second_scaler_and_a_plain_optimizer() -> None:
     with_scaler = AcceleratedOptimizer(opt, device_placement=False, scaler=scaler)
     with pytest.raises(RuntimeError, match="mixed_precision='no'"):
         unwrap_optimizer(with_scaler)
-    plain = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), device_placement=False)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    plain = AcceleratedOptimizer(sgd, device_placement=False)
     with pytest.raises(TypeError, match="patch_optimizer"):
         unwrap_optimizer(plain)

@@ -35,7 +35,8 @@ def _net() -> torch.nn.Module:
 
 
 def _adamw(params):
-    return scaledoptim.AdamW(params, lr=1e-2).configure_scaling(init_scale=2.0**10, growth_interval=2)
+    opt = scaledoptim.AdamW(params, lr=1e-2)
+    return opt.configure_scaling(init_scale=2.0**10, growth_interval=2)
 
 
 def _poison(net: torch.nn.Module) -> None:
@@ -92,7 +93,8 @@ def _trainer(plugin=None, **kwargs) -> pl.Trainer:
 
 
 def _hand_written(overflows=(), clip=None, accumulate=1, make_optimizer=_adamw):
-    """The loop of docs/migration.md, with the same autocast, poisoning, clipping and accumulation."""
+    """The loop of docs/migration.md, with the plugin's autocast, poisoning, clipping and
+    accumulation."""
     net = _net()
     opt = make_optimizer(net.parameters())
     S, skipped, scales = opt.scale, 0.0, []
@@ -158,7 +160,8 @@ def _lbfgs(params):
 
 def test_lightnings_own_amp_plugin_refuses_lbfgs() -> None:
     model = Regression(make_optimizer=lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=5))
-    with pytest.raises(MisconfigurationException, match="AMP and the LBFGS optimizer are not compatible"):
+    refusal = "AMP and the LBFGS optimizer are not compatible"
+    with pytest.raises(MisconfigurationException, match=refusal):
         _trainer(MixedPrecision("16-mixed", "cpu")).fit(model, _loader(_data()))
 
 
@@ -209,15 +212,19 @@ def test_checkpoint_resume_is_bit_exact(tmp_path) -> None:
     _assert_same_params(resumed.net, straight.net, atol=0)
     opt, straight_opt = resumed_trainer.optimizers[0], straight_trainer.optimizers[0]
     assert opt.state_dict()["loss_scale"].keys() == straight_opt.state_dict()["loss_scale"].keys()
+    ours, straight_scale = opt.state_dict()["loss_scale"], straight_opt.state_dict()["loss_scale"]
     for key in ("scale", "growth_tracker", "hysteresis_tracker"):
-        assert torch.equal(opt.state_dict()["loss_scale"][key], straight_opt.state_dict()["loss_scale"][key])
+        assert torch.equal(ours[key], straight_scale[key])
     assert resumed_trainer.precision_plugin.state_dict() == {"skipped_steps": {0: 2}}
 
 
 def test_any_scaledoptim_optimizer_works_and_a_plain_one_is_refused() -> None:
-    patched = Regression(make_optimizer=lambda p: scaledoptim.patch_optimizer(torch.optim.SGD(p, lr=0.1)))
+    def patched_sgd(params):
+        return scaledoptim.patch_optimizer(torch.optim.SGD(params, lr=0.1))
+
+    patched = Regression(make_optimizer=patched_sgd)
     _trainer(max_steps=2).fit(patched, _loader(_data()))
-    rmsprop = Regression(make_optimizer=lambda p: scaledoptim.with_scaling(torch.optim.RMSprop)(p))
+    rmsprop = Regression(make_optimizer=scaledoptim.with_scaling(torch.optim.RMSprop))
     _trainer(max_steps=2).fit(rmsprop, _loader(_data()))
     plain = Regression(make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     with pytest.raises(TypeError, match="patch_optimizer"):
