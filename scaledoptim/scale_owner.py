@@ -8,6 +8,7 @@ import torch
 
 from . import checkpoint
 from .distributed import check_process_group
+from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
 from .scaling import LossScale, ScalingConfig, ScalingState
 
 __all__ = ["ScaleOwner"]
@@ -122,3 +123,41 @@ class ScaleOwner:
         self.__dict__[self._SCALING_ATTR] = ScalingState(
             loss_scale, process_group=self._scaling().process_group
         )
+
+    # ------------------------------------------------------------------ torch.amp.GradScaler state
+    def load_gradscaler_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continues a :class:`torch.amp.GradScaler`'s scale: loads ``scaler.state_dict()``.
+
+        Takes its scale, growth tracker, growth/backoff factors and growth interval; keeps this
+        optimizer's hysteresis, scale bounds and process group. With their defaults the run
+        continues the scale sequence GradScaler would have produced. Validated before anything
+        changes.
+
+        Raises:
+            TypeError, ValueError: for anything but a valid enabled GradScaler's state_dict.
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`, or on a
+                shared scale.
+        """
+        checkpoint.check_between_steps(self, "load_gradscaler_state_dict()")
+        current = self._scaling()
+        if current.loss_scale.sharers > 1:
+            raise RuntimeError(
+                "load_gradscaler_state_dict() on a shared scale: load it into each optimizer, "
+                "then call scaledoptim.share_scale(...) again"
+            )
+        loaded = loss_scale_from_gradscaler_state(
+            state_dict, current.loss_scale.config, self._params_device()
+        )
+        self.__dict__[self._SCALING_ATTR] = ScalingState(loaded, process_group=current.process_group)
+
+    def gradscaler_state_dict(self) -> dict[str, Any]:
+        """The scale as ``torch.amp.GradScaler.state_dict()`` holds it (to go back to GradScaler).
+
+        Reads the scale on the host. Warns if hysteresis or scale bounds are configured
+        (GradScaler has neither).
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`.
+        """
+        checkpoint.check_between_steps(self, "gradscaler_state_dict()")
+        return gradscaler_state_from_loss_scale(self._scaling().loss_scale)

@@ -1,0 +1,10 @@
+"""Training frameworks that drive scaledoptim for you.
+
+* :mod:`scaledoptim.integrations.lightning`: :class:`ScaledMixedPrecision`, a Lightning
+  precision plugin (needs the ``lightning`` extra).
+* :mod:`scaledoptim.integrations.accelerate`: :func:`unwrap_optimizer`, reaching scaledoptim's
+  methods through Accelerate's optimizer wrapper.
+
+Nothing here is imported until you import its module, so ``import scaledoptim`` never needs
+Lightning or Accelerate.
+"""
