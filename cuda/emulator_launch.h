@@ -57,7 +57,7 @@ unsigned long long param_bytes(void (*)(A...), int i) {
     return so_emulator::param_bytes(&__VA_ARGS__, i);                                   \
   }
 
-// The host 16-bit conversions, exported for tests/kernels/test_dtypes.py.
+// The host 16-bit conversions, exported for tests/kernels/test_emulated_dtypes.py.
 extern "C" void so_emulator_half_from_float(const float* in, unsigned short* out, long long n) {
   for (long long i = 0; i < n; ++i) out[i] = from_float<so_half>(in[i]).bits;
 }

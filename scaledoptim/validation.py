@@ -70,6 +70,12 @@ def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> N
     ``device``, or not shaped like their param. One pass: it runs on every step."""
     for param in params:
         grad = param.grad
+        if grad.is_complex() or param.is_complex():
+            raise TypeError(
+                f"A param or grad has dtype {grad.dtype}: scaledoptim does not support complex "
+                "params. Keep them as real pairs (torch.view_as_real) or give them an optimizer "
+                "of their own without scaling"
+            )
         if not grad.is_floating_point():
             raise TypeError(
                 f"A grad has dtype {grad.dtype}; grads must be floating point. Assign p.grad a "

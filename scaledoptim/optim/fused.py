@@ -101,7 +101,7 @@ class FusedOptimizer(Optimizer):
                 continue
             for param in params:
                 check_param(param)
-            check_param_grads(params, params[0].device)
+            check_param_grads(params, self._params_device())
             # Updates walk param, grad and state storage in lockstep, so a grad whose strides
             # differ from its param's is copied into the param's layout (torch 2.13's CPU fused
             # AdamW silently mixes up the elements of a transposed grad).

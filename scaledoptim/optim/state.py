@@ -29,8 +29,8 @@ def check_param(param: torch.Tensor) -> None:
     if param.is_complex() or not param.is_floating_point():
         raise TypeError(
             f"A param has dtype {param.dtype}; scaledoptim's fused optimizers update real "
-            "floating params (float32, float64, float16, bfloat16). For complex params use "
-            "scaledoptim.with_scaling(torch.optim.X)"
+            "floating params (float32, float64, float16, bfloat16) and scaledoptim does not "
+            "support complex ones: keep them as real pairs (torch.view_as_real)"
         )
     if not is_dense(param):
         raise RuntimeError(
