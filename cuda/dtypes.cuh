@@ -1,7 +1,7 @@
 // 16-bit storage types and their conversions to and from fp32, without cuda_fp16.h/cuda_bf16.h
 // (the pip NVRTC wheel ships neither, nor does g++). Device code uses the hardware cvt
 // instructions; the host emulator uses exact round-to-nearest-even bit arithmetic
-// (tests/kernels/test_dtypes.py checks it against torch's casts for every 16-bit pattern).
+// (tests/kernels/test_emulated_dtypes.py checks it against torch's casts for every 16-bit pattern).
 #pragma once
 #include "common.cuh"
 

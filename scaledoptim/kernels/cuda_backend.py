@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .nvrtc import compile_options, program_source
+from .nvrtc import KernelCompileError, compile_options, program_source
 from .spec import MultiTensorKernel
 
 __all__ = ["launch"]
@@ -43,9 +43,17 @@ def _function(kernel: MultiTensorKernel, instantiation: str, device_index: int) 
                     options=compile_options(kernel),
                     name_expressions=kernel.instantiations(),
                 )
-                _modules[(kernel, device_index)] = module
-            # Compiles all instantiations at the first call (NVRTC log in CompileException).
-            function = module.get_function(instantiation)
+            try:
+                # Compiles all instantiations at the first call.
+                function = module.get_function(instantiation)
+            except cupy.cuda.compiler.CompileException as error:
+                raise KernelCompileError(
+                    f"NVRTC could not compile {kernel.source.name} ({kernel.source}) for "
+                    f"device {device_index} while loading {instantiation}; fix the source at "
+                    f"the file(line) the log names:\n{error}"
+                ) from None
+            # Cached only once compiled, so a failed compile raises the same error every time.
+            _modules[(kernel, device_index)] = module
         _functions[key] = function
     return function
 

@@ -8,7 +8,9 @@ from pathlib import Path
 __all__ = ["CUDA_SOURCE_DIR", "sources_fingerprint"]
 
 # A source checkout or editable install keeps the kernels at the repository top (cuda/); a wheel
-# ships them inside the package (scaledoptim/cuda/).
+# ships them inside the package (scaledoptim/cuda/, mapped there by hatch_build.py). A candidate
+# counts only with common.cuh in it: for an installed package the first one is site-packages/cuda/,
+# which belongs to other distributions (cuda-python) when it exists.
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "cuda",
     Path(__file__).resolve().parents[1] / "cuda",
