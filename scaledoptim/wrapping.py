@@ -43,7 +43,7 @@ def patch_optimizer(optimizer: _O) -> _O:
     r"""Gives an existing optimizer instance the loss-scaling protocol, in place; returns it.
 
     The instance's class becomes :func:`with_scaling` of it: its params, state and hooks are
-    untouched and methods its class defines are left alone (the seed's option 1).
+    untouched and methods its class defines are left alone.
 
     Example::
 

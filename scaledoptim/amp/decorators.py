@@ -19,8 +19,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def float32(func: F) -> F:
     """Run ``func`` with autocast disabled and its floating inputs cast to float32.
 
-    Use it for code that must run in full precision inside an autocast region (the
-    proposal's ``@amp.float``): low precision tensors coming from the region are cast up,
+    Use it for code that must run in full precision inside an autocast region: low precision
+    tensors coming from the region are cast up,
     and no op inside is autocast, on any device type.
 
     Example::

@@ -13,9 +13,9 @@ import pytest
 import torch
 from prerequisites import require_module
 
-from scaledoptim.kernels import UNSCALE, KernelCompileError, cuda_backend
+from scaledoptim.kernels import NON_FINITE_CHECK, KernelCompileError, cuda_backend
 
-NVRTC_LOG = 'unscale.cu(12): error: identifier "undeclared_helper" is undefined\n1 error detected'
+NVRTC_LOG = 'non_finite_check.cu(12): error: identifier "undeclared_helper" is undefined\n1 error detected'
 
 
 class StandInCompileException(Exception):
@@ -43,7 +43,7 @@ def _fake_cupy(compile_exception: type[Exception], compiled: list[str]) -> types
 
         def get_function(self, name: str):
             compiled.append(name)
-            raise compile_exception(NVRTC_LOG, self.code, "unscale.cu", self.options)
+            raise compile_exception(NVRTC_LOG, self.code, "non_finite_check.cu", self.options)
 
     cupy = types.ModuleType("cupy")
     cupy.RawModule = RawModule
@@ -59,16 +59,16 @@ def test_a_compile_failure_at_launch_raises_kernel_compile_error(compile_excepti
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(compile_exception, compiled))
     monkeypatch.setattr(cuda_backend, "_modules", {})
     monkeypatch.setattr(cuda_backend, "_functions", {})
-    instantiation = UNSCALE.instantiations()[0]
+    instantiation = NON_FINITE_CHECK.instantiations()[0]
 
     for attempt in (1, 2):  # a failed compile is not cached as a usable module or function
         with pytest.raises(KernelCompileError) as error:
             cuda_backend.launch(
-                UNSCALE, instantiation, (ctypes.c_void_p * 1)(), 1, 1, torch.device("cuda", 0)
+                NON_FINITE_CHECK, instantiation, (ctypes.c_void_p * 1)(), 1, 1, torch.device("cuda", 0)
             )
         message = str(error.value)
         assert NVRTC_LOG in message
-        assert "unscale.cu" in message.split("\n")[0] and instantiation in message
+        assert "non_finite_check.cu" in message.split("\n")[0] and instantiation in message
         assert error.value.__cause__ is None and error.value.__suppress_context__
         assert compiled == [instantiation] * attempt
     assert cuda_backend._functions == {} and cuda_backend._modules == {}
