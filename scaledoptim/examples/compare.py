@@ -1,27 +1,45 @@
-"""Runs each variant in a fresh process and prints one comparison table per task."""
+"""Runs the variants interleaved, step by step, and prints one comparison table per task.
+
+Interleaving (A B C A B C ...) in one process means slow spells of a shared machine hit every
+variant alike, so per-step timings are compared pairwise, round by round, and a difference
+smaller than the rounds' spread is reported as noise rather than as a ranking.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import multiprocessing
+import statistics
+from collections.abc import Callable
 
-from .train import RunConfig, RunResult, train
+from .train import Run, RunConfig, RunResult
 
 BASELINES = ("fp32", "torch.amp")  # scaledoptim's final loss is compared against these
+REFRESH_EVERY = 25  # the progress bar reads loss and scale on the host this often, no more
+
+Progress = Callable[[int, str], "object"]  # (total, description) -> a tqdm-like bar
 
 
-def run_isolated(config: RunConfig) -> RunResult:
-    """Trains in a freshly spawned process, so its peak memory is its own and no run warms
-    caches (allocator, autocast, thread pools) for the next one."""
-    spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        return pool.submit(train, config).result()
-
-
-def run_variants(config: RunConfig, variants: list[str]) -> list[RunResult]:
-    """The same task, seed and length trained once per variant, one after another."""
-    return [run_isolated(dataclasses.replace(config, variant=v)) for v in variants]
+def run_interleaved(
+    config: RunConfig, variants: list[str], progress: Progress | None = None
+) -> list[RunResult]:
+    """The same task, seed and length trained once per variant, a step of each in turn."""
+    runs = [Run(dataclasses.replace(config, variant=v)) for v in variants]
+    steps = runs[0].steps
+    bar = progress(steps, runs[0].task.name) if progress else None
+    for i in range(steps):
+        for run in runs:
+            run.step()
+        if bar is not None:
+            bar.update(1)
+            if i % REFRESH_EVERY == 0 or i == steps - 1:
+                loss, scale, _ = runs[-1].history[-1]
+                bar.set_postfix_str(
+                    f"{runs[-1].config.variant}: loss {loss.item():.3f}, scale "
+                    + ("-" if scale is None else f"{scale.item():.0f}")
+                )
+    if bar is not None:
+        bar.close()
+    return [run.result() for run in runs]
 
 
 def relative_gap(result: RunResult, baseline: RunResult) -> float:
@@ -29,32 +47,92 @@ def relative_gap(result: RunResult, baseline: RunResult) -> float:
     return abs(result.final_loss - baseline.final_loss) / baseline.final_loss
 
 
+@dataclasses.dataclass(frozen=True)
+class TimingVerdict:
+    """``ours`` minus ``theirs`` per step, from rounds timed back to back."""
+
+    difference_ms: float  # median of the per-round differences
+    spread_ms: float  # half their interquartile range
+
+    @property
+    def within_noise(self) -> bool:
+        return abs(self.difference_ms) <= self.spread_ms
+
+    def describe(self, what: str, ours: str, theirs: str) -> str:
+        if self.within_noise:
+            return (f"{what}: {ours} vs {theirs} within noise (difference "
+                    f"{self.difference_ms:+.2f} ms, spread ±{self.spread_ms:.2f} ms)")  # fmt: skip
+        faster = "faster" if self.difference_ms < 0 else "slower"
+        return (f"{what}: {ours} {abs(self.difference_ms):.2f} ms/step {faster} than {theirs} "
+                f"(spread ±{self.spread_ms:.2f} ms)")  # fmt: skip
+
+
+def paired_difference(ours: list[float], theirs: list[float]) -> TimingVerdict:
+    """Compares two runs' per-step timings round by round, so drift common to both cancels."""
+    differences = [a - b for a, b in zip(ours, theirs)]
+    if len(differences) < 4:
+        return TimingVerdict(statistics.median(differences), float("inf"))
+    q1, _, q3 = statistics.quantiles(differences, n=4)
+    return TimingVerdict(statistics.median(differences), (q3 - q1) / 2)
+
+
 def format_table(results: list[RunResult]) -> str:
-    """A plain-text table: loss, throughput, skipped steps, final scale and peak memory."""
+    """A plain-text table: held-out loss, step times, host reads, skips or replays, scale."""
     first = results[0]
-    memory = "peak MB (CUDA alloc)" if first.config.device.startswith("cuda") else "peak RSS MB"
-    header = (
-        f"{'variant':<18} {'steps':>5} {'final loss':>10} {first.unit + '/s':>10} "
-        f"{'skipped':>7} {'final scale':>11} {memory:>20}"
-    )
+    lbfgs = any(r.evaluations for r in results)
+    extra = f"{'evals':>6} {'replays':>7}" if lbfgs else f"{'skipped':>7}"
+    header = (f"{'variant':<18} {'held-out loss':>13} {'iter ms':>8} {'optim ms':>8} "
+              f"{'host reads/step':>15} {extra} {'final scale':>11}")  # fmt: skip
     lines = [
-        f"{first.config.task}: {first.parameters:,} parameters, {first.config.dtype} autocast "
-        f"on {first.config.device}, seed {first.config.seed}; final loss = fp32 eval on "
-        "held-out batches",
+        (
+            f"{first.config.task} ({first.title}): {first.parameters:,} parameters, "
+            f"{first.items_per_batch:,} {first.unit}/batch, {len(first.losses)} steps, "
+            f"{first.config.dtype} autocast on {first.config.device}, seed {first.config.seed}"
+        ),
         header,
         "-" * len(header),
     ]
     for r in results:
         scale = f"{r.scales[-1]:.0f}" if r.scales else "-"
+        counts = (f"{r.evaluations:>6} {sum(r.replays):>7}" if lbfgs
+                  else f"{sum(r.skipped):>7}")  # fmt: skip
         lines.append(
-            f"{r.config.variant:<18} {len(r.losses):>5} {r.final_loss:>10.4f} "
-            f"{r.items_per_second:>10,.0f} {sum(r.skipped):>7} {scale:>11} "
-            f"{r.peak_memory_mb:>20,.0f}"
+            f"{r.label:<18} {r.final_loss:>13.4f} {r.median_iteration_ms:>8.2f} "
+            f"{r.median_optimizer_ms:>8.2f} {r.host_reads_per_step:>15.1f} {counts} {scale:>11}"
         )
-    by_variant = {r.config.variant: r for r in results}
-    if "scaledoptim" in by_variant:
-        for name in BASELINES:
-            if name in by_variant:
-                gap = relative_gap(by_variant["scaledoptim"], by_variant[name])
-                lines.append(f"scaledoptim final loss vs {name}: {gap:.2%} apart")
+    lines.append("iter/optim ms: medians per step (whole iteration / optimizer phase), variants "
+                 "interleaved step by step; host reads: .item(), bool(), .cpu(), ... in the "
+                 "optimizer phase")  # fmt: skip
+    lines += _comparisons({r.label: r for r in results})
     return "\n".join(lines)
+
+
+def _comparisons(by_variant: dict[str, RunResult]) -> list[str]:
+    lines = []
+    for ours, theirs in (("scaledoptim", "fp32"), ("scaledoptim", "torch.amp"),
+                         ("scaledoptim-lbfgs", "fp32-lbfgs")):  # fmt: skip
+        if ours not in by_variant or theirs not in by_variant:
+            continue
+        a, b = by_variant[ours], by_variant[theirs]
+        lines.append(f"{ours} held-out loss vs {theirs}: {relative_gap(a, b):.2%} apart")
+        if theirs != "torch.amp":
+            continue  # the fp32 runs do other arithmetic: only torch.amp does the same work
+        for what, field in (("optimizer phase", "optimizer_ms"), ("iteration", "iteration_ms")):
+            verdict = paired_difference(getattr(a, field), getattr(b, field))
+            lines.append(verdict.describe(what, ours, theirs))
+    return lines
+
+
+def gradscaler_refusal(device: str) -> str:
+    """What ``GradScaler.step`` says when given LBFGS's closure (it raises, as of torch 2.13)."""
+    import torch
+
+    model = torch.nn.Linear(2, 1, device=device)
+    opt = torch.optim.LBFGS(model.parameters())
+    scaler = torch.amp.GradScaler(torch.device(device).type)
+    scaler.scale(model(torch.ones(1, 2, device=device)).sum()).backward()
+    try:
+        scaler.step(opt, closure=lambda: model(torch.ones(1, 2, device=device)).sum())
+    except RuntimeError as error:
+        return f"torch.amp: GradScaler.step(LBFGS, closure) raises RuntimeError: {error}"
+    return "torch.amp: GradScaler.step(LBFGS, closure) ran (this torch supports closures)"

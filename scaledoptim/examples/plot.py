@@ -1,4 +1,5 @@
-"""Writes the comparison figure: loss curves per task, and the loss scale with skipped steps."""
+"""Writes the comparison figure: per task, loss curves, the loss scale with skipped steps and
+replays marked, and the host reads per step of each variant."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ STYLES = {
     "fp32": {"linewidth": 1.5, "color": "tab:blue", "zorder": 2},
     "scaledoptim": {"linewidth": 3.5, "alpha": 0.6, "color": "tab:orange", "zorder": 1},
     "torch.amp": {"linewidth": 1.2, "linestyle": "--", "color": "black", "zorder": 3},
+    "fp32-lbfgs": {"linewidth": 1.5, "color": "tab:blue", "zorder": 2},
+    "scaledoptim-lbfgs": {"linewidth": 3.5, "alpha": 0.6, "color": "tab:orange", "zorder": 1},
 }
+# Skips of torch.amp and scaledoptim fall on the same steps: a large hollow circle around a
+# small cross keeps both visible where they coincide.
+MARKERS = {
+    "torch.amp": {"marker": "x", "s": 30, "color": "black", "zorder": 5},
+    "scaledoptim": {"marker": "o", "s": 110, "facecolors": "none", "edgecolors": "tab:orange",
+                    "linewidths": 1.8, "zorder": 4},
+}  # fmt: skip
+REPLAY_MARKER = {"marker": "^", "s": 60, "color": "tab:red", "zorder": 5}
 SMOOTHING = 0.9  # exponential moving average of the per-step training loss, for readability
 
 
@@ -23,7 +34,7 @@ def _smoothed(values: list[float]) -> list[float]:
 
 
 def write_plot(results_by_task: dict[str, list[RunResult]], path: pathlib.Path) -> None:
-    """One column per task: training loss on top, loss scale (log2) below, skips marked."""
+    """One column per task: training loss, loss scale (log2) with skips/replays, host reads."""
     try:
         import matplotlib
 
@@ -34,39 +45,72 @@ def write_plot(results_by_task: dict[str, list[RunResult]], path: pathlib.Path) 
             "--plot needs matplotlib: pip install 'scaledoptim[plot]' (or pip install matplotlib)"
         ) from None
 
+    columns = len(results_by_task)
     fig, axes = plt.subplots(
-        2, len(results_by_task), figsize=(6.5 * len(results_by_task), 7), squeeze=False,
-        sharex="col", gridspec_kw={"height_ratios": [3, 2]},
+        3, columns, figsize=(6.5 * columns, 9), squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2, 1.1]},
     )  # fmt: skip
     for column, (task, results) in enumerate(results_by_task.items()):
-        loss_ax, scale_ax = axes[0, column], axes[1, column]
-        for r in results:
-            # torch.amp and scaledoptim usually coincide: draw torch.amp thin and dashed on top
-            style = STYLES.get(r.config.variant, {})
-            loss_ax.plot(
-                _smoothed(r.losses), label=f"{r.config.variant} (final {r.final_loss:.3f})", **style
-            )
-            if not r.scales:
-                continue
-            line = scale_ax.plot(r.scales, label=r.config.variant, drawstyle="steps-post", **style)[0]
-            skips = [i for i, skipped in enumerate(r.skipped) if skipped]
-            scale_ax.scatter(
-                skips, [r.scales[i] for i in skips], marker="x", color=line.get_color(),
-                zorder=3, label=f"{r.config.variant}: {len(skips)} skipped",
-            )  # fmt: skip
-        first = results[0]
-        loss_ax.set_title(f"{task}: {first.parameters:,} params, {first.config.dtype} autocast on "
-                          f"{first.config.device}")  # fmt: skip
-        loss_ax.set_ylim(top=_smoothed(first.losses)[len(first.losses) // 10] * 1.2)  # the tail
-        loss_ax.set_ylabel("training loss (smoothed)")
-        loss_ax.legend()
-        loss_ax.grid(alpha=0.3)
-        scale_ax.set_yscale("log", base=2)
-        scale_ax.set_ylabel("loss scale (x: skipped step)")
-        scale_ax.set_xlabel("step")
-        scale_ax.grid(alpha=0.3)
-        if scale_ax.has_data():
-            scale_ax.legend()
+        _loss_panel(axes[0, column], task, results)
+        _scale_panel(axes[1, column], results)
+        _reads_panel(axes[2, column], results)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _loss_panel(ax, task: str, results: list[RunResult]) -> None:
+    first = results[0]
+    full_batch = any(r.evaluations for r in results)  # one fixed batch: no noise to smooth
+    for r in results:
+        curve = r.losses if full_batch else _smoothed(r.losses)
+        ax.plot(curve, label=f"{r.label} (held-out loss {r.final_loss:.3f})",
+                **STYLES.get(r.label, {}))  # fmt: skip
+    ax.set_title(f"{task} ({first.title}): {first.parameters:,} params,\n"
+                 f"{first.config.dtype} autocast on {first.config.device}")  # fmt: skip
+    if not full_batch:
+        tail = _smoothed(first.losses)[len(first.losses) // 10]
+        ax.set_ylim(top=tail * 1.2)  # the first steps' loss would squash the rest
+    ax.set_ylabel("training loss" + ("" if full_batch else " (smoothed)"))
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _scale_panel(ax, results: list[RunResult]) -> None:
+    for r in results:
+        if not r.scales:
+            continue
+        style = {k: v for k, v in STYLES.get(r.label, {}).items() if k != "zorder"}
+        ax.plot(r.scales, label=f"{r.label} scale", drawstyle="steps-post", **style)
+        skips = [i for i, skipped in enumerate(r.skipped) if skipped]
+        if r.label in MARKERS:
+            ax.scatter(skips, [r.scales[i] for i in skips], **MARKERS[r.label],
+                       label=f"{r.label}: {len(skips)} skipped")  # fmt: skip
+        replayed = [i for i, n in enumerate(r.replays) if n]
+        if replayed:
+            ax.scatter(replayed, [r.scales[i] for i in replayed], **REPLAY_MARKER,
+                       label=f"{r.label}: {sum(r.replays)} replays")  # fmt: skip
+            for i in replayed:
+                ax.annotate(f"{r.replays[i]}", (i, r.scales[i]), textcoords="offset points",
+                            xytext=(4, 6), fontsize=7, color="tab:red")  # fmt: skip
+    if ax.has_data():
+        ax.set_yscale("log", base=2)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no loss scale (unscaled runs)", ha="center", transform=ax.transAxes)
+    ax.set_ylabel("loss scale at step start")
+    ax.set_xlabel("step (x/o: skipped step, ^: replayed evaluations)")
+    ax.grid(alpha=0.3)
+
+
+def _reads_panel(ax, results: list[RunResult]) -> None:
+    labels = [r.label for r in results]
+    reads = [r.host_reads_per_step for r in results]
+    colors = [STYLES.get(label, {}).get("color", "gray") for label in labels]
+    bars = ax.barh(labels, reads, color=colors, alpha=0.7)
+    ax.bar_label(bars, labels=[f"{v:.1f}" for v in reads], padding=3, fontsize=8)
+    ax.set_xlim(right=max(max(reads), 1.0) * 1.25)
+    ax.invert_yaxis()  # the same order as the tables
+    ax.set_xlabel("host reads per step in the optimizer phase (each a GPU sync on a GPU)")
+    ax.tick_params(axis="y", labelsize=8)

@@ -1,15 +1,15 @@
-"""One training driver, four ways to step: fp32, torch.amp, scaledoptim, scaledoptim LBFGS.
+"""One training driver, five ways to step: fp32, torch.amp and scaledoptim with AdamW, and
+fp32 and scaledoptim with LBFGS.
 
 The variants differ only in how one batch becomes one optimizer step (the ``*_step`` builders);
-the model, data, seed, progress bar, timing and evaluation are shared, so a comparison between
-them compares the mixed-precision machinery and nothing else.
+the model, data, seed, timing, host-read counting and evaluation are shared, so a comparison
+between them compares the mixed-precision machinery and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import resource
-import sys
+import statistics
 import time
 from collections.abc import Callable
 
@@ -19,34 +19,40 @@ from torch import nn
 import scaledoptim
 
 from .data import Batch
-from .tasks import SIZES, TASKS, Task
+from .hostreads import HostReads, host_side_counters
+from .tasks import ALL_TASKS, SIZES, Task
 
-try:
-    from tqdm.auto import tqdm
-except ImportError:  # pragma: no cover - exercised only without the extra
-    sys.exit("the examples show a progress bar: pip install tqdm (or scaledoptim[examples])")
-
-# loss, the scale this step's backward used (None: unscaled), 1.0 if the step was skipped
-StepResult = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]
-Step = Callable[[Batch], StepResult]
-
-REFRESH_EVERY = 25  # the progress bar reads loss and scale on the host this often, no more
+LBFGS_MAX_ITER = 5  # LBFGS iterations per step(); each evaluates the closure once or more
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines one training run; plain data, so it can cross processes."""
+    """Everything that defines one training run."""
 
     task: str = "lm"
     variant: str = "scaledoptim"
     size: str = "cpu"
-    steps: int | None = None  # None: the task's default length for this variant
-    lr: float | None = None  # None: the task's AdamW learning rate
+    steps: int | None = None  # None: the task's default length for this size
+    lr: float | None = None  # None: the task's learning rate
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float16"
     growth_interval: int = 25  # short, so the scale grows into overflows within a short run
-    progress: bool = True
+
+
+@dataclasses.dataclass
+class Stepper:
+    """How one variant turns a batch into a step, split at the start of the optimizer phase.
+
+    ``optimizer_phase`` returns the loss, the scale the backward used (``None``: unscaled) and
+    1.0 if the step was skipped, all as tensors, so that nothing is read on the host.
+    """
+
+    optimizer: torch.optim.Optimizer
+    forward_backward: Callable[[Batch], None]
+    optimizer_phase: Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]
+    evaluations: int = 0  # closure evaluations (LBFGS only)
+    replays: torch.Tensor | None = None  # overflowed evaluations, each replayed (scaled LBFGS)
 
 
 @dataclasses.dataclass
@@ -54,161 +60,247 @@ class RunResult:
     """What a run measured. ``scales`` is empty for unscaled runs (fp32, bf16)."""
 
     config: RunConfig
-    losses: list[float]
-    scales: list[float]
+    title: str
+    losses: list[float]  # training loss of every step
+    scales: list[float]  # the scale each step's (first) backward used
     skipped: list[bool]
-    final_loss: float
-    items_per_second: float
+    replays: list[int]  # per step, closure evaluations replayed after an overflow (LBFGS)
+    evaluations: int  # closure evaluations in all (LBFGS), else 0
+    final_loss: float  # fp32 loss on held-out data
+    iteration_ms: list[float]  # per timed step: forward, backward and optimizer phase
+    optimizer_ms: list[float]  # per timed step: the optimizer phase alone
+    host_reads_per_step: float  # in the optimizer phase, averaged over the timed steps
     unit: str
-    peak_memory_mb: float
+    items_per_batch: int
     parameters: int
 
+    @property
+    def label(self) -> str:
+        return self.config.variant
 
-def fp32_step(model: nn.Module, task: Task, config: RunConfig) -> Step:
-    """The reference: fp32 throughout, torch's fused AdamW."""
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr or task.lr, fused=True)
+    @property
+    def median_iteration_ms(self) -> float:
+        return statistics.median(self.iteration_ms)
+
+    @property
+    def median_optimizer_ms(self) -> float:
+        return statistics.median(self.optimizer_ms)
+
+
+def fp32_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
+    """The reference: fp32 throughout, torch.optim.AdamW as most loops create it."""
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr or task.lr)
     never_skipped = torch.zeros((), device=config.device)
+    out: dict[str, torch.Tensor] = {}
 
-    def step(batch: Batch) -> StepResult:
-        loss = task.loss(model, batch)
+    def forward_backward(batch: Batch) -> None:
+        out["loss"] = task.loss(model, batch)
         opt.zero_grad()
-        loss.backward()
+        out["loss"].backward()
+
+    def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, None, torch.Tensor]:
         opt.step()
-        return loss.detach(), None, never_skipped
+        return out["loss"].detach(), None, never_skipped
 
-    return step
+    return Stepper(opt, forward_backward, optimizer_phase)
 
 
-def torch_amp_step(model: nn.Module, task: Task, config: RunConfig) -> Step:
-    """torch.autocast + torch.amp.GradScaler + torch's fused AdamW: the loop users have today."""
+def torch_amp_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
+    """torch.autocast + torch.amp.GradScaler + torch.optim.AdamW: the loop users have today.
+
+    The optimizer is torch's default (not ``fused=True``), so ``GradScaler.step`` reads
+    ``found_inf`` on the host once per step to decide whether to step.
+    """
     device_type, dtype = _autocast_args(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr or task.lr, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr or task.lr)
     scaler = torch.amp.GradScaler(
         device_type, growth_interval=config.growth_interval, enabled=dtype == torch.float16
     )
     never_skipped = torch.zeros((), device=config.device)
+    out: dict[str, torch.Tensor] = {}
 
-    def step(batch: Batch) -> StepResult:
+    def forward_backward(batch: Batch) -> None:
         with torch.autocast(device_type, dtype=dtype):
-            loss = task.loss(model, batch)
+            out["loss"] = task.loss(model, batch)
         opt.zero_grad()
-        scaler.scale(loss).backward()
-        if not scaler.is_enabled():
-            opt.step()
-            return loss.detach(), None, never_skipped
+        scaled = scaler.scale(out["loss"])  # creates the scale tensor on the first call
         # GradScaler has no sync-free accessor (get_scale() calls .item()): read its tensor.
-        used = scaler._scale.clone()
+        out["used"] = scaler._scale.clone() if scaler.is_enabled() else None
+        scaled.backward()
+
+    def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         scaler.step(opt)
         scaler.update()
-        return loss.detach(), used, (scaler._scale < used).float()  # it backs off iff it skipped
+        used = out["used"]
+        if used is None:
+            return out["loss"].detach(), None, never_skipped
+        return out["loss"].detach(), used, (scaler._scale < used).float()  # backs off iff skipped
 
-    return step
+    return Stepper(opt, forward_backward, optimizer_phase)
 
 
-def scaledoptim_step(model: nn.Module, task: Task, config: RunConfig) -> Step:
+def scaledoptim_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
     """scaledoptim.autocast + scaledoptim.AdamW: the scale lives in the optimizer, no sync."""
     device_type, dtype = _autocast_args(config)
     opt = scaledoptim.AdamW(model.parameters(), lr=config.lr or task.lr)
     opt.configure_scaling(growth_interval=config.growth_interval)
     S = opt.scale if dtype == torch.float16 else None  # bf16 needs no scaling: same loop, S=None
+    out: dict[str, torch.Tensor] = {}
 
-    def step(batch: Batch) -> StepResult:
+    def forward_backward(batch: Batch) -> None:
         with scaledoptim.autocast(device_type, dtype=dtype):
-            loss = task.loss(model, batch)
+            out["loss"] = task.loss(model, batch)
         opt.zero_grad()
-        used = None if S is None else S.clone()  # S is updated in place by the step
-        scaledoptim.scale_outputs(loss, S).backward()
+        out["used"] = None if S is None else S.clone()  # S is updated in place by the step
+        scaledoptim.scale_outputs(out["loss"], S).backward()
+
+    def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=S)
-        return loss.detach(), used, found_inf
+        return out["loss"].detach(), out["used"], found_inf
 
-    return step
+    return Stepper(opt, forward_backward, optimizer_phase)
 
 
-def scaledoptim_lbfgs_step(model: nn.Module, task: Task, config: RunConfig) -> Step:
-    """scaledoptim.LBFGS with closure replay, which GradScaler cannot do.
+def fp32_lbfgs_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
+    """The LBFGS reference: torch.optim.LBFGS in fp32."""
+    opt = torch.optim.LBFGS(model.parameters(), **_lbfgs_args(task, config))
+    never_skipped = torch.zeros((), device=config.device)
+
+    def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, None, torch.Tensor]:
+        def closure() -> torch.Tensor:
+            stepper.evaluations += 1
+            opt.zero_grad()
+            loss = task.loss(model, batch)
+            loss.backward()
+            return loss
+
+        return opt.step(closure).detach(), None, never_skipped
+
+    stepper = Stepper(opt, _no_forward_backward, optimizer_phase)
+    return stepper
+
+
+def scaledoptim_lbfgs_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
+    """scaledoptim.LBFGS in fp16 with closure replay, which GradScaler refuses.
 
     The scale starts at 2**24, far too large for fp16, so the first closure evaluations
-    overflow and are replayed with a backed-off scale until their grads are finite.
+    overflow and are replayed with a backed-off scale until their grads are finite; the scale
+    then grows back every ``growth_interval`` evaluations and overflows again. The closure
+    unscales its own grads, so it sees ``found_inf`` and can count replays on the device.
     """
     device_type, dtype = _autocast_args(config)
-    # lr=1 is LBFGS's natural step; the strong-Wolfe line search shortens it where needed.
-    opt = scaledoptim.LBFGS(
-        model.parameters(), lr=1.0, max_iter=4, history_size=10, line_search_fn="strong_wolfe"
-    )
+    opt = scaledoptim.LBFGS(model.parameters(), **_lbfgs_args(task, config))
     opt.configure_scaling(init_scale=2.0**24, growth_interval=config.growth_interval)
     S = opt.scale
 
-    def step(batch: Batch) -> StepResult:
-        def closure(S: torch.Tensor) -> torch.Tensor:
+    def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def closure(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            stepper.evaluations += 1
             opt.zero_grad()
             with scaledoptim.autocast(device_type, dtype=dtype):
                 loss = task.loss(model, batch)
-            scaledoptim.scale_outputs(loss, S).backward()
-            return loss
+            scaledoptim.scale_outputs(loss, scale).backward()
+            found_inf, next_scale = opt.unscale(grads_scaled_by=scale)
+            stepper.replays += found_inf  # an overflowed evaluation is replayed
+            return loss, found_inf, next_scale
 
         used = S.clone()
-        loss, found_inf, _ = opt.unscale_and_step(closure, grads_scaled_by=S)
-        return loss.detach(), used, found_inf
+        loss, _, _ = opt.step_after_unscale(closure, current_grad_scale=S)
+        return loss.detach(), used, torch.zeros_like(used)  # replay means nothing is skipped
 
-    return step
+    stepper = Stepper(opt, _no_forward_backward, optimizer_phase, replays=torch.zeros_like(S))
+    return stepper
 
 
-VARIANTS: dict[str, Callable[[nn.Module, Task, RunConfig], Step]] = {
+VARIANTS: dict[str, Callable[[nn.Module, Task, RunConfig], Stepper]] = {
     "fp32": fp32_step,
     "torch.amp": torch_amp_step,
     "scaledoptim": scaledoptim_step,
+    "fp32-lbfgs": fp32_lbfgs_step,
     "scaledoptim-lbfgs": scaledoptim_lbfgs_step,
 }
-# An LBFGS step evaluates the closure several times; fewer steps keep its run time comparable.
-EVALUATIONS_PER_STEP = {"scaledoptim-lbfgs": 8}
+
+
+class Run:
+    """One variant's model, optimizer, data stream and measurements, advanced a step at a time.
+
+    Several runs advance in turn (see ``compare.run_interleaved``), so each builds everything
+    from its own seed and shares nothing with the others.
+    """
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.task = ALL_TASKS[config.task](SIZES[config.size], self.device)
+        torch.manual_seed(config.seed)
+        self.model = self.task.make_model()
+        self.stepper = VARIANTS[config.variant](self.model, self.task, config)
+        self.batches = self.task.batches(config.seed)
+        self.steps = config.steps or self.task.default_steps
+        self.warmup = max(2, self.steps // 10)  # first steps allocate state: not timed
+        self.history: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        self.replays: list[torch.Tensor] = []
+        self.iteration_ms: list[float] = []
+        self.optimizer_ms: list[float] = []
+        self.host_reads: list[int] = []
+
+    def step(self) -> None:
+        """Trains one step, timing it and counting the optimizer phase's host reads."""
+        batch = next(self.batches)
+        reads = HostReads()
+        _synchronize(self.device)
+        started = time.perf_counter()
+        self.stepper.forward_backward(batch)
+        _synchronize(self.device)
+        optimizer_started = time.perf_counter()
+        with reads.counting(ignore=host_side_counters(self.stepper.optimizer)):
+            self.history.append(self.stepper.optimizer_phase(batch))
+            _synchronize(self.device)
+        ended = time.perf_counter()
+        if self.stepper.replays is not None:
+            self.replays.append(self.stepper.replays.clone())
+        if len(self.history) > self.warmup:
+            self.iteration_ms.append(1e3 * (ended - started))
+            self.optimizer_ms.append(1e3 * (ended - optimizer_started))
+            self.host_reads.append(reads.count)
+
+    def result(self) -> RunResult:
+        """Reads the measurements on the host (once, at the end) and evaluates the model."""
+        losses, scales, skips = zip(*self.history)
+        replays = torch.stack(self.replays).tolist() if self.replays else []
+        return RunResult(
+            config=self.config,
+            title=self.task.title,
+            losses=torch.stack(losses).tolist(),
+            scales=[] if scales[0] is None else torch.stack(scales).tolist(),
+            skipped=[bool(s) for s in torch.stack(skips).tolist()],
+            replays=[int(b - a) for a, b in zip([0.0, *replays], replays)],
+            evaluations=self.stepper.evaluations,
+            final_loss=self.task.eval_loss(self.model, self.config.seed),
+            iteration_ms=self.iteration_ms,
+            optimizer_ms=self.optimizer_ms,
+            host_reads_per_step=statistics.mean(self.host_reads),
+            unit=self.task.unit,
+            items_per_batch=self.task.items_per_batch,
+            parameters=sum(p.numel() for p in self.model.parameters()),
+        )
 
 
 def train(config: RunConfig) -> RunResult:
     """Trains ``config.task`` with ``config.variant`` from ``config.seed`` and measures it."""
-    device = torch.device(config.device)
-    task = TASKS[config.task](SIZES[config.size], device)
-    torch.manual_seed(config.seed)
-    model = task.make_model()
-    step = VARIANTS[config.variant](model, task, config)
-    batches = task.batches(config.seed)
-    steps = config.steps or task.default_steps // EVALUATIONS_PER_STEP.get(config.variant, 1)
-    warmup = max(1, steps // 20)  # first steps allocate state and warm caches: not timed
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    run = Run(config)
+    for _ in range(run.steps):
+        run.step()
+    return run.result()
 
-    history: list[StepResult] = []
-    skipped = torch.zeros((), device=device)
-    bar = tqdm(
-        range(steps), desc=f"{task.name} {config.variant}", disable=not config.progress
-    )
-    for i in bar:
-        if i == warmup:
-            _synchronize(device)
-            started = time.perf_counter()
-        history.append(step(next(batches)))
-        skipped += history[-1][2]
-        if i % REFRESH_EVERY == 0 or i == steps - 1:
-            loss, scale, _ = history[-1]
-            bar.set_postfix(
-                loss=f"{loss.item():.3f}",
-                scale="-" if scale is None else f"{scale.item():.0f}",
-                skipped=int(skipped.item()),
-            )
-    _synchronize(device)
-    elapsed = time.perf_counter() - started
 
-    losses, scales, skips = zip(*history)
-    return RunResult(
-        config=config,
-        losses=torch.stack(losses).tolist(),
-        scales=[] if scales[0] is None else torch.stack(scales).tolist(),
-        skipped=[bool(s) for s in torch.stack(skips).tolist()],
-        final_loss=task.eval_loss(model, config.seed),
-        items_per_second=(steps - warmup) * task.items_per_batch / elapsed,
-        unit=task.unit,
-        peak_memory_mb=_peak_memory_mb(device),
-        parameters=sum(p.numel() for p in model.parameters()),
-    )
+def _lbfgs_args(task: Task, config: RunConfig) -> dict[str, object]:
+    return {"lr": config.lr or task.lr, "max_iter": LBFGS_MAX_ITER, "history_size": 20,
+            "line_search_fn": "strong_wolfe"}  # fmt: skip
+
+
+def _no_forward_backward(batch: Batch) -> None:
+    """LBFGS runs forward and backward inside its closure, in the optimizer phase."""
 
 
 def _autocast_args(config: RunConfig) -> tuple[str, torch.dtype]:
@@ -218,10 +310,3 @@ def _autocast_args(config: RunConfig) -> tuple[str, torch.dtype]:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak bytes allocated by tensors. CPU: the whole process's peak RSS (Linux: KiB)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10

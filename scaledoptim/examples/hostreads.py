@@ -1,0 +1,66 @@
+"""Counts how often the host reads a tensor's value during the optimizer phase of a step.
+
+On a GPU every such read (``.item()``, ``bool(t)``, ``.cpu()``, ...) waits for all queued work
+to finish, so a training loop that reads once per step can never run ahead of the GPU. torch.amp's
+``GradScaler`` reads ``found_inf`` once per step unless the optimizer is fused; scaledoptim's fused
+optimizers skip an overflowed step on the device and read nothing. Counting the reads by wrapping
+the ``torch.Tensor`` methods shows that difference on any machine, a CPU included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+# Every way Python code reads a tensor's value into a host number or host memory.
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+class HostReads:
+    """Counts host reads of tensor values made inside :meth:`counting`.
+
+    Reads of the tensors whose ids are in ``ignore`` are not counted: torch keeps non-fused
+    optimizers' ``step`` counters on the host even when training on a GPU, so reading them never
+    waits for the device (on a CPU-only machine they would otherwise look like any other read).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._depth = 0  # a read made by another read (tolist -> item) counts once
+
+    @contextlib.contextmanager
+    def counting(self, ignore: frozenset[int] = frozenset()) -> Iterator[None]:
+        own = {name: torch.Tensor.__dict__.get(name) for name in READS}
+        for name in READS:
+            setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name), ignore))
+        try:
+            yield
+        finally:
+            for name, original in own.items():
+                if original is None:
+                    delattr(torch.Tensor, name)  # back to the inherited C implementation
+                else:
+                    setattr(torch.Tensor, name, original)
+
+    def _counted(self, read, ignore: frozenset[int]):
+        def counted(tensor: torch.Tensor, *args, **kwargs):
+            if self._depth == 0 and id(tensor) not in ignore:
+                self.count += 1
+            self._depth += 1
+            try:
+                return read(tensor, *args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return counted
+
+
+def host_side_counters(opt: torch.optim.Optimizer) -> frozenset[int]:
+    """The ids of ``opt``'s ``step`` counters that torch keeps on the host (see :class:`HostReads`)."""
+    return frozenset(
+        id(state["step"])
+        for state in opt.state.values()
+        if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type == "cpu"
+    )
