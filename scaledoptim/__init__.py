@@ -3,7 +3,8 @@
 from . import amp
 from .amp import autocast
 from .optim import SGD, Adam, AdamW, FusedOptimizer
-from .optimizer import ClosureReplayError, Optimizer
+from .optimizer import Optimizer
+from .replay import ClosureReplayError
 from .outputs import backward, grad, scale_outputs
 from .scaling import ScalingConfig
 from .sharing import share_scale

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from . import replay
+from .replay import ClosureReplayError
 from .backends import unscale_in_place_
 from .distributed import agree_on_found_inf
 from .plans import GenericStepPlan, StepPlan, UnscalePlan
@@ -29,7 +30,6 @@ from .validation import as_scale_tensor, check_param_grads, check_param_groups
 
 __all__ = ["Optimizer", "ClosureReplayError"]
 
-ClosureReplayError = replay.ClosureReplayError
 
 
 class Optimizer(ScaleOwner, torch.optim.Optimizer):

@@ -40,7 +40,7 @@ class ScaleOwner:
     def scale(self) -> torch.Tensor:
         """The current recommended loss scale: a 0-dim float32 tensor on the params' device.
 
-        It is updated in place by :meth:`unscale`; ``opt.scale.clone()`` keeps a snapshot.
+        It is updated in place by :meth:`~scaledoptim.Optimizer.unscale`; ``opt.scale.clone()`` keeps a snapshot.
         """
         return self._scaling().loss_scale.scale
 
@@ -63,7 +63,7 @@ class ScaleOwner:
 
         Args:
             process_group: a :class:`torch.distributed.ProcessGroup` whose ranks must agree on
-                overflow (DDP, FSDP, sharded optimizers). Every :meth:`unscale` then all-reduces
+                overflow (DDP, FSDP, sharded optimizers). Every :meth:`~scaledoptim.Optimizer.unscale` then all-reduces
                 ``found_inf`` with MAX over it, on device with no host read, before the scale
                 moves or anything steps: if one rank overflows, every rank skips and every
                 rank's scale moves the same way. Every rank of the group must unscale once per
@@ -93,14 +93,14 @@ class ScaleOwner:
         """As :meth:`torch.optim.Optimizer.state_dict`, plus ``"loss_scale"``: the scale, its
         growth and hysteresis trackers and its config. Loading it resumes bit for bit.
 
-        The process group given to :meth:`configure_scaling` is not saved (it belongs to the
+        The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is not saved (it belongs to the
         run): configure the resumed optimizer with its own, then load.
 
         Raises:
-            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`. A checkpoint
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`. A checkpoint
                 taken there could not resume exactly: the pending step needs the unscaled grads,
                 which no optimizer state_dict holds, and the scale has already moved for it.
-                Save before :meth:`unscale` or after the step.
+                Save before :meth:`~scaledoptim.Optimizer.unscale` or after the step.
         """
         checkpoint.check_between_steps(self, "state_dict()")
         state_dict = super().state_dict()
@@ -112,11 +112,11 @@ class ScaleOwner:
 
         A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
         scale reset to its configured ``init_scale``. The scale state is validated before
-        anything changes. The process group given to :meth:`configure_scaling` is kept.
+        anything changes. The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is kept.
 
         Raises:
-            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale` (see
-                :meth:`state_dict`).
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale` (see
+                :meth:`~scaledoptim.Optimizer.state_dict`).
         """
         loss_scale, torch_state_dict = checkpoint.split_scale_state(self, state_dict)
         super().load_state_dict(torch_state_dict)
@@ -135,7 +135,7 @@ class ScaleOwner:
 
         Raises:
             TypeError, ValueError: for anything but a valid enabled GradScaler's state_dict.
-            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`, or on a
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`, or on a
                 shared scale.
         """
         checkpoint.check_between_steps(self, "load_gradscaler_state_dict()")
@@ -157,7 +157,7 @@ class ScaleOwner:
         (GradScaler has neither).
 
         Raises:
-            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`.
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`.
         """
         checkpoint.check_between_steps(self, "gradscaler_state_dict()")
         return gradscaler_state_from_loss_scale(self._scaling().loss_scale)
