@@ -10,6 +10,7 @@ from . import checkpoint
 from .distributed import check_process_group
 from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
 from .scaling import LossScale, ScalingConfig, ScalingState
+from .validation import refuse_during_capture
 
 __all__ = ["ScaleOwner"]
 
@@ -26,6 +27,7 @@ class ScaleOwner:
     def _scaling(self) -> ScalingState:
         state = self.__dict__.get(self._SCALING_ATTR)
         if state is None:
+            refuse_during_capture("Creating the loss scale")
             state = ScalingState(LossScale(ScalingConfig(), self._params_device()))
             self.__dict__[self._SCALING_ATTR] = state
         return state

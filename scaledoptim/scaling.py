@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ScalingConfig", "LossScale", "Stage", "ScalingState"]
+__all__ = ["ScalingConfig", "LossScale", "ScaleUpdate", "Stage", "ScalingState"]
 
 _FLOAT32 = torch.finfo(torch.float32)
 
@@ -111,19 +111,35 @@ class LossScale:
             )
 
     def report(
-        self, reporter: int, scaled_by: torch.Tensor, found_inf: torch.Tensor, *, force_backoff: bool
-    ) -> None:
-        """Records one optimizer's ``found_inf``; moves the scale once every sharer reported."""
+        self,
+        reporter: int,
+        scaled_by: torch.Tensor,
+        found_inf: torch.Tensor,
+        *,
+        force_backoff: bool,
+        defer: bool = False,
+    ) -> ScaleUpdate | None:
+        """Records one optimizer's ``found_inf``; moves the scale once every sharer reported.
+
+        With ``defer``, the move is returned as a :class:`ScaleUpdate` for the step's epilogue
+        kernel to apply (``None`` when this report does not complete the round).
+        """
         self.check_can_report(reporter)
         if self.sharers == 1:
-            self.update_(scaled_by, found_inf, force_backoff=force_backoff)
-            return
-        torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
-        self._round.add(reporter)
-        if len(self._round) == self.sharers:
-            self.update_(scaled_by, self._round_found_inf, force_backoff=force_backoff)
+            update = ScaleUpdate(self, scaled_by, found_inf, force_backoff)
+        else:
+            torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
+            self._round.add(reporter)
+            if len(self._round) < self.sharers:
+                return None
+            # A copy: the round's flag is cleared now, before a deferred update reads it.
+            update = ScaleUpdate(self, scaled_by, self._round_found_inf.clone(), force_backoff)
             self._round_found_inf.zero_()
             self._round.clear()
+        if defer:
+            return update
+        update.apply()
+        return None
 
     @torch.no_grad()
     def update_(
@@ -131,11 +147,25 @@ class LossScale:
     ) -> None:
         r"""Sets the scale recommended after a step whose grads were scaled by ``scaled_by``.
 
-        Sync-free: every branch is a ``torch.where`` on device. ``force_backoff`` ignores the
+        Sync-free. Note [scale update]: ``scaled_by * factor`` is computed in float64 and
+        rounded once to float32, as ``torch._amp_update_scale_`` does, so any factor gives
+        GradScaler's exact sequence. With GradScaler's semantics (hysteresis 1, no upper bound,
+        no forced backoff) this is ``torch._amp_update_scale_`` itself plus the ``min_scale``
+        clamp; otherwise a few ``torch.where``\ s. With hysteresis 1 the hysteresis tracker is
+        never written (it stays 1: nothing is tolerated either way). ``force_backoff`` ignores the
         hysteresis allowance (closure replay: replaying the same batch at the same scale would
-        overflow again).
+        overflow again). ``cuda/step_epilogue.cu`` implements the same rules.
         """
         c = self.config
+        if c.hysteresis == 1 and not force_backoff and c.max_scale == _FLOAT32.max:
+            if scaled_by is not self.scale:
+                self.scale.copy_(scaled_by)
+            torch._amp_update_scale_(
+                self.scale, self.growth_tracker, found_inf,
+                c.growth_factor, c.backoff_factor, c.growth_interval,
+            )  # fmt: skip
+            self.scale.clamp_(min=c.min_scale)
+            return
         overflow = found_inf > 0
         hysteresis_left = torch.where(
             overflow, (self.hysteresis_tracker - 1).clamp_(min=0), c.hysteresis
@@ -143,13 +173,15 @@ class LossScale:
         back_off = overflow if force_backoff else overflow & (hysteresis_left <= 0)
         clean_steps = self.growth_tracker + 1
         grow = ~overflow & (clean_steps >= c.growth_interval)
-        grown = scaled_by * c.growth_factor
+        wide = scaled_by.double()
+        grown = (wide * c.growth_factor).float()
         grown = torch.where(torch.isfinite(grown), grown.clamp(max=c.max_scale), scaled_by)
-        backed_off = (scaled_by * c.backoff_factor).clamp_(min=c.min_scale)
+        backed_off = (wide * c.backoff_factor).float().clamp_(min=c.min_scale)
         new_scale = torch.where(back_off, backed_off, torch.where(grow, grown, scaled_by))
         self.scale.copy_(new_scale)
         self.growth_tracker.copy_(torch.where(overflow | grow, 0, clean_steps))
-        self.hysteresis_tracker.copy_(hysteresis_left)
+        if c.hysteresis > 1:
+            self.hysteresis_tracker.copy_(hysteresis_left)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume bit for bit: tensors are cloned, config is plain data."""
@@ -209,6 +241,21 @@ class LossScale:
         loss_scale.growth_tracker.fill_(int(values["growth_tracker"]))
         loss_scale.hysteresis_tracker.fill_(int(values["hysteresis_tracker"]))
         return loss_scale
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleUpdate:
+    """A move of ``loss_scale`` decided by a round of reports, not yet applied: the step's
+    epilogue kernel applies it on the kernel backend (one launch instead of several ops)."""
+
+    loss_scale: LossScale
+    scaled_by: torch.Tensor
+    found_inf: torch.Tensor
+    force_backoff: bool
+
+    def apply(self) -> None:
+        """Applies it with torch ops (Note [scale update])."""
+        self.loss_scale.update_(self.scaled_by, self.found_inf, force_backoff=self.force_backoff)
 
 
 class Stage(enum.Enum):

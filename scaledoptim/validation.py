@@ -11,6 +11,22 @@ import torch
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_during_capture(what: str) -> None:
+    """Raises if a CUDA graph is being captured: ``what`` would be recorded once and replayed
+    wrong, or would sync."""
+    if capturing():
+        raise RuntimeError(
+            f"{what} cannot happen inside CUDA graph capture. Take one eager step first (it "
+            "creates the optimizer state and compiles the kernels), pass opt.scale (or a Python "
+            "float) as the scale, then capture."
+        )
+
+
 def as_scale_tensor(
     scale: torch.Tensor | float, device: torch.device, *, trusted: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -33,6 +49,7 @@ def as_scale_tensor(
             )
         if scale is trusted:
             return scale
+        refuse_during_capture("Validating a scale tensor other than opt.scale (a host read)")
         as_float32 = scale.detach().reshape(()).to(torch.float32)
         _check_scale_value(as_float32.to("cpu", torch.float64).item())
         return as_float32

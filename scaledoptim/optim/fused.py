@@ -9,10 +9,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..backends import Backend, PreparedUpdate, select, unscale_in_place_
+from ..backends import Backend, select
+from ..backends.base import PreparedEpilogue, PreparedUpdate
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
-from ..validation import check_param_grads, check_param_groups
+from ..scaling import ScaleUpdate
+from ..validation import check_param_grads, check_param_groups, refuse_during_capture
 from .state import cast_loaded_state, check_param, stage_state
 
 __all__ = ["FusedOptimizer", "check_hyperparameter"]
@@ -83,9 +85,9 @@ class FusedOptimizer(Optimizer):
                 loss = closure()
         pending = self.__dict__.pop(_PENDING, None)
         if pending is None:
-            pending = (self._plan_step(None, None), None, None)
-        plan, found_inf, inv_scale = pending
-        plan.commit(found_inf, inv_scale)
+            pending = (self._plan_step(None, None), None, None, None)
+        plan, found_inf, inv_scale, scale_update = pending
+        plan.commit(found_inf, inv_scale, scale_update)
         return loss
 
     def _plan_step(
@@ -123,7 +125,11 @@ class FusedOptimizer(Optimizer):
                     plan.new_state[param] = replacement
             lists = [params, grads, *_with_empty_lists(keys, state_lists), steps]
             plan.updates.append(backend.prepare(self, group, lists))
-            plan.grads += grads
+            plan.grad_lists.append(grads)
+            plan.steps += steps
+        if plan.new_state:
+            refuse_during_capture("Creating or converting optimizer state")
+        plan.epilogue = backend.prepare_epilogue(plan.steps)
         return plan
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -167,32 +173,44 @@ class _FusedStepPlan:
     def __init__(self, optimizer: FusedOptimizer, backend: Backend) -> None:
         self.optimizer = optimizer
         self.backend = backend
+        self.applies_scale_update = backend.applies_scale_update
         self.updates: list[PreparedUpdate] = []
+        self.epilogue: PreparedEpilogue | None = None
         self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
-        self.grads: list[torch.Tensor] = []  # as the updates read them (in their params' layout)
+        # Per group, the grads as the updates read them (in their params' layout).
+        self.grad_lists: list[list[torch.Tensor]] = []
+        self.steps: list[torch.Tensor] = []  # every group's step counters, for the epilogue
 
     def unscale_grads_(
         self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
     ) -> torch.Tensor | None:
-        if self.backend.folds_unscale:
-            self.backend.check_(self.grads, found_inf)
-            return inv_scale
-        unscale_in_place_(self.grads, found_inf, inv_scale)
-        return None
+        return self.backend.unscale_for_update_(self.grad_lists, found_inf, inv_scale)
 
-    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+    def step(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None,
+        scale_update: ScaleUpdate | None = None,
+    ) -> None:
         optimizer = self.optimizer
-        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale)
+        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale, scale_update)
         try:
             optimizer.step()
         finally:
             optimizer.__dict__.pop(_PENDING, None)
 
-    def commit(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
-        """Installs the new state and runs every update: only device errors can interrupt."""
+    def commit(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None,
+        scale_update: ScaleUpdate | None,
+    ) -> None:
+        """Installs the new state, runs every update and the epilogue: only device errors can
+        interrupt."""
         self.optimizer.state.update(self.new_state)
         for update in self.updates:
             update(found_inf, inv_scale)
+        self.epilogue(found_inf, scale_update)
 
 
 def _with_empty_lists(
