@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from scaledoptim.doctor import CHECKS
+from scaledoptim.doctor import CHECKS, gpu_report
 from scaledoptim.doctor.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -121,3 +121,31 @@ def test_an_unknown_check_name_is_refused_with_the_names_to_choose_from(capsys) 
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "unknown check name(s) ['bogus']" in error and "'no-host-sync'" in error
+
+
+def test_the_gpu_report_runs_every_part_and_names_the_failed_one(tmp_path, monkeypatch) -> None:
+    python = (sys.executable, "-c")
+    parts = (
+        gpu_report.Part("clean", (*python, "print('all good')")),
+        gpu_report.Part("broken", (*python, "print('boom'); raise SystemExit(3)")),
+        gpu_report.Part("absent", (*python, "print('never' + ' runs')"), ("no/such/folder",)),
+    )
+    monkeypatch.chdir(tmp_path)
+    assert gpu_report.main(["report.md"], parts) == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "**FAILED: broken, absent.**" in report
+    assert "## clean: passed" in report and "all good" in report
+    assert "## broken: FAILED (exit status 3)" in report and "boom" in report
+    assert "['no/such/folder'] not found" in report and "never runs" not in report
+
+
+def test_the_gpu_report_runs_what_the_readme_promises() -> None:
+    commands = [" ".join(part.argv[1:]) for part in gpu_report.PARTS]
+    assert any(c.endswith("pytest -p no:cacheprovider -rA tests/gpu") for c in commands)
+    assert any(c.endswith("benchmarks/test_bench_cuda_kernels.py") for c in commands)
+    assert "-m scaledoptim.doctor" in commands
+    for part in gpu_report.PARTS:
+        assert all((ROOT / path).exists() for path in part.needs)
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- gpu-command -->")[1].split("<!-- /gpu-command -->")[0]
+    assert "python -m scaledoptim.doctor.gpu_report gpu-report.md" in block
