@@ -22,12 +22,11 @@ class Outcome:
 
 @contextlib.contextmanager
 def kernels_env(mode: str | None) -> Iterator[None]:
-    """``SCALEDOPTIM_KERNELS=mode`` inside the block (``None``: unset), restored after."""
+    """``SCALEDOPTIM_KERNELS=mode`` inside the block, restored after; ``None`` leaves it as the
+    user set it."""
     saved = os.environ.get("SCALEDOPTIM_KERNELS")
     try:
-        if mode is None:
-            os.environ.pop("SCALEDOPTIM_KERNELS", None)
-        else:
+        if mode is not None:
             os.environ["SCALEDOPTIM_KERNELS"] = mode
         yield
     finally:
