@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from scaledoptim.doctor import CHECKS, gpu_report
+from scaledoptim.doctor import CHECKS, compile_check, gpu_report
 from scaledoptim.doctor.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -149,3 +149,10 @@ def test_the_gpu_report_runs_what_the_readme_promises() -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- gpu-command -->")[1].split("<!-- /gpu-command -->")[0]
     assert "python -m scaledoptim.doctor.gpu_report gpu-report.md" in block
+
+
+def test_without_cupy_the_nvrtc_check_fails_naming_the_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises, find_spec finds nothing
+    outcome = compile_check.run(torch.device("cpu"))
+    assert not outcome.passed
+    assert "pip install scaledoptim[cuda12]" in outcome.detail
