@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from .validation import is_float32_scale
+
 __all__ = ["ScalingConfig", "LossScale", "Stage", "ScalingState"]
 
 _FLOAT32 = torch.finfo(torch.float32)
@@ -52,7 +54,7 @@ class ScalingConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"Invalid {name}: {value} (must be finite and > 0)")
+                raise ValueError(f"Invalid {name}: {value} (must be finite and > 0 in float32)")
             return float(value)
 
         def positive_int(name: str, minimum: int) -> None:
@@ -64,6 +66,15 @@ class ScalingConfig:
 
         for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale", "max_scale"):
             object.__setattr__(self, name, positive_finite(name))
+        for name in ("init_scale", "min_scale", "max_scale"):
+            # The scale lives in float32 and grads are unscaled by its float32 reciprocal: a
+            # subnormal scale's reciprocal is inf, and would turn every param NaN unnoticed.
+            if not is_float32_scale(getattr(self, name)):
+                raise ValueError(
+                    f"Invalid {name}: {getattr(self, name)} (a loss scale must be finite and > 0 "
+                    "in float32 with a finite float32 reciprocal: between "
+                    f"{_FLOAT32.tiny} and {_FLOAT32.max})"
+                )
         positive_int("growth_interval", 1)
         positive_int("hysteresis", 1)
         positive_int("max_replays", 0)
@@ -191,10 +202,12 @@ class LossScale:
                 )
             values[name] = value.detach().reshape(()).to("cpu", torch.float64).item()
         scale = values["scale"]
-        if not (math.isfinite(scale) and config.min_scale <= scale <= config.max_scale):
+        in_bounds = config.min_scale <= scale <= config.max_scale
+        if not (math.isfinite(scale) and in_bounds and is_float32_scale(scale)):
             raise ValueError(
-                f"Corrupt loss_scale state: scale {scale} is not finite or outside "
-                f"[min_scale={config.min_scale}, max_scale={config.max_scale}]"
+                f"Corrupt loss_scale state: scale {scale} is not finite and > 0 in float32 "
+                f"with a finite float32 reciprocal, or outside [min_scale={config.min_scale}, "
+                f"max_scale={config.max_scale}]"
             )
         # A tracker beyond its config would grow the scale early or tolerate too many overflows.
         limits = {"growth_tracker": config.growth_interval - 1, "hysteresis_tracker": config.hysteresis}
