@@ -326,11 +326,6 @@ def test_item6_copies_keep_the_scale_and_step_bit_for_bit(kind) -> None:
         assert _bits_equal(original[0], copied_model)
 
 
-def test_item6_the_generated_class_pickles_by_reference() -> None:
-    cls = scaledoptim.with_scaling(torch.optim.RMSprop)
-    assert pickle.loads(pickle.dumps(cls)) is cls
-
-
 def test_item6_a_copy_of_a_sharer_gets_a_scale_of_its_own() -> None:
     a, b = (scaledoptim.AdamW([torch.nn.Parameter(torch.randn(3))]) for _ in range(2))
     scaledoptim.share_scale(a, b)
