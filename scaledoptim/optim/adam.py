@@ -35,6 +35,10 @@ class Adam(FusedOptimizer):
     """
 
     kernel = ADAM
+    _legacy_options = dict(
+        amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
+        decoupled_weight_decay=False, fused=None,
+    )  # fmt: skip
 
     def __init__(
         self,

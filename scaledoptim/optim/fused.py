@@ -132,7 +132,16 @@ class FusedOptimizer(Optimizer):
         torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
         resume needs), so the per-param state is cast here instead: floating state to float32
         (or the param's dtype if wider), everything on the param's device, every tensor a copy.
+        Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
+        may replace it), post-hooks once every param's state is in place.
         """
+        hooks = self.__dict__
+        pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
+        post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]
+        for pre_hook in list(pre_hooks.values()):
+            replaced = pre_hook(self, state_dict)
+            if replaced is not None:
+                state_dict = replaced
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
             raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
         saved_groups = state_dict.get("param_groups")
@@ -150,14 +159,32 @@ class FusedOptimizer(Optimizer):
             for i, s in state_dict["state"].items()
             if i in by_id
         }
-        super().load_state_dict({**state_dict, "state": {}})
+        # torch's loader gets no state (it would round 16-bit params' moments) and no hooks
+        # (they ran above, and run below once the state is in place).
+        hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
+        hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
+        try:
+            super().load_state_dict({**state_dict, "state": {}})
+        finally:
+            hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
+            hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks
         self.state.update(loaded)
+        for post_hook in list(post_hooks.values()):
+            post_hook(self)
+
+    #: Options a checkpoint of an older version may lack, with the value that version behaved
+    #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
+    #: ``self.defaults``.
+    _legacy_options: ClassVar[dict[str, Any]] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # As torch.optim's classes do: groups saved by older versions lack newer options.
         super().__setstate__(state)
+        self._fill_legacy_options()
+
+    def _fill_legacy_options(self) -> None:
         for group in self.param_groups:
-            for key, value in self.defaults.items():
+            for key, value in {**self.defaults, **self._legacy_options}.items():
                 group.setdefault(key, value)
 
 

@@ -35,6 +35,7 @@ class SGD(FusedOptimizer):
     """
 
     kernel = SGD_KERNEL
+    _legacy_options = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False)
 
     def __init__(
         self,
