@@ -124,6 +124,14 @@ class ScaleOwner:
             loss_scale, process_group=self._scaling().process_group
         )
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As :meth:`torch.optim.Optimizer.zero_grad`; on a shared scale it also lets the next
+        unscale end a round this optimizer's iteration abandoned (see ``LossScale.end_round``)."""
+        super().zero_grad(set_to_none)
+        state = self.__dict__.get(self._SCALING_ATTR)
+        if state is not None and state.loss_scale.sharers > 1:
+            state.loss_scale.end_round(id(self))
+
     # ------------------------------------------------------------------ copy, pickle, torch.save
     # torch's Optimizer.__getstate__ keeps only defaults, state and param_groups: without these
     # two, a deepcopy, pickle or torch.save(opt) would come back with a fresh scale and the

@@ -105,6 +105,8 @@ class LossScale:
         self.hysteresis_tracker = torch.full((), config.hysteresis, dtype=torch.int32, device=device)
         self.sharers = 1
         self._round: set[int] = set()
+        # Sharers that called zero_grad() since the current round began (see end_round).
+        self._zeroed: set[int] = set()
         self._round_found_inf = torch.zeros((), dtype=torch.float32, device=device)
 
     @property
@@ -112,8 +114,9 @@ class LossScale:
         return self.scale.device
 
     def check_can_report(self, reporter: int) -> None:
-        """Raises if ``reporter`` already reported in the current round of a shared scale."""
-        if reporter in self._round:
+        """Raises if ``reporter`` already reported in the current round of a shared scale
+        (and no new iteration began since: see :meth:`end_round`)."""
+        if reporter in self._round and not self._abandoned():
             raise RuntimeError(
                 "This optimizer already unscaled in the current round of a shared loss scale, but "
                 f"only {len(self._round)} of the {self.sharers} optimizers sharing it did. Every "
@@ -129,12 +132,33 @@ class LossScale:
         if self.sharers == 1:
             self.update_(scaled_by, found_inf, force_backoff=force_backoff)
             return
+        if reporter in self._round:  # check_can_report let it through: the round was abandoned
+            self._round_found_inf.zero_()
+            self._round.clear()
+            self._zeroed.clear()
         torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
         self._round.add(reporter)
         if len(self._round) == self.sharers:
             self.update_(scaled_by, self._round_found_inf, force_backoff=force_backoff)
             self._round_found_inf.zero_()
             self._round.clear()
+            self._zeroed.clear()
+
+    def end_round(self, reporter: int) -> None:
+        """``reporter`` called ``zero_grad()``. Once every sharer has called it since a round
+        began, a new iteration has begun: the pending round was abandoned (an exception between
+        the sharers' unscales, say) and ends, unmoved, when a sharer that reported in it
+        reports again, instead of wedging every later iteration.
+
+        The round is not dropped at once: ``opt_g.step(); opt_g.zero_grad()`` before ``opt_d``
+        unscales is a common order, and its round must still count both; and one optimizer
+        unscaling twice while another never did stays an error.
+        """
+        if self._round:
+            self._zeroed.add(reporter)
+
+    def _abandoned(self) -> bool:
+        return len(self._zeroed) == self.sharers
 
     @torch.no_grad()
     def update_(

@@ -478,7 +478,7 @@ def test_item9_load_then_share_resumes_a_shared_scale_bit_for_bit() -> None:
     gen, disc, opt_g, opt_d = _gan()
     scaledoptim.share_scale(opt_g, opt_d)
     _gan_steps(gen, disc, opt_g, opt_d, range(5))
-    saved = (copy.deepcopy(gen.state_dict()), copy.deepcopy(disc.state_dict()), opt_g.state_dict(), opt_d.state_dict())
+    saved = copy.deepcopy((gen.state_dict(), disc.state_dict(), opt_g.state_dict(), opt_d.state_dict()))
     _gan_steps(gen, disc, opt_g, opt_d, range(5, 12))
 
     gen2, disc2, opt_g2, opt_d2 = _gan(seed=1)
