@@ -72,6 +72,29 @@ def _check_scale_value(as_float32: float, given: float | None = None) -> None:
         )
 
 
+def hyperparameter(name: str, value: object) -> object:
+    """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
+    current value (torch.optim accepts tensor ``lr`` and ``betas``; a scheduler updates the tensor
+    in place, and reading a CPU tensor costs no device sync). Anything else is returned as is.
+
+    Raises:
+        ValueError: a tensor with more than one element (torch's message).
+        TypeError: a tensor on another device than the CPU: our kernels take hyper-parameters
+            by value at launch, so reading it would sync the device on every step.
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.numel() != 1:
+        raise ValueError(f"Tensor {name} must be 1-element")
+    if value.device.type != "cpu":
+        raise TypeError(
+            f"{name} is a tensor on {value.device}; scaledoptim's fused optimizers read "
+            "hyper-parameters on the host at each step, which would sync the device every step. "
+            f"Pass a float or a CPU tensor ({name}=torch.tensor(x)); schedulers update either."
+        )
+    return value.item()
+
+
 def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> None:
     """Rejects, before anything is modified, grads that are not floating, sparse, off
     ``device``, or not shaped like their param. One pass: it runs on every step."""
