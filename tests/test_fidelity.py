@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import pickle
 import warnings
 
 import pytest
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 import scaledoptim
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
 ADAMW, SGD_MOMENTUM = CASES[0], CASES[5]
 
@@ -123,7 +127,7 @@ def test_item3_configure_scaling_refuses_scales_without_a_float32_reciprocal(nam
     before = snapshot(opt)
     kwargs = {name: value}
     if name == "init_scale":
-        kwargs["min_scale"] = min(value, 1.0) if value == value else 1.0
+        kwargs["min_scale"] = 1.0 if math.isnan(value) else min(value, 1.0)
     with pytest.raises(ValueError, match=rf"Invalid {name}.*float32"):
         opt.configure_scaling(**kwargs)
     with pytest.raises(ValueError, match=rf"Invalid {name}.*float32"):

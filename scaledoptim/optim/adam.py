@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,10 +37,10 @@ class Adam(FusedOptimizer):
     """
 
     kernel = ADAM
-    _legacy_options = dict(
-        amsgrad=False, maximize=False, foreach=None, capturable=False, differentiable=False,
-        decoupled_weight_decay=False, fused=None,
-    )  # fmt: skip
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+        "differentiable": False, "decoupled_weight_decay": False, "fused": None,
+    }  # fmt: skip
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..backends import Backend, PreparedUpdate, select, unscale_in_place_
+from ..backends import KERNELS, TORCH_NATIVE, Backend, PreparedUpdate, select, unscale_in_place_
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
 from ..validation import check_param_grads, check_param_groups
@@ -122,8 +122,7 @@ class FusedOptimizer(Optimizer):
                 if replacement is not None:
                     plan.new_state[param] = replacement
             lists = [params, grads, *_with_empty_lists(keys, state_lists), steps]
-            plan.updates.append(backend.prepare(self, group, lists))
-            plan.grads += grads
+            _prepare_group(plan, group, lists)
         return plan
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -188,6 +187,20 @@ class FusedOptimizer(Optimizer):
                 group.setdefault(key, value)
 
 
+def _prepare_group(plan: _FusedStepPlan, group: dict[str, Any], lists: list[list[torch.Tensor]]) -> None:
+    """Prepares one group's update on the plan's backend; float64 params, which our kernels do
+    not take, are updated by torch's fused ops instead (they take float64, as torch.optim does),
+    with their grads unscaled in place."""
+    params, grads = lists[0], lists[1]
+    native = [p.dtype == torch.float64 and plan.backend is KERNELS for p in params]
+    for on_native, backend, grad_list in ((False, plan.backend, plan.grads), (True, TORCH_NATIVE, plan.native_grads)):
+        picked = [i for i, flag in enumerate(native) if flag == on_native]
+        if picked:
+            part = [[tensors[i] for i in picked] if tensors else [] for tensors in lists]
+            plan.updates.append(backend.prepare(plan.optimizer, group, part))
+            grad_list += [grads[i] for i in picked]
+
+
 class _FusedStepPlan:
     """A fused step, validated: the prepared group updates and the state they will create."""
 
@@ -197,12 +210,16 @@ class _FusedStepPlan:
         self.updates: list[PreparedUpdate] = []
         self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
         self.grads: list[torch.Tensor] = []  # as the updates read them (in their params' layout)
+        self.native_grads: list[torch.Tensor] = []  # float64 ones, updated by torch's fused ops
 
     def unscale_grads_(
         self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
     ) -> torch.Tensor | None:
         if self.backend.folds_unscale:
-            self.backend.check_(self.grads, found_inf)
+            if self.native_grads:  # updated by torch's ops, which do not fold the unscale
+                unscale_in_place_(self.native_grads, found_inf, inv_scale)
+            if self.grads:
+                self.backend.check_(self.grads, found_inf)
             return inv_scale
         unscale_in_place_(self.grads, found_inf, inv_scale)
         return None

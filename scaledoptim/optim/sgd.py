@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..backends.torch_native import advance_steps_
 from ..kernels.sgd import SGD as SGD_KERNEL
 from ..kernels.sgd import SgdArgs, sgd_args
-from .adam import reject_differentiable
 from ..validation import hyperparameter
+from .adam import reject_differentiable
 from .fused import FusedOptimizer, check_hyperparameter
 
 __all__ = ["SGD"]
@@ -37,7 +37,9 @@ class SGD(FusedOptimizer):
     """
 
     kernel = SGD_KERNEL
-    _legacy_options = dict(nesterov=False, maximize=False, foreach=None, differentiable=False, fused=False)
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
+    }  # fmt: skip
 
     def __init__(
         self,
