@@ -120,6 +120,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         """
         if closure is not None:
             replay.check_callable(closure, "step_after_unscale", "current_grad_scale")
+            replay.check_takes_scale(closure, "step_after_unscale")
             return replay.step_replaying(
                 self, lambda scale: replay.checked_result(self, closure(scale)), current_grad_scale
             )
@@ -149,7 +150,8 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         closure is wrapped so that every call unscales and, on inf/nan, replays with the
         backed-off scale; ``self.step`` sees only the wrapped closure, so optimizers that
         evaluate it many times (LBFGS) get finite grads every time. Every closure evaluation
-        counts as one step of the scale's state machine.
+        counts as one step of the scale's state machine. With ``grads_scaled_by=None`` a
+        torch-style ``closure()`` that takes no argument works too, exactly as in ``step``.
 
         Closure replay costs one host read per evaluation and a copy of params and optimizer
         state per call (to restore them if replay fails).
@@ -167,12 +169,17 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         Raises:
             ClosureReplayError: if the closure's grads stay non-finite through every replay;
                 params, optimizer state and scale are then exactly as before the call.
+            TypeError: a closure that takes no argument given with a scale (it could not run
+                its backward scaled by ``S``), before anything changes.
         """
         if closure is not None:
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
-                loss = self.step(lambda: closure(None))
+                # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
+                unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
+                loss = self.step(unscaled)
                 return loss, self._no_overflow(), None
+            replay.check_takes_scale(closure, "unscale_and_step")
             return replay.step_replaying(
                 self, lambda s: (closure(s), *self.unscale(grads_scaled_by=s)), grads_scaled_by
             )

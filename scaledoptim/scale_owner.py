@@ -9,7 +9,7 @@ import torch
 from . import checkpoint
 from .distributed import check_process_group
 from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
-from .scaling import LossScale, ScalingConfig, ScalingState
+from .scaling import LossScale, ScalingConfig, ScalingState, Stage
 from .validation import refuse_during_capture
 
 __all__ = ["ScaleOwner"]
@@ -125,6 +125,48 @@ class ScaleOwner:
         self.__dict__[self._SCALING_ATTR] = ScalingState(
             loss_scale, process_group=self._scaling().process_group
         )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As :meth:`torch.optim.Optimizer.zero_grad`; on a shared scale it also lets the next
+        unscale end a round this optimizer's iteration abandoned (see ``LossScale.end_round``)."""
+        super().zero_grad(set_to_none)
+        state = self.__dict__.get(self._SCALING_ATTR)
+        if state is not None and state.loss_scale.sharers > 1:
+            state.loss_scale.end_round(id(self))
+
+    # ------------------------------------------------------------------ copy, pickle, torch.save
+    # torch's Optimizer.__getstate__ keeps only defaults, state and param_groups: without these
+    # two, a deepcopy, pickle or torch.save(opt) would come back with a fresh scale and the
+    # default config.
+    _PICKLED_SCALING = "_scaledoptim_pickled_scaling"
+
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's state plus the loss scale (scale, trackers, config) and the protocol stage.
+
+        Not kept: the process group (it belongs to the running job and cannot be pickled:
+        configure the copy with its own) and sharing (a copy of a sharer owns a copy of the
+        scale; call :func:`scaledoptim.share_scale` on the copies to share again).
+        """
+        state = super().__getstate__()
+        scaling = self.__dict__.get(self._SCALING_ATTR)
+        if scaling is not None:
+            state[self._PICKLED_SCALING] = {
+                "loss_scale": scaling.loss_scale.state_dict(),
+                "stage": scaling.stage.value,
+                "found_inf": None if scaling.found_inf is None else scaling.found_inf.clone(),
+            }
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        pickled = state.pop(self._PICKLED_SCALING, None)
+        super().__setstate__(state)
+        if pickled is not None:
+            loss_scale = pickled["loss_scale"]
+            restored = LossScale.from_state_dict(loss_scale, loss_scale["scale"].device)
+            self.__dict__[self._SCALING_ATTR] = ScalingState(
+                restored, stage=Stage(pickled["stage"]), found_inf=pickled["found_inf"]
+            )
 
     # ------------------------------------------------------------------ torch.amp.GradScaler state
     def load_gradscaler_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from .validation import is_float32_scale
+
 __all__ = ["ScalingConfig", "LossScale", "ScaleUpdate", "Stage", "ScalingState"]
 
 _FLOAT32 = torch.finfo(torch.float32)
@@ -52,7 +54,7 @@ class ScalingConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"Invalid {name}: {value} (must be finite and > 0)")
+                raise ValueError(f"Invalid {name}: {value} (must be finite and > 0 in float32)")
             return float(value)
 
         def positive_int(name: str, minimum: int) -> None:
@@ -64,6 +66,15 @@ class ScalingConfig:
 
         for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale", "max_scale"):
             object.__setattr__(self, name, positive_finite(name))
+        for name in ("init_scale", "min_scale", "max_scale"):
+            # The scale lives in float32 and grads are unscaled by its float32 reciprocal: a
+            # subnormal scale's reciprocal is inf, and would turn every param NaN unnoticed.
+            if not is_float32_scale(getattr(self, name)):
+                raise ValueError(
+                    f"Invalid {name}: {getattr(self, name)} (a loss scale must be finite and > 0 "
+                    "in float32 with a finite float32 reciprocal: between "
+                    f"{_FLOAT32.tiny} and {_FLOAT32.max})"
+                )
         positive_int("growth_interval", 1)
         positive_int("hysteresis", 1)
         positive_int("max_replays", 0)
@@ -94,6 +105,8 @@ class LossScale:
         self.hysteresis_tracker = torch.full((), config.hysteresis, dtype=torch.int32, device=device)
         self.sharers = 1
         self._round: set[int] = set()
+        # Sharers that called zero_grad() since the current round began (see end_round).
+        self._zeroed: set[int] = set()
         self._round_found_inf = torch.zeros((), dtype=torch.float32, device=device)
 
     @property
@@ -101,8 +114,9 @@ class LossScale:
         return self.scale.device
 
     def check_can_report(self, reporter: int) -> None:
-        """Raises if ``reporter`` already reported in the current round of a shared scale."""
-        if reporter in self._round:
+        """Raises if ``reporter`` already reported in the current round of a shared scale
+        (and no new iteration began since: see :meth:`end_round`)."""
+        if reporter in self._round and not self._abandoned():
             raise RuntimeError(
                 "This optimizer already unscaled in the current round of a shared loss scale, but "
                 f"only {len(self._round)} of the {self.sharers} optimizers sharing it did. Every "
@@ -128,6 +142,10 @@ class LossScale:
         if self.sharers == 1:
             update = ScaleUpdate(self, scaled_by, found_inf, force_backoff)
         else:
+            if reporter in self._round:  # check_can_report let it through: the round was abandoned
+                self._round_found_inf.zero_()
+                self._round.clear()
+                self._zeroed.clear()
             torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
             self._round.add(reporter)
             if len(self._round) < self.sharers:
@@ -136,10 +154,27 @@ class LossScale:
             update = ScaleUpdate(self, scaled_by, self._round_found_inf.clone(), force_backoff)
             self._round_found_inf.zero_()
             self._round.clear()
+            self._zeroed.clear()
         if defer:
             return update
         update.apply()
         return None
+
+    def end_round(self, reporter: int) -> None:
+        """``reporter`` called ``zero_grad()``. Once every sharer has called it since a round
+        began, a new iteration has begun: the pending round was abandoned (an exception between
+        the sharers' unscales, say) and ends, unmoved, when a sharer that reported in it
+        reports again, instead of wedging every later iteration.
+
+        The round is not dropped at once: ``opt_g.step(); opt_g.zero_grad()`` before ``opt_d``
+        unscales is a common order, and its round must still count both; and one optimizer
+        unscaling twice while another never did stays an error.
+        """
+        if self._round:
+            self._zeroed.add(reporter)
+
+    def _abandoned(self) -> bool:
+        return len(self._zeroed) == self.sharers
 
     @torch.no_grad()
     def update_(
@@ -223,10 +258,12 @@ class LossScale:
                 )
             values[name] = value.detach().reshape(()).to("cpu", torch.float64).item()
         scale = values["scale"]
-        if not (math.isfinite(scale) and config.min_scale <= scale <= config.max_scale):
+        in_bounds = config.min_scale <= scale <= config.max_scale
+        if not (math.isfinite(scale) and in_bounds and is_float32_scale(scale)):
             raise ValueError(
-                f"Corrupt loss_scale state: scale {scale} is not finite or outside "
-                f"[min_scale={config.min_scale}, max_scale={config.max_scale}]"
+                f"Corrupt loss_scale state: scale {scale} is not finite and > 0 in float32 "
+                f"with a finite float32 reciprocal, or outside [min_scale={config.min_scale}, "
+                f"max_scale={config.max_scale}]"
             )
         # A tracker beyond its config would grow the scale early or tolerate too many overflows.
         limits = {"growth_tracker": config.growth_interval - 1, "hysteresis_tracker": config.hysteresis}

@@ -37,6 +37,10 @@ class Backend(abc.ABC):
     folds_unscale: bool
     applies_scale_update: bool
 
+    def supports(self, param: Tensor) -> bool:
+        """Whether this backend can update ``param`` (the plan sends others to torch's ops)."""
+        return True
+
     @abc.abstractmethod
     def unscale_for_update_(
         self, grad_lists: list[list[Tensor]], found_inf: Tensor, inv_scale: Tensor

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..kernels.builtin import STEP_EPILOGUE, StepEpilogueArgs, non_finite_check_
 from ..kernels.launcher import prepare_launch, scalar_pointer
+from ..kernels.spec import CUDA_TYPE_NAMES
 from ..scaling import ScaleUpdate
 from .base import Backend, PreparedEpilogue, PreparedUpdate
 
@@ -24,6 +25,9 @@ class KernelBackend(Backend):
     name = "kernels"
     folds_unscale = True
     applies_scale_update = True
+
+    def supports(self, param: Tensor) -> bool:
+        return param.dtype in CUDA_TYPE_NAMES  # float32, float16, bfloat16
 
     def unscale_for_update_(
         self, grad_lists: list[list[Tensor]], found_inf: Tensor, inv_scale: Tensor
