@@ -60,6 +60,9 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
     """
 
     # ------------------------------------------------------------------ the protocol
+    # Note [compile boundary]: the protocol's Python (stage, plans, tables, host reads of a
+    # closure replay) is not traceable; torch.compile runs it eagerly and compiles around it.
+    @torch.compiler.disable
     @torch.no_grad()
     def unscale(
         self, grads_scaled_by: torch.Tensor | float | None = None
@@ -91,6 +94,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         found_inf, scale, _ = self._record_unscale(plan)
         return found_inf, scale
 
+    @torch.compiler.disable  # Note [compile boundary]
     def step_after_unscale(
         self,
         closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,
@@ -135,6 +139,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         state.forget_unscale()
         return None
 
+    @torch.compiler.disable  # Note [compile boundary]
     def unscale_and_step(
         self,
         closure: Callable[[Any], Any] | None = None,

@@ -73,6 +73,7 @@ class FusedOptimizer(Optimizer):
         raise NotImplementedError(f"{type(self).__name__} must define _torch_update(...)")
 
     # ------------------------------------------------------------------ the inherited machinery
+    @torch.compiler.disable  # Note [compile boundary] in optimizer.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
