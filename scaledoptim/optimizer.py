@@ -192,7 +192,11 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         plan = self._plan_unscale(grads_scaled_by)
         scaled = plan.scale is not None
         step = self._plan_step(plan.found_inf if scaled else None, plan.inv_scale)
-        left = step.unscale_grads_(plan.grads, plan.found_inf, plan.inv_scale) if scaled else None
+        left = (
+            step.unscale_grads_(plan.grads, plan.found_inf, plan.inv_scale, plan.checked)
+            if scaled
+            else None
+        )
         found_inf, scale, scale_update = self._record_unscale(plan, step.applies_scale_update)
         step.step(found_inf if scaled else None, left, scale_update)
         self._scaling().forget_unscale()
@@ -211,13 +215,17 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         device = state.loss_scale.device
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         check_param_grads(params, device)
-        grads, found_inf = [p.grad for p in params], self._no_overflow()
+        grads = [p.grad for p in params]
         if grads_scaled_by is None:
-            return UnscalePlan(None, None, found_inf, grads)
+            return UnscalePlan(None, None, self._no_overflow(), grads)
         scale = as_scale_tensor(grads_scaled_by, device, trusted=state.loss_scale.scale)
         state.loss_scale.check_can_report(id(self))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
-        return UnscalePlan(scale, inv_scale, found_inf, grads)
+        backward_check = self.__dict__.get(self._BACKWARD_CHECK_ATTR)
+        if backward_check is None:
+            return UnscalePlan(scale, inv_scale, self._no_overflow(), grads)
+        found_inf, checked = backward_check.take(params, device)
+        return UnscalePlan(scale, inv_scale, found_inf, grads, checked)
 
     def _plan_step(
         self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None

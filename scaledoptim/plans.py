@@ -25,6 +25,8 @@ class UnscalePlan:
     inv_scale: torch.Tensor | None
     found_inf: torch.Tensor
     grads: list[torch.Tensor]
+    # ids of grads already folded into found_inf during backward (Note [overlapped overflow check])
+    checked: frozenset[int] = frozenset()
 
 
 class StepPlan(Protocol):
@@ -37,7 +39,11 @@ class StepPlan(Protocol):
     applies_scale_update: bool
 
     def unscale_grads_(
-        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+        self,
+        grads: list[torch.Tensor],
+        found_inf: torch.Tensor,
+        inv_scale: torch.Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> torch.Tensor | None:
         """Checks (and unscales, or leaves to the update) ``grads``; returns the ``inv_scale``
         the update must still apply, or ``None`` when the grads were unscaled in place."""
@@ -60,7 +66,11 @@ class GenericStepPlan:
         self.optimizer = optimizer
 
     def unscale_grads_(
-        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+        self,
+        grads: list[torch.Tensor],
+        found_inf: torch.Tensor,
+        inv_scale: torch.Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> None:
         unscale_in_place_(grads, found_inf, inv_scale)
 

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import checkpoint
+from .backward_check import BackwardCheck
 from .distributed import check_process_group
 from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
 from .scaling import LossScale, ScalingConfig, ScalingState, Stage
@@ -23,6 +24,7 @@ class ScaleOwner:
     # Per-instance bookkeeping lives under this attribute so that classes made by
     # ``with_scaling`` (whose ``__init__`` we do not own) and patched instances get it lazily.
     _SCALING_ATTR = "_scaledoptim_scaling"
+    _BACKWARD_CHECK_ATTR = "_scaledoptim_backward_check"
 
     def _scaling(self) -> ScalingState:
         state = self.__dict__.get(self._SCALING_ATTR)
@@ -57,6 +59,7 @@ class ScaleOwner:
         max_scale: float = ScalingConfig.max_scale,
         max_replays: int = ScalingConfig.max_replays,
         process_group: Any = None,
+        check_during_backward: bool = False,
     ) -> _Self:
         r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
 
@@ -70,6 +73,11 @@ class ScaleOwner:
                 moves or anything steps: if one rank overflows, every rank skips and every
                 rank's scale moves the same way. Every rank of the group must unscale once per
                 iteration. ``None`` (default): no agreement (single process).
+            check_during_backward: fold each grad into ``found_inf`` as backward produces it
+                (a post-accumulate-grad hook per param), so that the step reads each grad once
+                instead of twice on our kernels; grads set or changed after backward are checked
+                in the step as usual (Note [overlapped overflow check]). Not kept in the
+                ``state_dict`` or in copies: configure it again after loading or copying.
 
         Returns:
             the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.
@@ -89,6 +97,11 @@ class ScaleOwner:
         self.__dict__[self._SCALING_ATTR] = ScalingState(
             LossScale(config, self._params_device()), process_group=process_group
         )
+        previous = self.__dict__.pop(self._BACKWARD_CHECK_ATTR, None)
+        if previous is not None:
+            previous.remove()
+        if check_during_backward:
+            self.__dict__[self._BACKWARD_CHECK_ATTR] = BackwardCheck(self)
         return self
 
     def state_dict(self) -> dict[str, Any]:

@@ -42,8 +42,16 @@ class Backend(abc.ABC):
         return True
 
     @abc.abstractmethod
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        """Sets ``found_inf`` to 1.0 if any of ``grads`` holds inf/nan; reads them only."""
+
+    @abc.abstractmethod
     def unscale_for_update_(
-        self, grad_lists: list[list[Tensor]], found_inf: Tensor, inv_scale: Tensor
+        self,
+        grad_lists: list[list[Tensor]],
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> Tensor | None:
         """Checks the grads of a prepared step for inf/nan into ``found_inf``, unscaling them
         unless the update folds the unscale in; returns the ``inv_scale`` the updates must still
@@ -51,6 +59,8 @@ class Backend(abc.ABC):
 
         ``grad_lists`` are the lists given to :meth:`prepare`, one per group, dense and in their
         params' layout; a backend may replace their entries (e.g. by unscaled fp32 copies).
+        ``checked``: ids of grads already folded into ``found_inf`` (Note [overlapped overflow
+        check]); a backend that only checks may skip them.
         """
 
     @abc.abstractmethod

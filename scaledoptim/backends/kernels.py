@@ -9,7 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from ..kernels.builtin import STEP_EPILOGUE, StepEpilogueArgs, non_finite_check_
-from ..kernels.launcher import prepare_launch, scalar_pointer
+from ..kernels.launcher import is_dense, prepare_launch, scalar_pointer
 from ..kernels.spec import CUDA_TYPE_NAMES
 from ..scaling import ScaleUpdate
 from .base import Backend, PreparedEpilogue, PreparedUpdate
@@ -29,11 +29,20 @@ class KernelBackend(Backend):
     def supports(self, param: Tensor) -> bool:
         return param.dtype in CUDA_TYPE_NAMES  # float32, float16, bfloat16
 
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        non_finite_check_([g if is_dense(g) else g.contiguous() for g in grads], found_inf)
+
     def unscale_for_update_(
-        self, grad_lists: list[list[Tensor]], found_inf: Tensor, inv_scale: Tensor
+        self,
+        grad_lists: list[list[Tensor]],
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> Tensor:
         # One read-only check over every group's grads; the updates unscale in registers.
-        non_finite_check_([g for grads in grad_lists for g in grads], found_inf)
+        non_finite_check_(
+            [g for grads in grad_lists for g in grads if id(g) not in checked], found_inf
+        )
         return inv_scale
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:

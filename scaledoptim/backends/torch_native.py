@@ -35,9 +35,18 @@ class TorchNativeBackend(Backend):
     folds_unscale = False
     applies_scale_update = False
 
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        for grad in grads:
+            torch.maximum(found_inf, grad.isfinite().logical_not().any().float(), out=found_inf)
+
     def unscale_for_update_(
-        self, grad_lists: list[list[Tensor]], found_inf: Tensor, inv_scale: Tensor
+        self,
+        grad_lists: list[list[Tensor]],
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> None:
+        # Every grad is unscaled, so every grad is checked (``checked`` saves nothing here).
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
         # overflows after torch's check. fp32 grads are unscaled in place (the faster path).

@@ -238,10 +238,16 @@ class _FusedStepPlan:
         return self.parts.setdefault(backend, _Part())
 
     def unscale_grads_(
-        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+        self,
+        grads: list[torch.Tensor],
+        found_inf: torch.Tensor,
+        inv_scale: torch.Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> torch.Tensor | None:
         for backend, part in self.parts.items():
-            self.left[backend] = backend.unscale_for_update_(part.grad_lists, found_inf, inv_scale)
+            self.left[backend] = backend.unscale_for_update_(
+                part.grad_lists, found_inf, inv_scale, checked
+            )
         return inv_scale
 
     def step(
