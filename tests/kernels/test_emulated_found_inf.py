@@ -29,16 +29,16 @@ def lists_mid_training(case, options, dtype):
     return lists
 
 
-@pytest.mark.parametrize("flag", SKIP_FLAGS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=case_id)
-def test_nonzero_found_inf_leaves_every_byte_alone(case, dtype, flag):
+def test_nonzero_found_inf_leaves_every_byte_alone(case, dtype):
     for options in case.all_options():
         lists = lists_mid_training(case, options, dtype)
         everything = [t for ts in lists for t in ts]
         before = snapshot(everything)
-        launch_case(case, lists, options, torch.tensor(flag), torch.tensor(0.5))
-        assert_bytes_unchanged(before, everything)
+        for flag in SKIP_FLAGS:  # each launch skipped, so all of them see the same tensors
+            launch_case(case, lists, options, torch.tensor(flag), torch.tensor(0.5))
+            assert_bytes_unchanged(before, everything)
 
 
 @pytest.mark.parametrize("case", UPDATE_CASES, ids=case_id)
