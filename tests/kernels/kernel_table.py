@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from hypothesis import strategies as st
 from torch import Tensor
@@ -179,6 +180,14 @@ def case_id(case: KernelCase) -> str:
 
 def options_id(options: dict) -> str:
     return "-".join(f"{k}={v}" for k, v in options.items())
+
+
+#: ``(case, options)`` for every update kernel and every option of its grid, as pytest params.
+CASE_OPTIONS = [
+    pytest.param(case, options, id=f"{case.name}-{options_id(entry)}")
+    for case in UPDATE_CASES
+    for entry, options in zip(case.grid, case.all_options())
+]
 
 
 def pointer(t: Tensor | None) -> int | None:

@@ -17,18 +17,12 @@ from tests.kernels.kernel_reference import (
     mixed_params_and_grads,
 )
 from tests.kernels.kernel_table import (
+    CASE_OPTIONS,
     UPDATE_CASES,
     case_id,
     check_parity,
     launch_case,
-    options_id,
 )
-
-PARITY_CASES = [
-    pytest.param(case, options, id=f"{case.name}-{options_id(entry)}")
-    for case in UPDATE_CASES
-    for entry, options in zip(case.grid, case.all_options())
-]
 
 
 def test_update_rows_are_well_formed():
@@ -42,7 +36,7 @@ def test_update_rows_are_well_formed():
             assert len(lists) == kernel.n_lists
 
 
-@pytest.mark.parametrize(("case", "options"), PARITY_CASES)
+@pytest.mark.parametrize(("case", "options"), CASE_OPTIONS)
 @pytest.mark.parametrize("grad_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
 def test_matches_reference_every_option_and_dtype(param_dtype, grad_dtype, case, options):
