@@ -29,9 +29,11 @@ def lists_mid_training(case, options, dtype):
     return lists
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("case", "options"), CASE_OPTIONS)
-def test_nonzero_found_inf_leaves_every_byte_alone(case, options, dtype):
+def test_nonzero_found_inf_leaves_every_byte_alone(case, options):
+    # The param/grad dtype cycles with the option, so each kernel meets every flag in every
+    # dtype (an emulated launch costs a millisecond even when skipped).
+    dtype = DTYPES[case.all_options().index(options) % len(DTYPES)]
     lists = lists_mid_training(case, options, dtype)
     everything = [t for ts in lists for t in ts]
     before = snapshot(everything)
