@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from .adam import ADAM, AdamArgs, adam_, adam_args
 from .builtin import (
-    ADVANCE_STEPS,
     NON_FINITE_CHECK,
-    AdvanceStepsArgs,
+    STEP_EPILOGUE,
     NonFiniteCheckArgs,
+    StepEpilogueArgs,
     non_finite_check_,
 )
 from .config import LaunchConfig, launch_config
@@ -22,23 +22,23 @@ from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 #: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
-BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD)
+BUILTIN_KERNELS = (NON_FINITE_CHECK, STEP_EPILOGUE, ADAM, SGD)
 
 __all__ = [
     "ADAM",
-    "ADVANCE_STEPS",
     "BUILTIN_KERNELS",
     "CUDA_SOURCE_DIR",
     "NON_FINITE_CHECK",
     "SGD",
+    "STEP_EPILOGUE",
     "AdamArgs",
-    "AdvanceStepsArgs",
     "KernelCompileError",
     "LaunchConfig",
     "MultiTensorKernel",
     "NonFiniteCheckArgs",
     "PreparedLaunch",
     "SgdArgs",
+    "StepEpilogueArgs",
     "adam_",
     "adam_args",
     "launch",

@@ -4,15 +4,18 @@ reads ``found_inf`` on device, so that skipping an overflowed step needs no host
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 
-from ..backends import Backend, PreparedUpdate, select, unscale_in_place_
+from ..backends import TORCH_NATIVE, Backend, select
+from ..backends.base import PreparedEpilogue, PreparedUpdate
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
-from ..validation import check_param_grads, check_param_groups
+from ..scaling import ScaleUpdate
+from ..validation import check_param_grads, check_param_groups, refuse_during_capture
 from .state import cast_loaded_state, check_param, stage_state
 
 __all__ = ["FusedOptimizer", "check_hyperparameter"]
@@ -83,9 +86,9 @@ class FusedOptimizer(Optimizer):
                 loss = closure()
         pending = self.__dict__.pop(_PENDING, None)
         if pending is None:
-            pending = (self._plan_step(None, None), None, None)
-        plan, found_inf, inv_scale = pending
-        plan.commit(found_inf, inv_scale)
+            pending = (self._plan_step(None, None), None, None, None)
+        plan, found_inf, inv_scale, scale_update = pending
+        plan.commit(found_inf, inv_scale, scale_update)
         return loss
 
     def _plan_step(
@@ -122,8 +125,17 @@ class FusedOptimizer(Optimizer):
                 if replacement is not None:
                     plan.new_state[param] = replacement
             lists = [params, grads, *_with_empty_lists(keys, state_lists), steps]
-            plan.updates.append(backend.prepare(self, group, lists))
-            plan.grads += grads
+            for part_backend, picked in _split_by_support(backend, params):
+                chosen = [[tensors[i] for i in picked] if tensors else [] for tensors in lists]
+                part = plan.part(part_backend)
+                part.updates.append(part_backend.prepare(self, group, chosen))
+                part.grad_lists.append(chosen[1])
+                part.steps += chosen[-1]
+        if plan.new_state:
+            refuse_during_capture("Creating or converting optimizer state")
+        plan.part(backend)  # the device's backend ends the step (and moves the scale) always
+        for part_backend, part in plan.parts.items():
+            part.epilogue = part_backend.prepare_epilogue(part.steps)
         return plan
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -132,7 +144,16 @@ class FusedOptimizer(Optimizer):
         torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
         resume needs), so the per-param state is cast here instead: floating state to float32
         (or the param's dtype if wider), everything on the param's device, every tensor a copy.
+        Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
+        may replace it), post-hooks once every param's state is in place.
         """
+        hooks = self.__dict__
+        pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
+        post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]
+        for pre_hook in list(pre_hooks.values()):
+            replaced = pre_hook(self, state_dict)
+            if replaced is not None:
+                state_dict = replaced
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
             raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
         saved_groups = state_dict.get("param_groups")
@@ -150,15 +171,54 @@ class FusedOptimizer(Optimizer):
             for i, s in state_dict["state"].items()
             if i in by_id
         }
-        super().load_state_dict({**state_dict, "state": {}})
+        # torch's loader gets no state (it would round 16-bit params' moments) and no hooks
+        # (they ran above, and run below once the state is in place).
+        hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
+        hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
+        try:
+            super().load_state_dict({**state_dict, "state": {}})
+        finally:
+            hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
+            hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks
         self.state.update(loaded)
+        for post_hook in list(post_hooks.values()):
+            post_hook(self)
+
+    #: Options a checkpoint of an older version may lack, with the value that version behaved
+    #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
+    #: ``self.defaults``.
+    _legacy_options: ClassVar[dict[str, Any]] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # As torch.optim's classes do: groups saved by older versions lack newer options.
         super().__setstate__(state)
+        self._fill_legacy_options()
+
+    def _fill_legacy_options(self) -> None:
         for group in self.param_groups:
-            for key, value in self.defaults.items():
+            for key, value in {**self.defaults, **self._legacy_options}.items():
                 group.setdefault(key, value)
+
+
+def _split_by_support(
+    backend: Backend, params: list[torch.Tensor]
+) -> list[tuple[Backend, list[int]]]:
+    """Which params ``backend`` updates and which torch's ops update instead (float64 ones on
+    our kernels: torch.optim takes float64 params, so the fused optimizers do too)."""
+    ours = [i for i, p in enumerate(params) if backend.supports(p)]
+    others = [i for i, p in enumerate(params) if not backend.supports(p)]
+    return [(b, picked) for b, picked in ((backend, ours), (TORCH_NATIVE, others)) if picked]
+
+
+@dataclasses.dataclass
+class _Part:
+    """What one backend runs in a step: its group updates, the grads they read (per group, in
+    their params' layout), their step counters and the epilogue over them."""
+
+    updates: list[PreparedUpdate] = dataclasses.field(default_factory=list)
+    grad_lists: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)
+    steps: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    epilogue: PreparedEpilogue | None = None
 
 
 class _FusedStepPlan:
@@ -167,32 +227,49 @@ class _FusedStepPlan:
     def __init__(self, optimizer: FusedOptimizer, backend: Backend) -> None:
         self.optimizer = optimizer
         self.backend = backend
-        self.updates: list[PreparedUpdate] = []
+        self.applies_scale_update = backend.applies_scale_update
         self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
-        self.grads: list[torch.Tensor] = []  # as the updates read them (in their params' layout)
+        self.parts: dict[Backend, _Part] = {}
+        # Per backend, the inv_scale its updates must still apply once the grads are checked.
+        self.left: dict[Backend, torch.Tensor | None] = {}
+
+    def part(self, backend: Backend) -> _Part:
+        return self.parts.setdefault(backend, _Part())
 
     def unscale_grads_(
         self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
     ) -> torch.Tensor | None:
-        if self.backend.folds_unscale:
-            self.backend.check_(self.grads, found_inf)
-            return inv_scale
-        unscale_in_place_(self.grads, found_inf, inv_scale)
-        return None
+        for backend, part in self.parts.items():
+            self.left[backend] = backend.unscale_for_update_(part.grad_lists, found_inf, inv_scale)
+        return inv_scale
 
-    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+    def step(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None,
+        scale_update: ScaleUpdate | None = None,
+    ) -> None:
         optimizer = self.optimizer
-        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale)
+        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale, scale_update)
         try:
             optimizer.step()
         finally:
             optimizer.__dict__.pop(_PENDING, None)
 
-    def commit(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
-        """Installs the new state and runs every update: only device errors can interrupt."""
+    def commit(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None,
+        scale_update: ScaleUpdate | None,
+    ) -> None:
+        """Installs the new state, runs every update and the epilogue: only device errors can
+        interrupt."""
         self.optimizer.state.update(self.new_state)
-        for update in self.updates:
-            update(found_inf, inv_scale)
+        for backend, part in self.parts.items():
+            for update in part.updates:
+                update(found_inf, self.left.get(backend))
+        for backend, part in self.parts.items():
+            part.epilogue(found_inf, scale_update if backend is self.backend else None)
 
 
 def _with_empty_lists(
