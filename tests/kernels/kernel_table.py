@@ -6,7 +6,7 @@ kernel, its ``reference_xxx`` in kernel_reference.py.
 
 An update kernel's lists are ``params, grads, *state, steps`` (``kernel.lists`` starts with
 "params", "grads" and ends with "steps"): it unscales grads by ``inv_scale``, skips everything
-when ``found_inf`` is non-zero, and is followed by ADVANCE_STEPS (Note [step counters]), as the
+when ``found_inf`` is non-zero, and is followed by STEP_EPILOGUE (Note [step counters]), as the
 optimizer launches it.
 """
 
@@ -122,9 +122,9 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
         args=lambda found_inf, inv_scale: kernels.NonFiniteCheckArgs(found_inf),
     ),
     KernelCase(
-        kernels.ADVANCE_STEPS,
+        kernels.STEP_EPILOGUE,
         make_lists=lambda params, grads, options, generator: [zero_steps(params)],
-        args=lambda found_inf, inv_scale: kernels.AdvanceStepsArgs(found_inf),
+        args=lambda found_inf, inv_scale: kernels.StepEpilogueArgs(found_inf=found_inf),
     ),
     KernelCase(
         kernels.ADAM,
@@ -202,12 +202,12 @@ def launch_case(
     inv_scale: Tensor | None,
 ) -> None:
     """Launches ``case.kernel`` on ``lists`` as the optimizer does: both launches of an update
-    kernel (the update, then ADVANCE_STEPS on its last list) validated before either runs."""
+    kernel (the update, then STEP_EPILOGUE advancing its last list) validated before either runs."""
     launch = kernels.prepare_launch(case.kernel, lists)
-    advance = kernels.prepare_launch(kernels.ADVANCE_STEPS, [lists[-1]]) if case.update else None
+    advance = kernels.prepare_launch(kernels.STEP_EPILOGUE, [lists[-1]]) if case.update else None
     launch.run(case.args(pointer(found_inf), pointer(inv_scale), **options))
     if advance is not None:
-        advance.run(kernels.AdvanceStepsArgs(pointer(found_inf)))
+        advance.run(kernels.StepEpilogueArgs(found_inf=pointer(found_inf)))
 
 
 @dataclass(frozen=True)
