@@ -9,7 +9,8 @@ folds each grad into this iteration's ``found_inf`` as backward produces it, whi
 in cache, and records the grad (object, data pointer, version counter). The step then checks
 only grads that were not recorded, or changed since (set outside backward, modified in place,
 accumulated by another backward, rewritten by DDP's all-reduce): 28 B/param when none did.
-``found_inf`` is still agreed across the process group before anything uses it.
+``found_inf`` is still agreed across the process group before anything uses it. On torch's
+ops the step unscales, and so checks, every grad in place anyway: there the hooks do nothing.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ class BackwardCheck:
         grad = param.grad
         if grad is None or grad.layout != torch.strided or not grad.is_floating_point():
             return  # the step's plan refuses or skips it, with the message
+        backend = select(grad.device)
+        if not backend.folds_unscale:
+            return  # its step unscales every grad in place, checking it: nothing to save
         if self._found_inf is None:
             self._found_inf = torch.zeros((), dtype=torch.float32, device=grad.device)
-        select(grad.device).check_([grad], self._found_inf)
+        backend.check_([grad], self._found_inf)
         self._checked[id(param)] = (grad, grad.data_ptr(), grad._version)
 
     def take(self, params: list[Tensor], device: torch.device) -> tuple[Tensor, frozenset[int]]:
