@@ -2,7 +2,7 @@
 
 from . import amp
 from .amp import autocast
-from .optim import SGD, Adam, AdamW, FusedOptimizer
+from .optim import SGD, Adam, AdamW, FusedOptimizer, Lion
 from .optimizer import ClosureReplayError, Optimizer
 from .outputs import backward, grad, scale_outputs
 from .scaling import ScalingConfig
@@ -19,6 +19,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "SGD",
+    "Lion",
     "LBFGS",
     "with_scaling",
     "patch_optimizer",

@@ -15,14 +15,16 @@ from .builtin import (
     non_finite_check_,
 )
 from .config import LaunchConfig, launch_config
+from .lion import LION, LionArgs, lion_, lion_args
 from .launcher import PreparedLaunch, launch, prepare_launch
 from .nvrtc import KernelCompileError
+from .rounding import ROUNDING_LISTS, rounding_lists
 from .sgd import SGD, SgdArgs, sgd_, sgd_args
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 #: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
-BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD)
+BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD, LION)
 
 __all__ = [
     "ADAM",
@@ -34,17 +36,23 @@ __all__ = [
     "AdamArgs",
     "AdvanceStepsArgs",
     "KernelCompileError",
+    "LION",
+    "LionArgs",
     "LaunchConfig",
     "MultiTensorKernel",
     "NonFiniteCheckArgs",
     "PreparedLaunch",
+    "ROUNDING_LISTS",
     "SgdArgs",
     "adam_",
     "adam_args",
     "launch",
     "launch_config",
+    "lion_",
+    "lion_args",
     "non_finite_check_",
     "prepare_launch",
+    "rounding_lists",
     "sgd_",
     "sgd_args",
 ]

@@ -2,6 +2,7 @@
 
 from .adam import Adam, AdamW
 from .fused import FusedOptimizer
+from .lion import Lion
 from .sgd import SGD
 
-__all__ = ["Adam", "AdamW", "FusedOptimizer", "SGD"]
+__all__ = ["Adam", "AdamW", "FusedOptimizer", "Lion", "SGD"]

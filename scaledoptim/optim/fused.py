@@ -10,9 +10,11 @@ from typing import Any, ClassVar
 import torch
 
 from ..backends import Backend, PreparedUpdate, select, unscale_in_place_
+from ..kernels.rounding import ROUNDING_LISTS
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
 from ..validation import check_param_grads, check_param_groups
+from .rounding import check_rounding_options, check_rounding_params, stage_rounding_state
 from .state import cast_loaded_state, check_param, stage_state
 
 __all__ = ["FusedOptimizer", "check_hyperparameter"]
@@ -43,14 +45,27 @@ class FusedOptimizer(Optimizer):
       must advance ``steps`` itself, on device).
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
-    state creation and checkpoints) is inherited.
+    state creation and checkpoints) is inherited, and so are two options of every group when the
+    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (Note [param
+    rounding] in ``cuda/multi_tensor_apply.cuh``):
+
+    * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
+      ``state["master_param"]``; the update reads and writes it and stores the param rounded
+      from it in the same pass. fp32 params ignore it.
+    * ``stochastic_rounding`` (default False, bfloat16 params only, exclusive with
+      ``master_weights``): the param is stored rounded stochastically, unbiased, from a hash of
+      ``state["sr_seed"]`` (an int32 per param), the step and the element index: reproducible,
+      resumed bit-exactly, identical on both backends and under CUDA-graph replay.
     """
 
     kernel: ClassVar[MultiTensorKernel]
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self._check_options(defaults)
+        check_rounding_options(defaults, self._takes_rounding_lists())
         super().__init__(params, defaults)
+        for group in self.param_groups:
+            self._check_rounding(group)
 
     # ------------------------------------------------------------------ what a subclass defines
     def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
@@ -96,6 +111,7 @@ class FusedOptimizer(Optimizer):
         plan = _FusedStepPlan(self, backend)
         for group in self.param_groups:
             self._check_options(group)
+            self._check_rounding(group)
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -121,10 +137,40 @@ class FusedOptimizer(Optimizer):
                 steps.append(step)
                 if replacement is not None:
                     plan.new_state[param] = replacement
-            lists = [params, grads, *_with_empty_lists(keys, state_lists), steps]
+            rounding = self._stage_rounding(group, params, plan.new_state)
+            lists = [params, grads, *_with_empty_lists(keys, state_lists), *rounding, steps]
             plan.updates.append(backend.prepare(self, group, lists))
             plan.grads += grads
         return plan
+
+    # ------------------------------------------------ the param rounding options (rounding.py)
+    def _takes_rounding_lists(self) -> bool:
+        return self.kernel.lists[-3:-1] == ROUNDING_LISTS
+
+    def _check_rounding(self, group: dict[str, Any]) -> None:
+        check_rounding_options(group, self._takes_rounding_lists())
+        check_rounding_params(group)
+
+    def _stage_rounding(
+        self, group: dict[str, Any], params: list[torch.Tensor], new_state: dict[torch.Tensor, dict[str, Any]]
+    ) -> list[list[torch.Tensor]]:
+        """The kernel's ``master_params`` and ``sr_seeds`` lists for ``params`` (none for a kernel
+        without them), recording created or dropped state entries in ``new_state``."""
+        if not self._takes_rounding_lists():
+            return []
+        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        masters, seeds = [], []
+        for param in params:
+            state = new_state.get(param, self.state.get(param, {}))
+            master, seed, changes = stage_rounding_state(param, state, group, index[param])
+            if changes:
+                updated = {**state, **changes}
+                new_state[param] = {k: v for k, v in updated.items() if v is not None}
+            if master is not None:
+                masters.append(master)
+            if seed is not None:
+                seeds.append(seed.view(torch.float32))  # the kernel reads its bits
+        return [masters, seeds]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`scaledoptim.Optimizer.load_state_dict`, keeping state fp32 for 16-bit params.

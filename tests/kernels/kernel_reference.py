@@ -261,3 +261,22 @@ def assert_state_close(actual: Tensor, expected: Tensor) -> None:
     """fp32 state: 1e-6 relative, plus 1e-7 absolute for values that cancel to near zero
     (torch's vectorised CPU lerp uses FMA, the emulator does not; gradients are O(1))."""
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7)
+
+
+def lion_options(**changes: float | bool) -> dict:
+    """The keyword arguments of ``kernels.lion_`` but found_inf and inv_scale, with ``changes``."""
+    return dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.0, maximize=False) | changes
+
+
+def reference_lion(
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], inv_scale: float | None, options: dict
+) -> tuple[list[Tensor], list[Tensor]]:
+    """One Lion step from the formula in float64; returns the new params and exp_avgs (fp64)."""
+    new_params, new_exp_avgs = [], []
+    for p, g, m in zip(params, grads, exp_avgs):
+        g = g.double() * (inv_scale if inv_scale is not None else 1.0) * (-1 if options["maximize"] else 1)
+        m = m.double()
+        c = options["beta1"] * m + (1 - options["beta1"]) * g
+        new_params.append(p.double() * (1 - options["lr"] * options["weight_decay"]) - options["lr"] * torch.sign(c))
+        new_exp_avgs.append(options["beta2"] * m + (1 - options["beta2"]) * g)
+    return new_params, new_exp_avgs
