@@ -2,7 +2,7 @@
 
 from . import amp
 from .amp import autocast
-from .optim import SGD, Adam, AdamW, FusedOptimizer, Lion
+from .optim import SGD, Adagrad, Adam, AdamW, FusedOptimizer, Lion
 from .optimizer import ClosureReplayError, Optimizer
 from .outputs import backward, grad, scale_outputs
 from .scaling import ScalingConfig
@@ -20,6 +20,7 @@ __all__ = [
     "AdamW",
     "SGD",
     "Lion",
+    "Adagrad",
     "LBFGS",
     "with_scaling",
     "patch_optimizer",

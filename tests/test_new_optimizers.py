@@ -77,6 +77,7 @@ def test_no_host_read(case, overflow) -> None:
 ALL_OPTIMIZERS = [
     OptimizerCase("adamw", scaledoptim.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
     OptimizerCase("sgd-momentum", scaledoptim.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9)),
+    OptimizerCase("adagrad", scaledoptim.Adagrad, torch.optim.Adagrad, dict(lr=0.1, initial_accumulator_value=0.1)),
     *NEW_CASES[:1],
 ]
 

@@ -6,6 +6,7 @@ emulator works without CuPy or a GPU. See docs/kernels.md for writing a kernel.
 
 from __future__ import annotations
 
+from .adagrad import ADAGRAD, AdagradArgs, adagrad_, adagrad_args
 from .adam import ADAM, AdamArgs, adam_, adam_args
 from .builtin import (
     ADVANCE_STEPS,
@@ -24,15 +25,17 @@ from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 #: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
-BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD, LION)
+BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD, LION, ADAGRAD)
 
 __all__ = [
+    "ADAGRAD",
     "ADAM",
     "ADVANCE_STEPS",
     "BUILTIN_KERNELS",
     "CUDA_SOURCE_DIR",
     "NON_FINITE_CHECK",
     "SGD",
+    "AdagradArgs",
     "AdamArgs",
     "AdvanceStepsArgs",
     "KernelCompileError",
@@ -44,6 +47,8 @@ __all__ = [
     "PreparedLaunch",
     "ROUNDING_LISTS",
     "SgdArgs",
+    "adagrad_",
+    "adagrad_args",
     "adam_",
     "adam_args",
     "launch",

@@ -1,8 +1,9 @@
 """The fused optimizers: one file each for hyper-parameters, state and the update's two forms."""
 
+from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .fused import FusedOptimizer
 from .lion import Lion
 from .sgd import SGD
 
-__all__ = ["Adam", "AdamW", "FusedOptimizer", "Lion", "SGD"]
+__all__ = ["Adagrad", "Adam", "AdamW", "FusedOptimizer", "Lion", "SGD"]

@@ -280,3 +280,23 @@ def reference_lion(
         new_params.append(p.double() * (1 - options["lr"] * options["weight_decay"]) - options["lr"] * torch.sign(c))
         new_exp_avgs.append(options["beta2"] * m + (1 - options["beta2"]) * g)
     return new_params, new_exp_avgs
+
+
+def adagrad_options(**changes: float | bool) -> dict:
+    """The keyword arguments of ``kernels.adagrad_`` but found_inf and inv_scale, with ``changes``."""
+    return dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, eps=1e-10, maximize=False) | changes
+
+
+def reference_adagrad(
+    params: list[Tensor], grads: list[Tensor], sums: list[Tensor], steps: list[Tensor],
+    inv_scale: float | None, options: dict,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:  # fmt: skip
+    """One torch.optim.Adagrad step (foreach=False) on fp32 copies: new params, sums, steps."""
+    from torch.optim.adagrad import adagrad as torch_adagrad
+
+    p32 = [p.float().clone() for p in params]
+    g32 = [g.float() * inv_scale if inv_scale is not None else g.float() for g in grads]
+    new_sums, new_steps = [s.clone() for s in sums], [s.clone() for s in steps]
+    torch_adagrad(p32, g32, new_sums, new_steps, foreach=False, fused=False, has_sparse_grad=False,
+                  has_complex=False, **options)  # fmt: skip
+    return p32, new_sums, new_steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_reference import (
+    adagrad_options,
     adam_options,
     assert_bytes_unchanged,
     boundary_params_and_grads,
@@ -26,12 +27,16 @@ def _sgd(params, grads, state, steps, **rounding):
     kernels.sgd_(params, grads, state[0], steps, **sgd_options(), **rounding)
 
 
+def _adagrad(params, grads, state, steps, **rounding):
+    kernels.adagrad_(params, grads, state[0], steps, **adagrad_options(lr=0.1), **rounding)
+
+
 def _lion(params, grads, state, steps, **rounding):
     kernels.lion_(params, grads, state[0], steps, **lion_options(weight_decay=0.1), **rounding)
 
 
 # Everything a kernel table row needs: each optimizer kernel, through its functional form.
-CASE = dict(launches={"adam": _adam, "sgd": _sgd, "lion": _lion}, options=["master", "stochastic"])
+CASE = dict(launches={"adam": _adam, "sgd": _sgd, "adagrad": _adagrad, "lion": _lion}, options=["master", "stochastic"])
 
 
 def _setup(seed=3):
