@@ -2,7 +2,7 @@
 
 from . import amp
 from .amp import autocast
-from .optim import SGD, Adagrad, Adam, AdamW, FusedOptimizer, Lion
+from .optim import LAMB, SGD, Adagrad, Adam, AdamW, FusedOptimizer, Lion
 from .optimizer import ClosureReplayError, Optimizer
 from .outputs import backward, grad, scale_outputs
 from .scaling import ScalingConfig
@@ -21,6 +21,7 @@ __all__ = [
     "SGD",
     "Lion",
     "Adagrad",
+    "LAMB",
     "LBFGS",
     "with_scaling",
     "patch_optimizer",

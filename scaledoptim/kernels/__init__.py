@@ -17,6 +17,7 @@ from .builtin import (
 )
 from .config import LaunchConfig, launch_config
 from .lion import LION, LionArgs, lion_, lion_args
+from .lamb import LAMB, LAMB_GRAD_NORM, LAMB_NORMS, LambArgs, LambNormArgs, lamb_, lamb_args
 from .launcher import PreparedLaunch, launch, prepare_launch
 from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
@@ -25,7 +26,7 @@ from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 #: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
-BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD, LION, ADAGRAD)
+BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD, LION, ADAGRAD, LAMB_GRAD_NORM, LAMB_NORMS, LAMB)
 
 __all__ = [
     "ADAGRAD",
@@ -39,7 +40,12 @@ __all__ = [
     "AdamArgs",
     "AdvanceStepsArgs",
     "KernelCompileError",
+    "LAMB",
+    "LAMB_GRAD_NORM",
+    "LAMB_NORMS",
     "LION",
+    "LambArgs",
+    "LambNormArgs",
     "LionArgs",
     "LaunchConfig",
     "MultiTensorKernel",
@@ -53,6 +59,8 @@ __all__ = [
     "adam_args",
     "launch",
     "launch_config",
+    "lamb_",
+    "lamb_args",
     "lion_",
     "lion_args",
     "non_finite_check_",

@@ -3,7 +3,8 @@
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .fused import FusedOptimizer
+from .lamb import LAMB
 from .lion import Lion
 from .sgd import SGD
 
-__all__ = ["Adagrad", "Adam", "AdamW", "FusedOptimizer", "Lion", "SGD"]
+__all__ = ["Adagrad", "Adam", "AdamW", "FusedOptimizer", "LAMB", "Lion", "SGD"]

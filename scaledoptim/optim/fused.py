@@ -137,11 +137,30 @@ class FusedOptimizer(Optimizer):
                 steps.append(step)
                 if replacement is not None:
                     plan.new_state[param] = replacement
+            extra = self._extra_lists(group, params, grads)
             rounding = self._stage_rounding(group, params, plan.new_state)
-            lists = [params, grads, *_with_empty_lists(keys, state_lists), *rounding, steps]
+            lists = [params, grads, *_with_empty_lists(keys, state_lists), *extra, *rounding, steps]
             plan.updates.append(backend.prepare(self, group, lists))
             plan.grads += grads
         return plan
+
+    # ------------------------------------------- updates of several launches (LAMB's norms)
+    def _extra_lists(
+        self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor]
+    ) -> list[list[torch.Tensor]]:
+        """Lists of the kernel between the state lists and the rounding lists that are not
+        state (e.g. per-tensor scratch), for one group's update; called while the step is
+        planned, group by group. None by default."""
+        return []
+
+    def _prepare_kernel_launches(
+        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]
+    ) -> Callable[[int | None, int | None], None] | None:
+        """For an update that is more than ``kernel`` then the step counters: its launches,
+        validated, as ``run(found_inf_pointer, inv_scale_pointer)`` (which advances the
+        counters too). ``None`` (the default): the kernel backend launches ``kernel`` with
+        :meth:`_kernel_args`."""
+        return None
 
     # ------------------------------------------------ the param rounding options (rounding.py)
     def _takes_rounding_lists(self) -> bool:

@@ -300,3 +300,31 @@ def reference_adagrad(
     torch_adagrad(p32, g32, new_sums, new_steps, foreach=False, fused=False, has_sparse_grad=False,
                   has_complex=False, **options)  # fmt: skip
     return p32, new_sums, new_steps
+
+
+def lamb_options(**changes: float | bool) -> dict:
+    """The keyword arguments of ``kernels.lamb_`` but found_inf and inv_scale: Apex FusedLAMB's
+    defaults but lr 1e-2, with ``changes``."""
+    return dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01, bias_correction=True,
+                max_grad_norm=1.0, adam_w_mode=True, grad_averaging=True, use_nvlamb=False) | changes  # fmt: skip
+
+
+def reference_lamb(
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+    steps: list[Tensor], inv_scale: float | None, options: dict,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:  # fmt: skip
+    """One LAMB step in float64 (tests/reference_optimizers.py's formula) from the kernel's
+    current state: new params, exp_avgs, exp_avg_sqs."""
+    from reference_optimizers import LambReference  # tests/ is on sys.path under pytest
+
+    o = dict(options)
+    betas = (o.pop("beta1"), o.pop("beta2"))
+    p64 = [torch.nn.Parameter(p.double().clone()) for p in params]
+    for p, g in zip(p64, grads):
+        p.grad = g.double() * (inv_scale if inv_scale is not None else 1.0)
+    opt = LambReference(p64, betas=betas, **o)
+    for p, m, v, s in zip(p64, exp_avgs, exp_avg_sqs, steps):
+        opt.state[p] = dict(step=s.clone(), exp_avg=m.double(), exp_avg_sq=v.double())
+    opt.step()
+    return ([p.detach() for p in p64], [opt.state[p]["exp_avg"] for p in p64],
+            [opt.state[p]["exp_avg_sq"] for p in p64])  # fmt: skip
