@@ -17,12 +17,9 @@ __all__ = ["Lion"]
 class Lion(FusedOptimizer):
     r"""Lion (Chen et al., 2023) with the loss-scaling protocol, fused and sync-free.
 
-    .. math::
-        c = \beta_1 m + (1 - \beta_1) g,\quad
-        p \leftarrow p (1 - \mathrm{lr}\,\lambda) - \mathrm{lr}\,\mathrm{sign}(c),\quad
-        m \leftarrow \beta_2 m + (1 - \beta_2) g
-
-    with ``sign(0) = 0``. State: ``exp_avg`` (fp32 whatever the param dtype) and ``step``.
+    Each step: ``c = beta1 * m + (1 - beta1) * g``;
+    ``p = p * (1 - lr * weight_decay) - lr * sign(c)`` (``sign(0) = 0``);
+    ``m = beta2 * m + (1 - beta2) * g``. State: ``exp_avg`` (fp32 whatever the param dtype) and ``step``.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
