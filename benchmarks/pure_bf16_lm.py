@@ -25,7 +25,9 @@ VARIANTS = {
 OPTIMIZERS = {"adamw": scaledoptim.AdamW, "lion": scaledoptim.Lion, "lamb": scaledoptim.LAMB}
 
 
-def run(optimizer: str, dtype: torch.dtype, rounding: dict, steps: int, lr: float, seed: int = 0) -> float:
+def run(
+    optimizer: str, dtype: torch.dtype, rounding: dict, steps: int, lr: float, seed: int = 0
+) -> float:
     task = language_model(SIZES["cpu"], torch.device("cpu"))
     torch.manual_seed(seed)
     model = task.make_model().to(dtype)
@@ -43,7 +45,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="+", default=[2e-3, 3e-4])
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
     args = parser.parse_args()
-    print(f"| variant | " + " | ".join(f"{args.optimizer} lr {lr:g}" for lr in args.lr) + " |")
+    print("| variant | " + " | ".join(f"{args.optimizer} lr {lr:g}" for lr in args.lr) + " |")
     print("|---|" + "---|" * len(args.lr))
     for name, (dtype, rounding) in VARIANTS.items():
         losses = [run(args.optimizer, dtype, rounding, args.steps, lr) for lr in args.lr]

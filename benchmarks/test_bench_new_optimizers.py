@@ -10,8 +10,8 @@ cases are skipped without a GPU.
 from __future__ import annotations
 
 import pytest
-import torch
 import test_bench_optimizer_step as bench
+import torch
 
 import scaledoptim
 
@@ -38,8 +38,15 @@ class ForeachLion(torch.optim.Optimizer):
 class ForeachLAMB(torch.optim.Optimizer):
     """LAMB (AdamW mode, clipping, trust ratio) with torch's foreach ops, as a user would write it."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm))
+    def __init__(
+        self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm
+            ),
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -48,7 +55,9 @@ class ForeachLAMB(torch.optim.Optimizer):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             (b1, b2), wd = group["betas"], group["weight_decay"]
-            grads = torch._foreach_div([p.grad for p in params], torch.clamp(norm / group["max_grad_norm"], min=1))
+            grads = torch._foreach_div(
+                [p.grad for p in params], torch.clamp(norm / group["max_grad_norm"], min=1)
+            )
             states = [self.state[p] for p in params]
             for s, p in zip(states, params):
                 if not s:
@@ -60,10 +69,14 @@ class ForeachLAMB(torch.optim.Optimizer):
             torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
             step = states[0]["step"]
             update = torch._foreach_div(m, 1 - b1**step)
-            denom = torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, 1 - b2**step)), group["eps"])
+            denom = torch._foreach_add(
+                torch._foreach_sqrt(torch._foreach_div(v, 1 - b2**step)), group["eps"]
+            )
             torch._foreach_div_(update, denom)
             torch._foreach_add_(update, params, alpha=wd)
-            ratios = [pn / un for pn, un in zip(torch._foreach_norm(params), torch._foreach_norm(update))]
+            ratios = [
+                pn / un for pn, un in zip(torch._foreach_norm(params), torch._foreach_norm(update))
+            ]
             torch._foreach_mul_(update, ratios)
             torch._foreach_add_(params, update, alpha=-group["lr"])
 

@@ -16,7 +16,9 @@ class LionReference(torch.optim.Optimizer):
     """``c = b1*m + (1-b1)*g; p = p*(1 - lr*wd) - lr*sign(c); m = b2*m + (1-b2)*g``."""
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, maximize=False):
-        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
+        super().__init__(
+            params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize)
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -33,7 +35,9 @@ class LionReference(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=torch.float64)
                 m = state["exp_avg"].double()
                 c = b1 * m + (1 - b1) * g
-                new = p.double() * (1 - group["lr"] * group["weight_decay"]) - group["lr"] * torch.sign(c)
+                new = p.double() * (1 - group["lr"] * group["weight_decay"]) - group[
+                    "lr"
+                ] * torch.sign(c)
                 p.copy_(new)
                 state["exp_avg"] = b2 * m + (1 - b2) * g
                 state["step"] += 1
@@ -58,7 +62,9 @@ class LambReference(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = None if closure is None else torch.enable_grad()(closure)()
-        grads = [p.grad.double() for g in self.param_groups for p in g["params"] if p.grad is not None]
+        grads = [
+            p.grad.double() for g in self.param_groups for p in g["params"] if p.grad is not None
+        ]
         norm = math.sqrt(sum(float((g * g).sum()) for g in grads)) if grads else 0.0
         for group in self.param_groups:
             b1, b2 = group["betas"]
@@ -78,7 +84,10 @@ class LambReference(torch.optim.Optimizer):
                 g = p.grad.double() / clip
                 if not group["adam_w_mode"] and wd != 0:
                     g = g + wd * w
-                m = b1 * state["exp_avg"].double() + (1 - b1 if group["grad_averaging"] else 1.0) * g
+                m = (
+                    b1 * state["exp_avg"].double()
+                    + (1 - b1 if group["grad_averaging"] else 1.0) * g
+                )
                 v = b2 * state["exp_avg_sq"].double() + (1 - b2) * g * g
                 state["exp_avg"], state["exp_avg_sq"] = m, v
                 c1, c2 = (1 - b1**step, 1 - b2**step) if group["bias_correction"] else (1.0, 1.0)

@@ -15,10 +15,10 @@ import test_parity
 import test_state_dict
 import test_sync_free
 import torch
-
-import scaledoptim
 from optimizer_table import OptimizerCase, assert_bit_identical, loss_of, make_model, snapshot
 from reference_optimizers import LambReference, LionReference
+
+import scaledoptim
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
@@ -82,7 +82,12 @@ def test_no_host_read(case, overflow) -> None:
 ALL_OPTIMIZERS = [
     OptimizerCase("adamw", scaledoptim.AdamW, torch.optim.AdamW, dict(lr=1e-2)),
     OptimizerCase("sgd-momentum", scaledoptim.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9)),
-    OptimizerCase("adagrad", scaledoptim.Adagrad, torch.optim.Adagrad, dict(lr=0.1, initial_accumulator_value=0.1)),
+    OptimizerCase(
+        "adagrad",
+        scaledoptim.Adagrad,
+        torch.optim.Adagrad,
+        dict(lr=0.1, initial_accumulator_value=0.1),
+    ),
     *NEW_CASES[:1],
     NEW_CASES[2],
 ]
@@ -106,7 +111,9 @@ def test_rounding_resume_is_bit_identical(case, rounding) -> None:
 def test_master_weights_keep_an_fp32_master_and_round_the_param_from_it(case) -> None:
     model, opt = _bf16_model_and_opt(case, master_weights=True)
     fp32_model = make_model(torch.bfloat16).float()  # the same start, exactly
-    fp32_opt = case.ours(fp32_model.parameters(), **case.kwargs).configure_scaling(init_scale=2.0**8, growth_interval=3)
+    fp32_opt = case.ours(fp32_model.parameters(), **case.kwargs).configure_scaling(
+        init_scale=2.0**8, growth_interval=3
+    )
     for step in range(5):
         for m, o in ((model, opt), (fp32_model, fp32_opt)):
             o.zero_grad()
@@ -181,9 +188,19 @@ def test_stochastic_rounding_is_reproducible_and_seeded_per_param() -> None:
 @pytest.mark.parametrize(
     "kwargs, dtype, error, message",
     [
-        (dict(stochastic_rounding=True), torch.float16, ValueError, "needs bfloat16 params.*model.bfloat16"),
+        (
+            dict(stochastic_rounding=True),
+            torch.float16,
+            ValueError,
+            "needs bfloat16 params.*model.bfloat16",
+        ),
         (dict(stochastic_rounding=True), torch.float32, ValueError, "needs bfloat16 params"),
-        (dict(stochastic_rounding=True, master_weights=True), torch.bfloat16, ValueError, "exclusive"),
+        (
+            dict(stochastic_rounding=True, master_weights=True),
+            torch.bfloat16,
+            ValueError,
+            "exclusive",
+        ),
         (dict(master_weights=1), torch.bfloat16, TypeError, "master_weights must be True or False"),
     ],
 )

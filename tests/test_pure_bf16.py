@@ -35,9 +35,14 @@ def test_round_to_nearest_stalls_and_both_options_follow_fp32() -> None:
 
     _, mastered, opt = _train(torch.bfloat16, master_weights=True)
     master = next(iter(opt.state.values()))["master_param"]
-    assert torch.equal(master.view(torch.int32), fp32.view(torch.int32)), "master differs from the fp32 run"
+    assert torch.equal(master.view(torch.int32), fp32.view(torch.int32)), (
+        "master differs from the fp32 run"
+    )
     assert torch.equal(mastered, fp32.to(torch.bfloat16))
 
     _, stochastic, _ = _train(torch.bfloat16, stochastic_rounding=True)
     displacement = (stochastic.float() - start).mean().item()
-    assert abs(displacement - fp32_displacement) <= 0.02 * abs(fp32_displacement), (displacement, fp32_displacement)
+    assert abs(displacement - fp32_displacement) <= 0.02 * abs(fp32_displacement), (
+        displacement,
+        fp32_displacement,
+    )

@@ -16,9 +16,9 @@ from .builtin import (
     non_finite_check_,
 )
 from .config import LaunchConfig, launch_config
-from .lion import LION, LionArgs, lion_, lion_args
 from .lamb import LAMB, LAMB_GRAD_NORM, LAMB_NORMS, LambArgs, LambNormArgs, lamb_, lamb_args
 from .launcher import PreparedLaunch, launch, prepare_launch
+from .lion import LION, LionArgs, lion_, lion_args
 from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
 from .sgd import SGD, SgdArgs, sgd_, sgd_args
@@ -26,7 +26,17 @@ from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 #: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
-BUILTIN_KERNELS = (NON_FINITE_CHECK, ADVANCE_STEPS, ADAM, SGD, LION, ADAGRAD, LAMB_GRAD_NORM, LAMB_NORMS, LAMB)
+BUILTIN_KERNELS = (
+    NON_FINITE_CHECK,
+    ADVANCE_STEPS,
+    ADAM,
+    SGD,
+    LION,
+    ADAGRAD,
+    LAMB_GRAD_NORM,
+    LAMB_NORMS,
+    LAMB,
+)
 
 __all__ = [
     "ADAGRAD",
@@ -34,33 +44,33 @@ __all__ = [
     "ADVANCE_STEPS",
     "BUILTIN_KERNELS",
     "CUDA_SOURCE_DIR",
+    "LAMB",
+    "LAMB_GRAD_NORM",
+    "LAMB_NORMS",
+    "LION",
     "NON_FINITE_CHECK",
+    "ROUNDING_LISTS",
     "SGD",
     "AdagradArgs",
     "AdamArgs",
     "AdvanceStepsArgs",
     "KernelCompileError",
-    "LAMB",
-    "LAMB_GRAD_NORM",
-    "LAMB_NORMS",
-    "LION",
     "LambArgs",
     "LambNormArgs",
-    "LionArgs",
     "LaunchConfig",
+    "LionArgs",
     "MultiTensorKernel",
     "NonFiniteCheckArgs",
     "PreparedLaunch",
-    "ROUNDING_LISTS",
     "SgdArgs",
     "adagrad_",
     "adagrad_args",
     "adam_",
     "adam_args",
-    "launch",
-    "launch_config",
     "lamb_",
     "lamb_args",
+    "launch",
+    "launch_config",
     "lion_",
     "lion_args",
     "non_finite_check_",

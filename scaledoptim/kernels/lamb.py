@@ -41,10 +41,23 @@ class LambArgs(ctypes.Structure):
 class LambNormArgs(ctypes.Structure):
     """Mirror of ``LambNormArgs`` in cuda/lamb.cu."""
 
-    _fields_ = [("found_inf", ctypes.c_void_p), ("inv_scale", ctypes.c_void_p), ("grad_norm_sq", ctypes.c_void_p)]
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("grad_norm_sq", ctypes.c_void_p),
+    ]
 
 
-_LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "param_norms_sq", "update_norms_sq", *ROUNDING_LISTS, "steps")
+_LISTS = (
+    "params",
+    "grads",
+    "exp_avgs",
+    "exp_avg_sqs",
+    "param_norms_sq",
+    "update_norms_sq",
+    *ROUNDING_LISTS,
+    "steps",
+)
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
                          dtype_lists=(0, 1), per_tensor_lists=(4, 5, 7, 8))  # fmt: skip
@@ -110,7 +123,9 @@ class LambLaunches:
         """The launches before the update kernel: the global grad norm, the moments and norms."""
         if self.norm_grads is not None:
             self.grad_norm_sq.zero_()
-            norm = prepare_launch(LAMB_GRAD_NORM, [self.norm_grads])  # cached tables after the first step
+            norm = prepare_launch(
+                LAMB_GRAD_NORM, [self.norm_grads]
+            )  # cached tables after the first step
             norm.run(LambNormArgs(found, inv, self.norm_pointer))
         torch._foreach_zero_(self.scratch)
 
@@ -154,7 +169,15 @@ def lamb_(
         return
     device = params[0].device
     norms = [[torch.zeros((), device=device) for _ in params] for _ in range(2)]
-    lists = [params, grads, exp_avgs, exp_avg_sqs, *norms, *rounding_lists(master_params, sr_seeds), steps]
+    lists = [
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        *norms,
+        *rounding_lists(master_params, sr_seeds),
+        steps,
+    ]
     grad_norm_sq = torch.zeros((), device=device)
     launches = LambLaunches(lists, grads, grad_norm_sq)
     found = scalar_pointer(found_inf, "found_inf", device)

@@ -15,7 +15,9 @@ __all__ = ["ROUNDING_LISTS", "rounding_lists"]
 ROUNDING_LISTS = ("master_params", "sr_seeds")
 
 
-def rounding_lists(master_params: Sequence[Tensor], sr_seeds: Sequence[Tensor]) -> list[list[Tensor]]:
+def rounding_lists(
+    master_params: Sequence[Tensor], sr_seeds: Sequence[Tensor]
+) -> list[list[Tensor]]:
     r"""The kernel's ``master_params`` and ``sr_seeds`` lists.
 
     Args:

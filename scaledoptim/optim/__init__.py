@@ -7,4 +7,4 @@ from .lamb import LAMB
 from .lion import Lion
 from .sgd import SGD
 
-__all__ = ["Adagrad", "Adam", "AdamW", "FusedOptimizer", "LAMB", "Lion", "SGD"]
+__all__ = ["LAMB", "SGD", "Adagrad", "Adam", "AdamW", "FusedOptimizer", "Lion"]

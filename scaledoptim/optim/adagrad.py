@@ -81,24 +81,33 @@ class Adagrad(FusedOptimizer):
         check_hyperparameter("learning rate", options["lr"])
         check_hyperparameter("lr_decay value", options["lr_decay"])
         check_hyperparameter("weight_decay value", options["weight_decay"])
-        check_hyperparameter("initial_accumulator_value value", options["initial_accumulator_value"])
+        check_hyperparameter(
+            "initial_accumulator_value value", options["initial_accumulator_value"]
+        )
         check_hyperparameter("epsilon value", options["eps"])
         reject_differentiable(options["differentiable"])
 
     def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("sum",)
 
-    def _kernel_args(self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None) -> AdagradArgs:
+    def _kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> AdagradArgs:
         return adagrad_args(found_inf, inv_scale, **_adagrad_options(group))
 
     def _torch_update(
-        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
     ) -> None:
         """torch's fused Adagrad (checked against torch.optim.Adagrad's single-tensor math on
         CPU, skips included), which reads the advanced counter."""
         params, grads, sums, steps = tensor_lists
         advance_steps_(steps, found_inf)
-        torch._fused_adagrad_(params, grads, sums, steps, **_adagrad_options(group), found_inf=found_inf)
+        torch._fused_adagrad_(
+            params, grads, sums, steps, **_adagrad_options(group), found_inf=found_inf
+        )
 
 
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:

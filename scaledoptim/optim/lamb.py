@@ -96,14 +96,19 @@ class LAMB(FusedOptimizer):
         scratch = [self._norm_scratch.get(p) for p in params]
         for i, (p, s) in enumerate(zip(params, scratch)):
             if s is None or s[0].device != p.device:
-                scratch[i] = self._norm_scratch[p] = (torch.zeros((), device=p.device), torch.zeros((), device=p.device))
+                scratch[i] = self._norm_scratch[p] = (
+                    torch.zeros((), device=p.device),
+                    torch.zeros((), device=p.device),
+                )
         return [[s[0] for s in scratch], [s[1] for s in scratch]]
 
     def _prepare_kernel_launches(
         self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]
     ) -> Callable[[int | None, int | None], None]:
         first = self._is_first_group(group)
-        launches = LambLaunches(tensor_lists, self._step_grads if first else None, self._norm_buffer(tensor_lists))
+        launches = LambLaunches(
+            tensor_lists, self._step_grads if first else None, self._norm_buffer(tensor_lists)
+        )
         options = _lamb_options(group)
 
         def run(found: int | None, inv: int | None) -> None:
@@ -111,11 +116,16 @@ class LAMB(FusedOptimizer):
 
         return run
 
-    def _kernel_args(self, group, found_inf, inv_scale):  # every launch goes through _prepare_kernel_launches
+    def _kernel_args(
+        self, group, found_inf, inv_scale
+    ):  # every launch goes through _prepare_kernel_launches
         raise NotImplementedError("LAMB's kernel update is prepared by _prepare_kernel_launches")
 
     def _torch_update(
-        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
     ) -> None:
         """The same update with torch's foreach ops; the grads arrive unscaled."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
@@ -138,7 +148,10 @@ class LAMB(FusedOptimizer):
         if o["bias_correction"]:
             c1 = [1 - torch.pow(o["beta1"], s) for s in steps]
             c2 = [1 - torch.pow(o["beta2"], s) for s in steps]
-            update = torch._foreach_div(torch._foreach_div(m, c1), torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, c2)), o["eps"]))
+            update = torch._foreach_div(
+                torch._foreach_div(m, c1),
+                torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, c2)), o["eps"]),
+            )
         else:
             update = torch._foreach_div(m, torch._foreach_add(torch._foreach_sqrt(v), o["eps"]))
         if o["adam_w_mode"] and wd != 0:
@@ -156,7 +169,9 @@ class LAMB(FusedOptimizer):
         copy_unless_skipped_(exp_avg_sqs, v, found_inf)
 
     def _is_first_group(self, group: dict[str, Any]) -> bool:
-        first = next((g for g in self.param_groups if any(p.grad is not None for p in g["params"])), None)
+        first = next(
+            (g for g in self.param_groups if any(p.grad is not None for p in g["params"])), None
+        )
         return group is first
 
     def _norm_buffer(self, tensor_lists: list[list[torch.Tensor]]) -> torch.Tensor:

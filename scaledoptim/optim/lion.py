@@ -68,11 +68,16 @@ class Lion(FusedOptimizer):
     def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg",)
 
-    def _kernel_args(self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None) -> LionArgs:
+    def _kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> LionArgs:
         return lion_args(found_inf, inv_scale, **_lion_options(group))
 
     def _torch_update(
-        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
     ) -> None:
         params, grads, exp_avgs, steps = tensor_lists
         o = _lion_options(group)

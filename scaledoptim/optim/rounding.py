@@ -34,7 +34,10 @@ def check_rounding_options(options: dict[str, Any], supported: bool) -> None:
     Args:
         supported: whether the optimizer's kernel takes the rounding lists.
     """
-    master, stochastic = options.get("master_weights", False), options.get("stochastic_rounding", False)
+    master, stochastic = (
+        options.get("master_weights", False),
+        options.get("stochastic_rounding", False),
+    )
     for name, value in (("master_weights", master), ("stochastic_rounding", stochastic)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -69,7 +72,9 @@ def check_rounding_params(group: dict[str, Any]) -> None:
 def initial_seed(index: int) -> Tensor:
     """The seed of the ``index``-th param of an optimizer: a fixed mix of the index, so runs are
     reproducible without drawing from (and shifting) torch's global generator."""
-    return torch.tensor(_to_int32(_fmix32_int((index * 0x9E3779B9 + 0x7F4A7C15) & _MASK32)), dtype=torch.int32)
+    return torch.tensor(
+        _to_int32(_fmix32_int((index * 0x9E3779B9 + 0x7F4A7C15) & _MASK32)), dtype=torch.int32
+    )
 
 
 def stage_rounding_state(
@@ -88,19 +93,28 @@ def stage_rounding_state(
             # Created from the param on its first step; a loaded one keeps its bits in the
             # param's layout and device.
             _check_master(master, param)
-            master = torch.empty_like(param, dtype=torch.float32).copy_(param if master is None else master)
+            master = torch.empty_like(param, dtype=torch.float32).copy_(
+                param if master is None else master
+            )
             changes[MASTER_KEY] = master
     elif MASTER_KEY in state:
         changes[MASTER_KEY] = None
     if group.get("stochastic_rounding", False):
         seed = state.get(SEED_KEY)
-        if not (isinstance(seed, Tensor) and seed.dtype == torch.int32 and seed.shape == () and seed.device == param.device):
+        if not (
+            isinstance(seed, Tensor)
+            and seed.dtype == torch.int32
+            and seed.shape == ()
+            and seed.device == param.device
+        ):
             seed = _as_seed(seed, index, param)
             changes[SEED_KEY] = seed
     return master, seed, changes
 
 
-def stochastic_round_(params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]) -> None:
+def stochastic_round_(
+    params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]
+) -> None:
     r"""``params[i] = round_stochastic(values[i])`` for bf16 params, on device, as the kernels do.
 
     ``steps[i]`` is the taken-step count including this step; a value exactly representable in
@@ -108,7 +122,9 @@ def stochastic_round_(params: list[Tensor], values: list[Tensor], seeds: list[Te
     """
     for param, value, seed, step in zip(params, values, seeds, steps):
         flat_value = _storage_flat(value)
-        key = _sr_key(seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32)
+        key = _sr_key(
+            seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32
+        )
         index = torch.arange(flat_value.numel(), device=param.device, dtype=torch.int64)
         noise = _fmix32(index ^ key) >> 16
         bits = flat_value.view(torch.int32).to(torch.int64) & _MASK32
@@ -171,7 +187,9 @@ def _is_master_of(master: Any, param: Tensor) -> bool:
 
 
 def _check_master(master: Any, param: Tensor) -> None:
-    if master is None or (isinstance(master, Tensor) and master.shape == param.shape and master.is_floating_point()):
+    if master is None or (
+        isinstance(master, Tensor) and master.shape == param.shape and master.is_floating_point()
+    ):
         return
     raise ValueError(
         f"Corrupt optimizer state: {MASTER_KEY!r} of a param of shape {tuple(param.shape)} is "
@@ -184,7 +202,12 @@ def _check_master(master: Any, param: Tensor) -> None:
 def _as_seed(value: Any, index: int, param: Tensor) -> Tensor:
     if value is None:
         return initial_seed(index).to(param.device)
-    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point() and not value.is_complex():
+    if (
+        isinstance(value, Tensor)
+        and value.numel() == 1
+        and not value.is_floating_point()
+        and not value.is_complex()
+    ):
         return value.detach().reshape(()).to(dtype=torch.int32, device=param.device, copy=True)
     raise TypeError(
         f"Corrupt optimizer state: {SEED_KEY!r} of a param of shape {tuple(param.shape)} is "

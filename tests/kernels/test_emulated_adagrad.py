@@ -42,7 +42,9 @@ def run_and_compare(params, grads, options, inv_scale, steps=3, seed=0, initial_
         expected_params, expected_sums, expected_steps = CASE["reference"](
             params, grads, sums, counters, inv_scale, options
         )
-        CASE["launch"](params, grads, sums, counters, **options, found_inf=torch.zeros(()), inv_scale=scale)
+        CASE["launch"](
+            params, grads, sums, counters, **options, found_inf=torch.zeros(()), inv_scale=scale
+        )
         for actual, reference in zip(sums, expected_sums):
             assert_state_close(actual, reference)
         assert [c.item() for c in counters] == [c.item() for c in expected_steps]
@@ -51,18 +53,26 @@ def run_and_compare(params, grads, options, inv_scale, steps=3, seed=0, initial_
     compare_steps(params, grads, steps, torch.Generator().manual_seed(seed), step)
 
 
-@pytest.mark.parametrize("options", CASE["options"], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items() if k != "lr"))
+@pytest.mark.parametrize(
+    "options",
+    CASE["options"],
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items() if k != "lr"),
+)
 @pytest.mark.parametrize("grad_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
 def test_matches_torch_every_option_and_dtype(param_dtype, grad_dtype, options):
-    params, grads = boundary_params_and_grads(param_dtype, grad_dtype, torch.Generator().manual_seed(1))
+    params, grads = boundary_params_and_grads(
+        param_dtype, grad_dtype, torch.Generator().manual_seed(1)
+    )
     run_and_compare(params, grads, options, inv_scale=0.25)
 
 
 @settings(max_examples=20, deadline=None)
 @given(
     options=st.sampled_from(CASE["options"]),
-    dtypes=st.lists(st.tuples(st.sampled_from(DTYPES), st.sampled_from(DTYPES)), min_size=1, max_size=6),
+    dtypes=st.lists(
+        st.tuples(st.sampled_from(DTYPES), st.sampled_from(DTYPES)), min_size=1, max_size=6
+    ),
     sizes=st.lists(st.integers(0, 3 * CHUNK + 7), min_size=6, max_size=6),
     lr=st.floats(1e-4, 1e-1),
     eps=st.floats(1e-10, 1e-3),
@@ -70,6 +80,10 @@ def test_matches_torch_every_option_and_dtype(param_dtype, grad_dtype, options):
     inv_scale=st.one_of(st.none(), st.sampled_from([2.0**-16, 0.5, 1.0])),
     seed=st.integers(0, 2**16),
 )
-def test_matches_torch_for_mixed_dtypes_and_hyperparameters(options, dtypes, sizes, lr, eps, initial_sum, inv_scale, seed):
+def test_matches_torch_for_mixed_dtypes_and_hyperparameters(
+    options, dtypes, sizes, lr, eps, initial_sum, inv_scale, seed
+):
     params, grads = mixed_params_and_grads(sizes, dtypes, seed)
-    run_and_compare(params, grads, {**options, "lr": lr, "eps": eps}, inv_scale, 2, seed, initial_sum)
+    run_and_compare(
+        params, grads, {**options, "lr": lr, "eps": eps}, inv_scale, 2, seed, initial_sum
+    )

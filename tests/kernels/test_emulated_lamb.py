@@ -3,8 +3,6 @@ float64 formula of Apex FusedLAMB (kernel_reference.reference_lamb), step by ste
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -28,8 +26,14 @@ CASE = dict(
     kernels=(kernels.LAMB_GRAD_NORM, kernels.LAMB_NORMS, kernels.LAMB),
     launch=kernels.lamb_,
     options=[
-        lamb_options(weight_decay=w, adam_w_mode=a, grad_averaging=ga, use_nvlamb=n, max_grad_norm=c,
-                     bias_correction=b)  # fmt: skip
+        lamb_options(
+            weight_decay=w,
+            adam_w_mode=a,
+            grad_averaging=ga,
+            use_nvlamb=n,
+            max_grad_norm=c,
+            bias_correction=b,
+        )  # fmt: skip
         for w, a, ga, n, c, b in [
             (0.01, True, True, False, 1.0, True),
             (0.0, True, True, False, 1.0, True),  # no trust ratio
@@ -69,7 +73,9 @@ def test_matches_the_formula_every_option_and_dtype(param_dtype, grad_dtype, opt
     # The trust ratio divides norms summed in another order than float64's: fp32 params are
     # held to 2e-6 relative here (16-bit params to one ulp, as everywhere).
     monkeypatch.setattr("kernel_reference.assert_param_close", _assert_param_close_lamb)
-    params, grads = boundary_params_and_grads(param_dtype, grad_dtype, torch.Generator().manual_seed(1))
+    params, grads = boundary_params_and_grads(
+        param_dtype, grad_dtype, torch.Generator().manual_seed(1)
+    )
     run_and_compare(params, grads, options, inv_scale=0.25)
 
 
@@ -78,20 +84,26 @@ def _assert_param_close_lamb(actual, expected):
         torch.testing.assert_close(actual, expected, rtol=2e-6, atol=2e-6)
     else:
         distance = (actual.float() - expected.to(actual.dtype).float()).abs()
-        ulp = torch.finfo(actual.dtype).eps * expected.abs().clamp_min(torch.finfo(actual.dtype).tiny)
+        ulp = torch.finfo(actual.dtype).eps * expected.abs().clamp_min(
+            torch.finfo(actual.dtype).tiny
+        )
         assert (distance <= ulp * 1.01).all()
 
 
 @settings(max_examples=15, deadline=None)
 @given(
     options=st.sampled_from(CASE["options"]),
-    dtypes=st.lists(st.tuples(st.just(torch.float32), st.sampled_from(DTYPES)), min_size=1, max_size=6),
+    dtypes=st.lists(
+        st.tuples(st.just(torch.float32), st.sampled_from(DTYPES)), min_size=1, max_size=6
+    ),
     sizes=st.lists(st.integers(1, 3 * CHUNK + 7), min_size=6, max_size=6),
     lr=st.floats(1e-4, 1e-1),
     inv_scale=st.one_of(st.none(), st.sampled_from([2.0**-16, 0.5, 1.0])),
     seed=st.integers(0, 2**16),
 )
-def test_matches_the_formula_for_mixed_sizes_and_hyperparameters(options, dtypes, sizes, lr, inv_scale, seed):
+def test_matches_the_formula_for_mixed_sizes_and_hyperparameters(
+    options, dtypes, sizes, lr, inv_scale, seed
+):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("kernel_reference.assert_param_close", _assert_param_close_lamb)
         params, grads = mixed_params_and_grads(sizes, dtypes, seed)
@@ -99,9 +111,13 @@ def test_matches_the_formula_for_mixed_sizes_and_hyperparameters(options, dtypes
 
 
 def test_skips_on_found_inf_and_leaves_everything_unchanged():
-    params, grads = boundary_params_and_grads(torch.bfloat16, torch.float32, torch.Generator().manual_seed(2))
+    params, grads = boundary_params_and_grads(
+        torch.bfloat16, torch.float32, torch.Generator().manual_seed(2)
+    )
     state = [[torch.randn(p.shape).abs() for p in params] for _ in range(2)]
     counters = [torch.zeros(()) for _ in params]
     before = snapshot(params + state[0] + state[1] + counters)
-    kernels.lamb_(params, grads, *state, counters, **lamb_options(), found_inf=torch.ones(()), inv_scale=None)
+    kernels.lamb_(
+        params, grads, *state, counters, **lamb_options(), found_inf=torch.ones(()), inv_scale=None
+    )
     assert_bytes_unchanged(before, params + state[0] + state[1] + counters)

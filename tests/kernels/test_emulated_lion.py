@@ -41,8 +41,12 @@ def run_and_compare(params, grads, options, inv_scale, steps=3, seed=0):
     scale = torch.tensor(inv_scale) if inv_scale is not None else None
 
     def step(i):
-        expected_params, expected_exp_avgs = CASE["reference"](params, grads, exp_avgs, inv_scale, options)
-        CASE["launch"](params, grads, exp_avgs, counters, **options, found_inf=torch.zeros(()), inv_scale=scale)
+        expected_params, expected_exp_avgs = CASE["reference"](
+            params, grads, exp_avgs, inv_scale, options
+        )
+        CASE["launch"](
+            params, grads, exp_avgs, counters, **options, found_inf=torch.zeros(()), inv_scale=scale
+        )
         for actual, reference in zip(exp_avgs, expected_exp_avgs):
             assert_state_close(actual, reference.float())
         assert all(c.item() == i + 1 for c in counters)
@@ -51,18 +55,24 @@ def run_and_compare(params, grads, options, inv_scale, steps=3, seed=0):
     compare_steps(params, grads, steps, torch.Generator().manual_seed(seed), step)
 
 
-@pytest.mark.parametrize("options", CASE["options"], ids=lambda o: f"maximize={o['maximize']}-wd={o['weight_decay']}")
+@pytest.mark.parametrize(
+    "options", CASE["options"], ids=lambda o: f"maximize={o['maximize']}-wd={o['weight_decay']}"
+)
 @pytest.mark.parametrize("grad_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
 def test_matches_the_formula_every_option_and_dtype(param_dtype, grad_dtype, options):
-    params, grads = boundary_params_and_grads(param_dtype, grad_dtype, torch.Generator().manual_seed(1))
+    params, grads = boundary_params_and_grads(
+        param_dtype, grad_dtype, torch.Generator().manual_seed(1)
+    )
     run_and_compare(params, grads, options, inv_scale=0.25)
 
 
 @settings(max_examples=20, deadline=None)
 @given(
     options=st.sampled_from(CASE["options"]),
-    dtypes=st.lists(st.tuples(st.sampled_from(DTYPES), st.sampled_from(DTYPES)), min_size=1, max_size=6),
+    dtypes=st.lists(
+        st.tuples(st.sampled_from(DTYPES), st.sampled_from(DTYPES)), min_size=1, max_size=6
+    ),
     sizes=st.lists(st.integers(0, 3 * CHUNK + 7), min_size=6, max_size=6),
     lr=st.floats(1e-4, 1e-1),
     beta1=st.floats(0.0, 0.99),
@@ -74,13 +84,25 @@ def test_matches_the_formula_for_mixed_dtypes_and_hyperparameters(
     options, dtypes, sizes, lr, beta1, beta2, inv_scale, seed
 ):
     params, grads = mixed_params_and_grads(sizes, dtypes, seed)
-    run_and_compare(params, grads, {**options, "lr": lr, "beta1": beta1, "beta2": beta2}, inv_scale, 2, seed)
+    run_and_compare(
+        params, grads, {**options, "lr": lr, "beta1": beta1, "beta2": beta2}, inv_scale, 2, seed
+    )
 
 
 def test_skips_on_found_inf_and_leaves_everything_unchanged():
-    params, grads = boundary_params_and_grads(torch.bfloat16, torch.float32, torch.Generator().manual_seed(2))
+    params, grads = boundary_params_and_grads(
+        torch.bfloat16, torch.float32, torch.Generator().manual_seed(2)
+    )
     exp_avgs = [torch.randn(p.shape) for p in params]
     counters = [torch.zeros(()) for _ in params]
     before = snapshot(params + exp_avgs + counters)
-    kernels.lion_(params, grads, exp_avgs, counters, **lion_options(), found_inf=torch.ones(()), inv_scale=None)
+    kernels.lion_(
+        params,
+        grads,
+        exp_avgs,
+        counters,
+        **lion_options(),
+        found_inf=torch.ones(()),
+        inv_scale=None,
+    )
     assert_bytes_unchanged(before, params + exp_avgs + counters)

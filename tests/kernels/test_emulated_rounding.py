@@ -36,17 +36,26 @@ def _lion(params, grads, state, steps, **rounding):
 
 
 # Everything a kernel table row needs: each optimizer kernel, through its functional form.
-CASE = dict(launches={"adam": _adam, "sgd": _sgd, "adagrad": _adagrad, "lion": _lion}, options=["master", "stochastic"])
+CASE = dict(
+    launches={"adam": _adam, "sgd": _sgd, "adagrad": _adagrad, "lion": _lion},
+    options=["master", "stochastic"],
+)
 
 
 def _setup(seed=3):
-    params, grads = boundary_params_and_grads(torch.bfloat16, torch.float32, torch.Generator().manual_seed(seed))
+    params, grads = boundary_params_and_grads(
+        torch.bfloat16, torch.float32, torch.Generator().manual_seed(seed)
+    )
     state = [[torch.zeros(p.shape) for p in params] for _ in range(2)]
     return params, grads, state, [torch.zeros(()) for _ in params]
 
 
 def _fp32_twin(params, state, steps):
-    return [p.float() for p in params], [[t.clone() for t in s] for s in state], [s.clone() for s in steps]
+    return (
+        [p.float() for p in params],
+        [[t.clone() for t in s] for s in state],
+        [s.clone() for s in steps],
+    )
 
 
 @pytest.mark.parametrize("name", CASE["launches"])
@@ -56,8 +65,18 @@ def test_master_weights_step_exactly_like_fp32_params(name):
     masters = [p.float() for p in params]
     fp32_params, fp32_state, fp32_steps = _fp32_twin(params, state, steps)
     for _ in range(3):
-        launch(params, grads, state, steps, found_inf=torch.zeros(()), inv_scale=None, master_params=masters)
-        launch(fp32_params, grads, fp32_state, fp32_steps, found_inf=torch.zeros(()), inv_scale=None)
+        launch(
+            params,
+            grads,
+            state,
+            steps,
+            found_inf=torch.zeros(()),
+            inv_scale=None,
+            master_params=masters,
+        )
+        launch(
+            fp32_params, grads, fp32_state, fp32_steps, found_inf=torch.zeros(()), inv_scale=None
+        )
         assert_bytes_unchanged(fp32_params, masters)
         assert_bytes_unchanged([m.to(torch.bfloat16) for m in masters], params)
 
@@ -69,8 +88,12 @@ def test_stochastic_rounding_is_the_torch_rounding_of_the_fp32_update(name):
     seeds = [initial_seed(i) for i in range(len(params))]
     fp32_params, fp32_state, fp32_steps = _fp32_twin(params, state, steps)
     for _ in range(3):
-        launch(params, grads, state, steps, found_inf=torch.zeros(()), inv_scale=None, sr_seeds=seeds)
-        launch(fp32_params, grads, fp32_state, fp32_steps, found_inf=torch.zeros(()), inv_scale=None)
+        launch(
+            params, grads, state, steps, found_inf=torch.zeros(()), inv_scale=None, sr_seeds=seeds
+        )
+        launch(
+            fp32_params, grads, fp32_state, fp32_steps, found_inf=torch.zeros(()), inv_scale=None
+        )
         expected = [torch.empty_like(p) for p in params]
         stochastic_round_(expected, fp32_params, seeds, fp32_steps)
         assert_bytes_unchanged(expected, params)
@@ -89,9 +112,13 @@ def test_a_skipped_step_changes_neither_param_nor_master(name, option):
         if option == "master"
         else dict(sr_seeds=[initial_seed(i) for i in range(len(params))])
     )
-    before = snapshot(params + [t for s in state for t in s] + steps + rounding.get("master_params", []))
+    before = snapshot(
+        params + [t for s in state for t in s] + steps + rounding.get("master_params", [])
+    )
     launch(params, grads, state, steps, found_inf=torch.ones(()), inv_scale=None, **rounding)
-    assert_bytes_unchanged(before, params + [t for s in state for t in s] + steps + rounding.get("master_params", []))
+    assert_bytes_unchanged(
+        before, params + [t for s in state for t in s] + steps + rounding.get("master_params", [])
+    )
 
 
 def test_stochastic_rounding_is_unbiased():
@@ -114,4 +141,12 @@ def test_masters_and_seeds_are_exclusive_and_seeds_are_int32():
         _lion(params, grads, state, steps, found_inf=None, inv_scale=None,
               master_params=[p.float() for p in params], sr_seeds=[initial_seed(0)] * len(params))  # fmt: skip
     with pytest.raises(ValueError, match="0-dim int32"):
-        _lion(params, grads, state, steps, found_inf=None, inv_scale=None, sr_seeds=[torch.zeros(())] * len(params))
+        _lion(
+            params,
+            grads,
+            state,
+            steps,
+            found_inf=None,
+            inv_scale=None,
+            sr_seeds=[torch.zeros(())] * len(params),
+        )

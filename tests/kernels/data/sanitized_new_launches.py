@@ -6,15 +6,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (3, 2, 1)]  # repo, tests, tests/kernels
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[i]) for i in (3, 2, 1)
+]  # repo, tests, tests/kernels
 
-import torch  # noqa: E402
-from kernel_reference import CHUNK, EMULATOR_THREADS, adagrad_options, adam_options, lamb_options, lion_options  # noqa: E402
-from sanitized_launches import odd_and_misaligned  # noqa: E402
+import torch
+from kernel_reference import (
+    CHUNK,
+    EMULATOR_THREADS,
+    adagrad_options,
+    adam_options,
+    lamb_options,
+    lion_options,
+)
+from sanitized_launches import odd_and_misaligned
 
-from scaledoptim import kernels  # noqa: E402
-from scaledoptim.kernels import launch_config  # noqa: E402
-from scaledoptim.optim.rounding import initial_seed  # noqa: E402
+from scaledoptim import kernels
+from scaledoptim.kernels import launch_config
+from scaledoptim.optim.rounding import initial_seed
 
 launch_config.chunk_size = CHUNK
 launch_config.emulator_threads_per_block = EMULATOR_THREADS
@@ -31,8 +40,12 @@ def clean() -> None:
             rounding.append(dict(sr_seeds=[initial_seed(i) for i in range(len(params))]))
         for r in rounding:
             common = dict(found_inf=torch.zeros(()), inv_scale=torch.tensor(0.5), **r)
-            kernels.lion_(params, grads, state[0], steps, **lion_options(weight_decay=0.1), **common)
-            kernels.adagrad_(params, grads, state[1], steps, **adagrad_options(weight_decay=0.1), **common)
+            kernels.lion_(
+                params, grads, state[0], steps, **lion_options(weight_decay=0.1), **common
+            )
+            kernels.adagrad_(
+                params, grads, state[1], steps, **adagrad_options(weight_decay=0.1), **common
+            )
             kernels.lamb_(params, grads, *state, steps, **lamb_options(), **common)
             kernels.adam_(params, grads, *state, [], steps, **adam_options(), **common)
         assert all(s.item() == 4 * len(rounding) for s in steps)
