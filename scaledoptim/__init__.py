@@ -3,9 +3,10 @@
 from . import amp
 from .amp import autocast
 from .optim import LAMB, SGD, Adagrad, Adam, AdamW, FusedOptimizer, Lion
-from .optimizer import ClosureReplayError, Optimizer
+from .optimizer import Optimizer
+from .replay import ClosureReplayError
 from .outputs import backward, grad, scale_outputs
-from .scaling import ScalingConfig
+from .scale_config import ScalingConfig
 from .sharing import share_scale
 from .wrapping import LBFGS, patch_optimizer, with_scaling
 

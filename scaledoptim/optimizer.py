@@ -20,16 +20,16 @@ from typing import Any
 import torch
 
 from . import replay
+from .replay import ClosureReplayError
 from .backends import unscale_in_place_
 from .distributed import agree_on_found_inf
 from .plans import GenericStepPlan, StepPlan, UnscalePlan
 from .scale_owner import ScaleOwner
-from .scaling import Stage
+from .scaling import ScaleUpdate, Stage
 from .validation import as_scale_tensor, check_param_grads, check_param_groups
 
 __all__ = ["Optimizer", "ClosureReplayError"]
 
-ClosureReplayError = replay.ClosureReplayError
 
 
 class Optimizer(ScaleOwner, torch.optim.Optimizer):
@@ -60,6 +60,9 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
     """
 
     # ------------------------------------------------------------------ the protocol
+    # Note [compile boundary]: the protocol's Python (stage, plans, tables, host reads of a
+    # closure replay) is not traceable; torch.compile runs it eagerly and compiles around it.
+    @torch.compiler.disable
     @torch.no_grad()
     def unscale(
         self, grads_scaled_by: torch.Tensor | float | None = None
@@ -88,8 +91,10 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         self._plan_step(plan.found_inf, None)  # the step it prepares must be possible too
         if plan.scale is not None:
             unscale_in_place_(plan.grads, plan.found_inf, plan.inv_scale)
-        return self._record_unscale(plan)
+        found_inf, scale, _ = self._record_unscale(plan)
+        return found_inf, scale
 
+    @torch.compiler.disable  # Note [compile boundary]
     def step_after_unscale(
         self,
         closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,
@@ -119,6 +124,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         """
         if closure is not None:
             replay.check_callable(closure, "step_after_unscale", "current_grad_scale")
+            replay.check_takes_scale(closure, "step_after_unscale")
             return replay.step_replaying(
                 self, lambda scale: replay.checked_result(self, closure(scale)), current_grad_scale
             )
@@ -133,6 +139,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         state.forget_unscale()
         return None
 
+    @torch.compiler.disable  # Note [compile boundary]
     def unscale_and_step(
         self,
         closure: Callable[[Any], Any] | None = None,
@@ -148,7 +155,8 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         closure is wrapped so that every call unscales and, on inf/nan, replays with the
         backed-off scale; ``self.step`` sees only the wrapped closure, so optimizers that
         evaluate it many times (LBFGS) get finite grads every time. Every closure evaluation
-        counts as one step of the scale's state machine.
+        counts as one step of the scale's state machine. With ``grads_scaled_by=None`` a
+        torch-style ``closure()`` that takes no argument works too, exactly as in ``step``.
 
         Closure replay costs one host read per evaluation and a copy of params and optimizer
         state per call (to restore them if replay fails).
@@ -166,12 +174,17 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         Raises:
             ClosureReplayError: if the closure's grads stay non-finite through every replay;
                 params, optimizer state and scale are then exactly as before the call.
+            TypeError: a closure that takes no argument given with a scale (it could not run
+                its backward scaled by ``S``), before anything changes.
         """
         if closure is not None:
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
-                loss = self.step(lambda: closure(None))
+                # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
+                unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
+                loss = self.step(unscaled)
                 return loss, self._no_overflow(), None
+            replay.check_takes_scale(closure, "unscale_and_step")
             return replay.step_replaying(
                 self, lambda s: (closure(s), *self.unscale(grads_scaled_by=s)), grads_scaled_by
             )
@@ -179,9 +192,13 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         plan = self._plan_unscale(grads_scaled_by)
         scaled = plan.scale is not None
         step = self._plan_step(plan.found_inf if scaled else None, plan.inv_scale)
-        left = step.unscale_grads_(plan.grads, plan.found_inf, plan.inv_scale) if scaled else None
-        found_inf, scale = self._record_unscale(plan)
-        step.step(found_inf if scaled else None, left)
+        left = (
+            step.unscale_grads_(plan.grads, plan.found_inf, plan.inv_scale, plan.checked)
+            if scaled
+            else None
+        )
+        found_inf, scale, scale_update = self._record_unscale(plan, step.applies_scale_update)
+        step.step(found_inf if scaled else None, left, scale_update)
         self._scaling().forget_unscale()
         return None, found_inf, scale
 
@@ -198,13 +215,17 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         device = state.loss_scale.device
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         check_param_grads(params, device)
-        grads, found_inf = [p.grad for p in params], self._no_overflow()
+        grads = [p.grad for p in params]
         if grads_scaled_by is None:
-            return UnscalePlan(None, None, found_inf, grads)
+            return UnscalePlan(None, None, self._no_overflow(), grads)
         scale = as_scale_tensor(grads_scaled_by, device, trusted=state.loss_scale.scale)
         state.loss_scale.check_can_report(id(self))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
-        return UnscalePlan(scale, inv_scale, found_inf, grads)
+        backward_check = self.__dict__.get(self._BACKWARD_CHECK_ATTR)
+        if backward_check is None:
+            return UnscalePlan(scale, inv_scale, self._no_overflow(), grads)
+        found_inf, checked = backward_check.take(params, device)
+        return UnscalePlan(scale, inv_scale, found_inf, grads, checked)
 
     def _plan_step(
         self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None
@@ -218,13 +239,16 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         check_param_groups(self)
         return GenericStepPlan(self)
 
-    def _record_unscale(self, plan: UnscalePlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _record_unscale(
+        self, plan: UnscalePlan, defer_scale_update: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, ScaleUpdate | None]:
         """Agrees on ``found_inf`` across the process group, records it for the step and moves
-        the scale (no host sync). Every unscale path ends here."""
+        the scale, or returns the move for the step's epilogue to apply (no host sync). Every
+        unscale path ends here."""
         state = self._scaling()
         if plan.scale is None:
             state.record_unscale(plan.found_inf)
-            return plan.found_inf, None
+            return plan.found_inf, None, None
         if state.process_group is not None:
             try:
                 agree_on_found_inf(plan.found_inf, state.process_group)  # before anything uses it
@@ -235,8 +259,11 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 state.record_unscale(plan.found_inf)
                 raise
         state.record_unscale(plan.found_inf)
-        state.loss_scale.report(id(self), plan.scale, plan.found_inf, force_backoff=state.replaying)
-        return plan.found_inf, state.loss_scale.scale
+        scale_update = state.loss_scale.report(
+            id(self), plan.scale, plan.found_inf,
+            force_backoff=state.replaying, defer=defer_scale_update,
+        )  # fmt: skip
+        return plan.found_inf, state.loss_scale.scale, scale_update
 
     def _no_overflow(self) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device)

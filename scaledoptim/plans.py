@@ -11,6 +11,7 @@ from .backends import unscale_in_place_
 
 if TYPE_CHECKING:
     from .optimizer import Optimizer
+    from .scaling import ScaleUpdate
 
 __all__ = ["GenericStepPlan", "StepPlan", "UnscalePlan"]
 
@@ -24,33 +25,61 @@ class UnscalePlan:
     inv_scale: torch.Tensor | None
     found_inf: torch.Tensor
     grads: list[torch.Tensor]
+    # ids of grads already folded into found_inf during backward (Note [overlapped overflow check])
+    checked: frozenset[int] = frozenset()
 
 
 class StepPlan(Protocol):
-    """A validated step, ready to commit: only device errors can interrupt it now."""
+    """A validated step, ready to commit: only device errors can interrupt it now.
+
+    ``applies_scale_update``: the step's epilogue moves the loss scale, so the protocol hands it
+    the :class:`~scaledoptim.scaling.ScaleUpdate` instead of applying it before the step.
+    """
+
+    applies_scale_update: bool
 
     def unscale_grads_(
-        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+        self,
+        grads: list[torch.Tensor],
+        found_inf: torch.Tensor,
+        inv_scale: torch.Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> torch.Tensor | None:
         """Checks (and unscales, or leaves to the update) ``grads``; returns the ``inv_scale``
         the update must still apply, or ``None`` when the grads were unscaled in place."""
 
-    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+    def step(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None,
+        scale_update: ScaleUpdate | None = None,
+    ) -> None:
         """Runs ``optimizer.step()``, skipped where ``found_inf`` is set."""
 
 
 class GenericStepPlan:
     """The step of an optimizer we cannot see into: ``self.step()`` as it is."""
 
+    applies_scale_update = False
+
     def __init__(self, optimizer: Optimizer) -> None:
         self.optimizer = optimizer
 
     def unscale_grads_(
-        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+        self,
+        grads: list[torch.Tensor],
+        found_inf: torch.Tensor,
+        inv_scale: torch.Tensor,
+        checked: frozenset[int] = frozenset(),
     ) -> None:
         unscale_in_place_(grads, found_inf, inv_scale)
 
-    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
+    def step(
+        self,
+        found_inf: torch.Tensor | None,
+        inv_scale: torch.Tensor | None,
+        scale_update: ScaleUpdate | None = None,
+    ) -> None:
         opt = self.optimizer
         if found_inf is None:
             opt.step()

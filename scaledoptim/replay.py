@@ -8,6 +8,7 @@ raises.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,10 @@ from .scaling import Stage
 if TYPE_CHECKING:
     from .optimizer import Optimizer
 
-__all__ = ["ClosureReplayError", "check_callable", "checked_result", "step_replaying"]
+__all__ = [
+    "ClosureReplayError", "check_callable", "checked_result", "step_replaying", "takes_scale",
+    "check_takes_scale",
+]  # fmt: skip
 
 Evaluation = tuple[Any, torch.Tensor, "torch.Tensor | None"]
 
@@ -91,6 +95,29 @@ def check_callable(closure: Any, method: str, scale_keyword: str) -> None:
         raise TypeError(
             f"{method}() takes a closure(S) function or None as its first argument, got "
             f"{type(closure).__name__}; pass the scale by keyword: {method}({scale_keyword}=S)"
+        )
+
+
+def takes_scale(closure: Callable[..., Any]) -> bool:
+    """Whether ``closure`` accepts one positional argument (the scale ``S``): a torch-style
+    ``closure()`` does not. Callables whose signature Python cannot read are assumed to."""
+    try:
+        inspect.signature(closure).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): let the call itself decide
+        return True
+    return True
+
+
+def check_takes_scale(closure: Callable[..., Any], method: str) -> None:
+    """A closure given with a scale must take it: say so before anything changes."""
+    if not takes_scale(closure):
+        raise TypeError(
+            f"{method}() was given a scale, so its closure is called as closure(S) and must "
+            "take the scale S to run its backward with (scaledoptim.scale_outputs(loss, S)."
+            "backward()); this closure takes no argument. Add the parameter, or pass "
+            "grads_scaled_by=None for an unscaled torch-style closure()."
         )
 
 

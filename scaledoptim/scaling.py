@@ -10,72 +10,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["ScalingConfig", "LossScale", "Stage", "ScalingState"]
+from .scale_config import ScalingConfig
+from .validation import is_float32_scale
+
+__all__ = ["ScalingConfig", "LossScale", "ScaleUpdate", "Stage", "ScalingState"]
 
 _FLOAT32 = torch.finfo(torch.float32)
-
-
-@dataclasses.dataclass(frozen=True)
-class ScalingConfig:
-    r"""Hyper-parameters of the dynamic loss scale.
-
-    The defaults give exactly :class:`torch.amp.GradScaler`'s sequence of scales: start at
-    ``2**16``, halve on every overflow, double after 2000 consecutive clean steps, never grow to
-    inf. ``min_scale`` defaults to the smallest normal float32 so that it never binds before
-    torch's scale would have underflowed.
-
-    Args:
-        init_scale: the scale before the first step.
-        growth_factor: multiplies the scale after ``growth_interval`` clean steps (> 1).
-        backoff_factor: multiplies the scale when an overflow is not tolerated (in (0, 1)).
-        growth_interval: consecutive clean steps before the scale grows.
-        hysteresis: consecutive overflows needed before the scale backs off; ``N`` tolerates
-            ``N - 1`` (DeepSpeed/Megatron semantics). Any clean step restores the allowance.
-        min_scale: the scale never backs off below this.
-        max_scale: the scale never grows above this.
-        max_replays: how many times a closure may be replayed with a smaller scale in one step
-            before :class:`ClosureReplayError` is raised.
-    """
-
-    init_scale: float = 2.0**16
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-    hysteresis: int = 1
-    min_scale: float = _FLOAT32.tiny
-    max_scale: float = _FLOAT32.max
-    max_replays: int = 32
-
-    def __post_init__(self) -> None:
-        def positive_finite(name: str) -> float:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"Invalid {name}: {value} (must be finite and > 0)")
-            return float(value)
-
-        def positive_int(name: str, minimum: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < minimum:
-                raise ValueError(f"Invalid {name}: {value} (must be >= {minimum})")
-
-        for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale", "max_scale"):
-            object.__setattr__(self, name, positive_finite(name))
-        positive_int("growth_interval", 1)
-        positive_int("hysteresis", 1)
-        positive_int("max_replays", 0)
-        if self.growth_factor <= 1.0:
-            raise ValueError(f"Invalid growth_factor: {self.growth_factor} (must be > 1)")
-        if self.backoff_factor >= 1.0:
-            raise ValueError(f"Invalid backoff_factor: {self.backoff_factor} (must be < 1)")
-        if not self.min_scale <= self.init_scale <= self.max_scale:
-            raise ValueError(
-                f"Invalid scale bounds: need min_scale <= init_scale <= max_scale, got "
-                f"{self.min_scale} <= {self.init_scale} <= {self.max_scale}"
-            )
 
 
 class LossScale:
@@ -94,6 +34,8 @@ class LossScale:
         self.hysteresis_tracker = torch.full((), config.hysteresis, dtype=torch.int32, device=device)
         self.sharers = 1
         self._round: set[int] = set()
+        # Sharers that called zero_grad() since the current round began (see end_round).
+        self._zeroed: set[int] = set()
         self._round_found_inf = torch.zeros((), dtype=torch.float32, device=device)
 
     @property
@@ -101,8 +43,9 @@ class LossScale:
         return self.scale.device
 
     def check_can_report(self, reporter: int) -> None:
-        """Raises if ``reporter`` already reported in the current round of a shared scale."""
-        if reporter in self._round:
+        """Raises if ``reporter`` already reported in the current round of a shared scale
+        (and no new iteration began since: see :meth:`end_round`)."""
+        if reporter in self._round and not self._abandoned():
             raise RuntimeError(
                 "This optimizer already unscaled in the current round of a shared loss scale, but "
                 f"only {len(self._round)} of the {self.sharers} optimizers sharing it did. Every "
@@ -111,19 +54,56 @@ class LossScale:
             )
 
     def report(
-        self, reporter: int, scaled_by: torch.Tensor, found_inf: torch.Tensor, *, force_backoff: bool
-    ) -> None:
-        """Records one optimizer's ``found_inf``; moves the scale once every sharer reported."""
+        self,
+        reporter: int,
+        scaled_by: torch.Tensor,
+        found_inf: torch.Tensor,
+        *,
+        force_backoff: bool,
+        defer: bool = False,
+    ) -> ScaleUpdate | None:
+        """Records one optimizer's ``found_inf``; moves the scale once every sharer reported.
+
+        With ``defer``, the move is returned as a :class:`ScaleUpdate` for the step's epilogue
+        kernel to apply (``None`` when this report does not complete the round).
+        """
         self.check_can_report(reporter)
         if self.sharers == 1:
-            self.update_(scaled_by, found_inf, force_backoff=force_backoff)
-            return
-        torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
-        self._round.add(reporter)
-        if len(self._round) == self.sharers:
-            self.update_(scaled_by, self._round_found_inf, force_backoff=force_backoff)
+            update = ScaleUpdate(self, scaled_by, found_inf, force_backoff)
+        else:
+            if reporter in self._round:  # check_can_report let it through: the round was abandoned
+                self._round_found_inf.zero_()
+                self._round.clear()
+                self._zeroed.clear()
+            torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
+            self._round.add(reporter)
+            if len(self._round) < self.sharers:
+                return None
+            # A copy: the round's flag is cleared now, before a deferred update reads it.
+            update = ScaleUpdate(self, scaled_by, self._round_found_inf.clone(), force_backoff)
             self._round_found_inf.zero_()
             self._round.clear()
+            self._zeroed.clear()
+        if defer:
+            return update
+        update.apply()
+        return None
+
+    def end_round(self, reporter: int) -> None:
+        """``reporter`` called ``zero_grad()``. Once every sharer has called it since a round
+        began, a new iteration has begun: the pending round was abandoned (an exception between
+        the sharers' unscales, say) and ends, unmoved, when a sharer that reported in it
+        reports again, instead of wedging every later iteration.
+
+        The round is not dropped at once: ``opt_g.step(); opt_g.zero_grad()`` before ``opt_d``
+        unscales is a common order, and its round must still count both; and one optimizer
+        unscaling twice while another never did stays an error.
+        """
+        if self._round:
+            self._zeroed.add(reporter)
+
+    def _abandoned(self) -> bool:
+        return len(self._zeroed) == self.sharers
 
     @torch.no_grad()
     def update_(
@@ -131,11 +111,25 @@ class LossScale:
     ) -> None:
         r"""Sets the scale recommended after a step whose grads were scaled by ``scaled_by``.
 
-        Sync-free: every branch is a ``torch.where`` on device. ``force_backoff`` ignores the
+        Sync-free. Note [scale update]: ``scaled_by * factor`` is computed in float64 and
+        rounded once to float32, as ``torch._amp_update_scale_`` does, so any factor gives
+        GradScaler's exact sequence. With GradScaler's semantics (hysteresis 1, no upper bound,
+        no forced backoff) this is ``torch._amp_update_scale_`` itself plus the ``min_scale``
+        clamp; otherwise a few ``torch.where``\ s. With hysteresis 1 the hysteresis tracker is
+        never written (it stays 1: nothing is tolerated either way). ``force_backoff`` ignores the
         hysteresis allowance (closure replay: replaying the same batch at the same scale would
-        overflow again).
+        overflow again). ``cuda/step_epilogue.cu`` implements the same rules.
         """
         c = self.config
+        if c.hysteresis == 1 and not force_backoff and c.max_scale == _FLOAT32.max:
+            if scaled_by is not self.scale:
+                self.scale.copy_(scaled_by)
+            torch._amp_update_scale_(
+                self.scale, self.growth_tracker, found_inf,
+                c.growth_factor, c.backoff_factor, c.growth_interval,
+            )  # fmt: skip
+            self.scale.clamp_(min=c.min_scale)
+            return
         overflow = found_inf > 0
         hysteresis_left = torch.where(
             overflow, (self.hysteresis_tracker - 1).clamp_(min=0), c.hysteresis
@@ -143,13 +137,15 @@ class LossScale:
         back_off = overflow if force_backoff else overflow & (hysteresis_left <= 0)
         clean_steps = self.growth_tracker + 1
         grow = ~overflow & (clean_steps >= c.growth_interval)
-        grown = scaled_by * c.growth_factor
+        wide = scaled_by.double()
+        grown = (wide * c.growth_factor).float()
         grown = torch.where(torch.isfinite(grown), grown.clamp(max=c.max_scale), scaled_by)
-        backed_off = (scaled_by * c.backoff_factor).clamp_(min=c.min_scale)
+        backed_off = (wide * c.backoff_factor).float().clamp_(min=c.min_scale)
         new_scale = torch.where(back_off, backed_off, torch.where(grow, grown, scaled_by))
         self.scale.copy_(new_scale)
         self.growth_tracker.copy_(torch.where(overflow | grow, 0, clean_steps))
-        self.hysteresis_tracker.copy_(hysteresis_left)
+        if c.hysteresis > 1:
+            self.hysteresis_tracker.copy_(hysteresis_left)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume bit for bit: tensors are cloned, config is plain data."""
@@ -191,10 +187,12 @@ class LossScale:
                 )
             values[name] = value.detach().reshape(()).to("cpu", torch.float64).item()
         scale = values["scale"]
-        if not (math.isfinite(scale) and config.min_scale <= scale <= config.max_scale):
+        in_bounds = config.min_scale <= scale <= config.max_scale
+        if not (math.isfinite(scale) and in_bounds and is_float32_scale(scale)):
             raise ValueError(
-                f"Corrupt loss_scale state: scale {scale} is not finite or outside "
-                f"[min_scale={config.min_scale}, max_scale={config.max_scale}]"
+                f"Corrupt loss_scale state: scale {scale} is not finite and > 0 in float32 "
+                f"with a finite float32 reciprocal, or outside [min_scale={config.min_scale}, "
+                f"max_scale={config.max_scale}]"
             )
         # A tracker beyond its config would grow the scale early or tolerate too many overflows.
         limits = {"growth_tracker": config.growth_interval - 1, "hysteresis_tracker": config.hysteresis}
@@ -209,6 +207,21 @@ class LossScale:
         loss_scale.growth_tracker.fill_(int(values["growth_tracker"]))
         loss_scale.hysteresis_tracker.fill_(int(values["hysteresis_tracker"]))
         return loss_scale
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleUpdate:
+    """A move of ``loss_scale`` decided by a round of reports, not yet applied: the step's
+    epilogue kernel applies it on the kernel backend (one launch instead of several ops)."""
+
+    loss_scale: LossScale
+    scaled_by: torch.Tensor
+    found_inf: torch.Tensor
+    force_backoff: bool
+
+    def apply(self) -> None:
+        """Applies it with torch ops (Note [scale update])."""
+        self.loss_scale.update_(self.scaled_by, self.found_inf, force_backoff=self.force_backoff)
 
 
 class Stage(enum.Enum):

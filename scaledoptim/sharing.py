@@ -13,8 +13,10 @@ __all__ = ["share_scale"]
 def share_scale(*optimizers: Optimizer) -> torch.Tensor:
     r"""Makes several optimizers share one dynamic loss scale; returns it.
 
-    The first optimizer's configuration is used and the shared scale starts from its
-    ``init_scale``. Each optimizer still skips its own step when *its* grads overflow (as
+    The shared scale continues the first optimizer's: its configuration, its current scale and
+    its growth and hysteresis trackers. So a run resumes bit for bit when each optimizer loads
+    its checkpoint first and ``share_scale`` is called after (the optimizers saved the same
+    shared scale). Each optimizer still skips its own step when *its* grads overflow (as
     :class:`torch.amp.GradScaler` does); the scale moves once per iteration, after every
     optimizer has called :meth:`Optimizer.unscale` (or :meth:`Optimizer.unscale_and_step`),
     backing off if any of them found inf/nan.
@@ -37,7 +39,10 @@ def share_scale(*optimizers: Optimizer) -> torch.Tensor:
     devices = {opt._params_device() for opt in optimizers}
     if len(devices) > 1:
         raise RuntimeError(f"Optimizers sharing a scale must share a device, got {devices}")
-    shared = LossScale(optimizers[0]._scaling().loss_scale.config, devices.pop())
+    first = optimizers[0]._scaling().loss_scale
+    shared = LossScale(first.config, devices.pop())
+    for name in ("scale", "growth_tracker", "hysteresis_tracker"):  # on device: no host read
+        getattr(shared, name).copy_(getattr(first, name))
     shared.sharers = len(optimizers)
     for opt in optimizers:
         process_group = opt._scaling().process_group

@@ -11,6 +11,22 @@ import torch
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_during_capture(what: str) -> None:
+    """Raises if a CUDA graph is being captured: ``what`` would be recorded once and replayed
+    wrong, or would sync."""
+    if capturing():
+        raise RuntimeError(
+            f"{what} cannot happen inside CUDA graph capture. Take one eager step first (it "
+            "creates the optimizer state and compiles the kernels), pass opt.scale (or a Python "
+            "float) as the scale, then capture."
+        )
+
+
 def as_scale_tensor(
     scale: torch.Tensor | float, device: torch.device, *, trusted: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -33,6 +49,7 @@ def as_scale_tensor(
             )
         if scale is trusted:
             return scale
+        refuse_during_capture("Validating a scale tensor other than opt.scale (a host read)")
         as_float32 = scale.detach().reshape(()).to(torch.float32)
         _check_scale_value(as_float32.to("cpu", torch.float64).item())
         return as_float32
@@ -52,17 +69,47 @@ def _to_float32(value: float) -> float:
         return math.inf
 
 
+def is_float32_scale(value: float) -> bool:
+    """Whether ``value``, rounded to float32, is a usable loss scale: finite, > 0 and with a
+    finite float32 reciprocal (a scale of 1e300 is inf in float32, one of 1e-300 is 0, and
+    1e-45's reciprocal is inf). Roughly ``[1.2e-38, 3.4e38]``: the normal float32 range."""
+    as_float32 = _to_float32(float(value))
+    return math.isfinite(as_float32) and as_float32 > 0 and 1.0 / as_float32 <= _FLOAT32_MAX
+
+
 def _check_scale_value(as_float32: float, given: float | None = None) -> None:
-    """The scale is used as a float32 and unscaled by its float32 reciprocal: both must be finite
-    and > 0 (a scale of 1e300 is inf in float32, one of 1e-300 is 0, and 1e-45's reciprocal is inf).
-    """
-    if not (math.isfinite(as_float32) and as_float32 > 0 and 1.0 / as_float32 <= _FLOAT32_MAX):
+    """The scale is used as a float32 and unscaled by its float32 reciprocal: see
+    :func:`is_float32_scale`."""
+    if not is_float32_scale(as_float32):
         shown = as_float32 if given is None else given
         raise ValueError(
             f"Invalid loss scale {shown}: the scale must be finite and > 0 in float32, and so must "
             "its reciprocal. Use the scale returned by unscale()/unscale_and_step() (or "
             "opt.scale), which always is."
         )
+
+
+def hyperparameter(name: str, value: object) -> object:
+    """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
+    current value (torch.optim accepts tensor ``lr`` and ``betas``; a scheduler updates the tensor
+    in place, and reading a CPU tensor costs no device sync). Anything else is returned as is.
+
+    Raises:
+        ValueError: a tensor with more than one element (torch's message).
+        TypeError: a tensor on another device than the CPU: our kernels take hyper-parameters
+            by value at launch, so reading it would sync the device on every step.
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.numel() != 1:
+        raise ValueError(f"Tensor {name} must be 1-element")
+    if value.device.type != "cpu":
+        raise TypeError(
+            f"{name} is a tensor on {value.device}; scaledoptim's fused optimizers read "
+            "hyper-parameters on the host at each step, which would sync the device every step. "
+            f"Pass a float or a CPU tensor ({name}=torch.tensor(x)); schedulers update either."
+        )
+    return value.item()
 
 
 def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> None:

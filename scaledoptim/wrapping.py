@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,8 +35,21 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
     return type(  # type: ignore[return-value]
         optimizer_class.__name__,
         (optimizer_class, Optimizer),
-        {"__module__": __name__, "__doc__": optimizer_class.__doc__},
+        {"__module__": __name__, "__doc__": optimizer_class.__doc__, "__reduce_ex__": _reduce_ex},
     )
+
+
+def _reduce_ex(self: Optimizer, protocol: int) -> tuple[Any, ...]:
+    # A generated class has no importable name, so pickle (and copy, torch.save) rebuild its
+    # instances from the class it was made from: with_scaling() returns the same class again.
+    base = type(self).__mro__[1]
+    return _new_scaled, (base,), self.__getstate__()
+
+
+def _new_scaled(optimizer_class: type[torch.optim.Optimizer]) -> Optimizer:
+    """An empty instance of ``with_scaling(optimizer_class)`` for unpickling to fill."""
+    cls = with_scaling(optimizer_class)
+    return cls.__new__(cls)
 
 
 def patch_optimizer(optimizer: _O) -> _O:

@@ -58,6 +58,20 @@ def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(x).float(), y.float())
 
 
+def ready_with_pending_backward(case: OptimizerCase, growth_interval: int = 5):
+    """A model and optimizer (hysteresis 2) two steps in, with a scaled backward pending."""
+    model = make_model()
+    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(
+        hysteresis=2, growth_interval=growth_interval
+    )
+    for step in range(3):
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+        if step < 2:
+            opt.unscale_and_step(grads_scaled_by=opt.scale)
+    return model, opt
+
+
 def snapshot(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor the optimizer owns or updates: params, per-param state, the loss scale.
 

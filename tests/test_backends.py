@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -29,6 +31,7 @@ def test_select_follows_the_environment_and_cupy(monkeypatch, mode, cupy, expect
     else:
         monkeypatch.setenv("SCALEDOPTIM_KERNELS", mode)
     monkeypatch.setattr(backends, "_cupy_installed", lambda: cupy)
+    monkeypatch.setattr(backends, "kernel_problem", lambda device: None)  # kernels work there
     for device, backend in expected.items():
         assert backends.select(device) is backend
 
@@ -43,12 +46,12 @@ def test_emulation_switch_sends_the_step_through_the_kernel_launcher(monkeypatch
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
     launched = []
     run = launcher.PreparedLaunch.run
-    monkeypatch.setattr(launcher.PreparedLaunch, "run", lambda self, a: (launched.append(self.kernel.name), run(self, a)))
+    monkeypatch.setattr(launcher.PreparedLaunch, "run", lambda self, *a, **k: (launched.append(self.kernel.name), run(self, *a, **k)))
     model = torch.nn.Linear(4, 2)
     opt = scaledoptim.AdamW(model.parameters())
     scaledoptim.scale_outputs(model(torch.randn(3, 4)).sum(), opt.scale).backward()
     opt.unscale_and_step(grads_scaled_by=opt.scale)
-    assert launched == ["non_finite_check_kernel", "adam_kernel", "advance_steps_kernel"]
+    assert launched == ["non_finite_check_kernel", "adam_kernel", "step_epilogue_kernel"]
 
 
 def test_kernels_fold_the_unscale_into_the_update_and_leave_grads_scaled(monkeypatch) -> None:
@@ -71,3 +74,57 @@ def test_kernels_fold_the_unscale_into_the_update_and_leave_grads_scaled(monkeyp
     assert emulated_kept and not native_kept
     for a, b in zip(emulated, native):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("overflow", [False, True])
+def test_a_kernel_step_is_three_launches(monkeypatch, groups, overflow) -> None:
+    """One read-only check, one update per argument table, one epilogue that advances the
+    counters and moves the scale (no torch op touches the scale)."""
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    param_groups = [{"params": list(m.parameters())} for m in model] if groups == 2 else model.parameters()
+    opt = scaledoptim.AdamW(param_groups).configure_scaling(init_scale=2.0**10, growth_interval=1)
+    scaledoptim.scale_outputs(model(torch.randn(5, 4)).sum(), opt.scale).backward()
+    if overflow:
+        model[0].bias.grad[0] = float("nan")
+    launches = []
+    real_launch = launcher.emulator.launch
+    monkeypatch.setattr(launcher.emulator, "launch", lambda kernel, *a: (launches.append(kernel.name), real_launch(kernel, *a)))
+    monkeypatch.setattr(scaledoptim.scaling.LossScale, "update_", lambda *a, **k: pytest.fail("scale moved by torch ops"))
+    _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
+    assert launches == ["non_finite_check_kernel", *["adam_kernel"] * groups, "step_epilogue_kernel"]
+    assert S.item() == (2.0**9 if overflow else 2.0**11) and found_inf.item() == float(overflow)
+
+
+def test_kernels_that_cannot_run_fall_back_to_torch_with_one_warning(monkeypatch) -> None:
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    monkeypatch.setattr(backends, "_cupy_installed", lambda: True)
+    monkeypatch.setattr(backends, "kernel_problem", lambda device: "CompileException: no NVRTC")
+    monkeypatch.setattr(backends, "_warned", set())
+    with pytest.warns(RuntimeWarning, match=r"cannot run on cuda:0 \(CompileException: no NVRTC\).*scaledoptim\[cuda12\]"):
+        assert backends.select(CUDA) is backends.TORCH_NATIVE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per device
+        assert backends.select(CUDA) is backends.TORCH_NATIVE
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "cupy")  # forced: no fallback, errors surface
+    assert backends.select(CUDA) is backends.KERNELS
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "torch")
+    assert backends.select(CUDA) is backends.TORCH_NATIVE
+
+
+def test_the_probe_reports_why_the_kernels_cannot_run(monkeypatch) -> None:
+    """The probe itself, on the CPU (through the emulator): it passes, and a launch that raises
+    becomes the warning's reason."""
+    backends.kernel_problem.cache_clear()
+    assert backends.kernel_problem(CPU) is None
+    backends.kernel_problem.cache_clear()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version\nmore")
+
+    monkeypatch.setattr("scaledoptim.kernels.builtin.non_finite_check_", broken)
+    try:
+        assert backends.kernel_problem(CPU) == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
+    finally:
+        backends.kernel_problem.cache_clear()

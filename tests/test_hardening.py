@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import scaledoptim
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
+from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, ready_with_pending_backward, snapshot
 
 OPTIMIZERS = [CASES[0], CASES[5]]  # adamw, sgd-momentum-wd
 NOOP: Callable[[Any, Any], None] = lambda model, opt: None  # noqa: E731
@@ -35,15 +35,7 @@ class Bad:
 
 
 def _ready(case):
-    """A model and optimizer two steps in, with a scaled backward pending."""
-    model = make_model()
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(hysteresis=2, growth_interval=5)
-    for step in range(3):
-        opt.zero_grad()
-        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
-        if step < 2:
-            opt.unscale_and_step(grads_scaled_by=opt.scale)
-    return model, opt
+    return ready_with_pending_backward(case, growth_interval=5)
 
 
 def _closure(model, opt, *, overflow=False, touch_params=False):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import scaledoptim
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
+from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, ready_with_pending_backward, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
@@ -197,15 +197,7 @@ FAILURES = [
 
 
 def _ready(case):
-    """Two steps in (state exists), a scaled backward pending."""
-    model = make_model()
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(hysteresis=2, growth_interval=3)
-    for step in range(3):
-        opt.zero_grad()
-        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
-        if step < 2:
-            opt.unscale_and_step(grads_scaled_by=opt.scale)
-    return model, opt
+    return ready_with_pending_backward(case, growth_interval=3)
 
 
 def _everything(model, opt) -> tuple[list[torch.Tensor], Any]:

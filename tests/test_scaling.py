@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -19,8 +20,8 @@ def f32(x: float) -> float:
 def python_model(config: ScalingConfig, overflows: list[bool], force: list[bool]) -> list[float]:
     """The state machine as plain Python: the spec the device version is held to.
 
-    Products of two float32 values are exact in float64, so rounding them once gives float32
-    arithmetic, as on the device.
+    ``scale * factor`` is computed in float64 and rounded once to float32, as
+    ``torch._amp_update_scale_`` does (Note [scale update]).
     """
     scale, growth, hysteresis = f32(config.init_scale), 0, config.hysteresis
     out = []
@@ -29,12 +30,12 @@ def python_model(config: ScalingConfig, overflows: list[bool], force: list[bool]
             hysteresis = max(hysteresis - 1, 0)
             growth = 0
             if forced or hysteresis <= 0:
-                scale = max(f32(scale * f32(config.backoff_factor)), f32(config.min_scale))
+                scale = max(f32(scale * config.backoff_factor), f32(config.min_scale))
         else:
             hysteresis = config.hysteresis
             growth += 1
             if growth >= config.growth_interval:
-                grown = f32(scale * f32(config.growth_factor))
+                grown = f32(scale * config.growth_factor)
                 if math.isfinite(grown):
                     scale = min(grown, f32(config.max_scale))
                 growth = 0
@@ -81,6 +82,28 @@ def test_defaults_reproduce_torch_amp_update_scale(overflows, interval) -> None:
         torch._amp_update_scale_(scale, tracker, torch.tensor(float(overflow)), 2.0, 0.5, interval)
         expected.append(scale.item())
     assert device_sequence(config, overflows, [False] * len(overflows)) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    overflows=st.lists(st.booleans(), max_size=60),
+    interval=st.integers(1, 4),
+    growth=st.sampled_from([1.5, 1.1, 3.0, 2.0]),
+    backoff=st.sampled_from([0.9, 0.3, 0.75, 0.5]),
+    init=st.sampled_from([2.0**16, 1000.0, 3.3e37]),
+)
+def test_any_factors_reproduce_torch_amp_update_scale(overflows, interval, growth, backoff, init) -> None:
+    """Non-power-of-two factors: the same float64-product-rounded-once as GradScaler, hysteresis
+    1 (torch's fast path) and hysteresis 2 with no overflow streaks (the general path)."""
+    scale, tracker = torch.tensor(init), torch.tensor(0, dtype=torch.int32)
+    expected = []
+    for overflow in overflows:
+        torch._amp_update_scale_(scale, tracker, torch.tensor(float(overflow)), growth, backoff, interval)
+        expected.append(scale.item())
+    config = ScalingConfig(init_scale=init, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+    assert device_sequence(config, overflows, [False] * len(overflows)) == expected
+    bounded = dataclasses.replace(config, max_scale=3.4e38)  # takes the general path
+    assert device_sequence(bounded, overflows, [False] * len(overflows)) == [min(s, f32(3.4e38)) for s in expected]
 
 
 def test_scale_never_grows_to_inf() -> None:

@@ -10,11 +10,15 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from ..optim.fused import FusedOptimizer
+    from ..scaling import ScaleUpdate
 
 #: ``update(found_inf, inv_scale)`` runs one prepared group update (Note [found_inf contract]):
 #: nothing changes when ``found_inf`` is non-zero; ``inv_scale`` (or ``None``) is applied to the
 #: grads in registers by a backend that :attr:`Backend.folds_unscale`.
 PreparedUpdate = Callable[[Tensor | None, Tensor | None], None]
+#: ``epilogue(found_inf, scale_update)`` ends a step: advances what the updates left to it and
+#: applies ``scale_update`` (a :class:`~scaledoptim.scaling.ScaleUpdate`, or ``None``).
+PreparedEpilogue = Callable[[Tensor | None, "ScaleUpdate | None"], None]
 
 
 class Backend(abc.ABC):
@@ -25,16 +29,38 @@ class Backend(abc.ABC):
         folds_unscale: whether the update multiplies scaled grads by ``inv_scale`` in
             registers, so that ``unscale_and_step`` only needs a read-only check of the grads
             (they stay scaled) instead of an in-place unscale.
+        applies_scale_update: whether the step's epilogue moves the loss scale (in the same
+            launch that advances the step counters) rather than torch ops before the step.
     """
 
     name: str
     folds_unscale: bool
+    applies_scale_update: bool
+
+    def supports(self, param: Tensor) -> bool:
+        """Whether this backend can update ``param`` (the plan sends others to torch's ops)."""
+        return True
 
     @abc.abstractmethod
-    def check_(self, grads: Sequence[Tensor], found_inf: Tensor) -> None:
-        """Sets ``found_inf`` to 1.0 if any grad holds inf/nan; reads the grads only.
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        """Sets ``found_inf`` to 1.0 if any of ``grads`` holds inf/nan; reads them only."""
 
-        Only called on a backend that :attr:`folds_unscale`. ``grads`` are dense.
+    @abc.abstractmethod
+    def unscale_for_update_(
+        self,
+        grad_lists: list[list[Tensor]],
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
+    ) -> Tensor | None:
+        """Checks the grads of a prepared step for inf/nan into ``found_inf``, unscaling them
+        unless the update folds the unscale in; returns the ``inv_scale`` the updates must still
+        apply (``None``: the grads they read are unscaled).
+
+        ``grad_lists`` are the lists given to :meth:`prepare`, one per group, dense and in their
+        params' layout; a backend may replace their entries (e.g. by unscaled fp32 copies).
+        ``checked``: ids of grads already folded into ``found_inf`` (Note [overlapped overflow
+        check]); a backend that only checks may skip them.
         """
 
     @abc.abstractmethod
@@ -57,3 +83,7 @@ class Backend(abc.ABC):
         Raises:
             ValueError, TypeError: when the tensors cannot run on this backend.
         """
+
+    @abc.abstractmethod
+    def prepare_epilogue(self, steps: list[Tensor]) -> PreparedEpilogue:
+        """Validates the end of a step over every group's step counters; changes nothing."""

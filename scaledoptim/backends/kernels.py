@@ -4,26 +4,46 @@ inf/nan check and once for the update, and never written."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
 
-from ..kernels.builtin import AdvanceStepsArgs, non_finite_check_, prepare_advance_steps
-from ..kernels.launcher import prepare_launch, scalar_pointer
-from .base import Backend, PreparedUpdate
+from ..kernels.builtin import STEP_EPILOGUE, StepEpilogueArgs, non_finite_check_
+from ..kernels.launcher import is_dense, prepare_launch, scalar_pointer
+from ..kernels.spec import CUDA_TYPE_NAMES
+from ..scaling import ScaleUpdate
+from .base import Backend, PreparedEpilogue, PreparedUpdate
 
 __all__ = ["KERNELS", "KernelBackend"]
 
 
 class KernelBackend(Backend):
-    """Launches the optimizer's ``kernel`` with its ``_kernel_args``, then the step counters."""
+    """Three launches a step: the read-only check, the optimizer's ``kernel`` with its
+    ``_kernel_args`` (one per argument table), and the epilogue that advances every step
+    counter and moves the loss scale."""
 
     name = "kernels"
     folds_unscale = True
+    applies_scale_update = True
 
-    def check_(self, grads: Sequence[Tensor], found_inf: Tensor) -> None:
-        non_finite_check_(grads, found_inf)
+    def supports(self, param: Tensor) -> bool:
+        return param.dtype in CUDA_TYPE_NAMES  # float32, float16, bfloat16
+
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        non_finite_check_([g if is_dense(g) else g.contiguous() for g in grads], found_inf)
+
+    def unscale_for_update_(
+        self,
+        grad_lists: list[list[Tensor]],
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
+    ) -> Tensor:
+        # One read-only check over every group's grads; the updates unscale in registers.
+        non_finite_check_(
+            [g for grads in grad_lists for g in grads if id(g) not in checked], found_inf
+        )
+        return inv_scale
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
         device = tensor_lists[0][0].device
@@ -35,15 +55,46 @@ class KernelBackend(Backend):
 
             return run_launches
         update = prepare_launch(optimizer.kernel, tensor_lists)
-        advance = prepare_advance_steps(tensor_lists[-1])
 
         def run(found_inf: Tensor | None, inv_scale: Tensor | None) -> None:
             found = scalar_pointer(found_inf, "found_inf", device)
-            inv = scalar_pointer(inv_scale, "inv_scale", device)
-            update.run(optimizer._kernel_args(group, found, inv))
-            advance.run(AdvanceStepsArgs(found))  # Note [step counters]: after the update
+            update.run(optimizer._kernel_args(group, found, scalar_pointer(inv_scale, "inv_scale", device)))
 
         return run
+
+    def prepare_epilogue(self, steps: list[Tensor]) -> PreparedEpilogue:
+        epilogue = prepare_launch(STEP_EPILOGUE, [steps])
+
+        def run(found_inf: Tensor | None, scale_update: ScaleUpdate | None) -> None:
+            if not steps:  # nothing to launch over: the scale moves with torch ops
+                if scale_update is not None:
+                    scale_update.apply()
+                return
+            found = scalar_pointer(found_inf, "found_inf", steps[0].device)
+            counters_only = StepEpilogueArgs(found_inf=found)
+            first = counters_only if scale_update is None else _epilogue_args(found, scale_update)
+            epilogue.run(first, later_args=counters_only)  # the scale moves once
+
+        return run
+
+
+def _epilogue_args(found_inf: int | None, update: ScaleUpdate) -> StepEpilogueArgs:
+    scale, config = update.loss_scale, update.loss_scale.config
+    return StepEpilogueArgs(
+        found_inf=found_inf,
+        scale_found_inf=update.found_inf.data_ptr(),
+        scaled_by=update.scaled_by.data_ptr(),
+        scale=scale.scale.data_ptr(),
+        growth_tracker=scale.growth_tracker.data_ptr(),
+        hysteresis_tracker=scale.hysteresis_tracker.data_ptr(),
+        growth_factor=config.growth_factor,
+        backoff_factor=config.backoff_factor,
+        min_scale=config.min_scale,
+        max_scale=config.max_scale,
+        growth_interval=config.growth_interval,
+        hysteresis=config.hysteresis,
+        force_backoff=update.force_backoff,
+    )
 
 
 KERNELS = KernelBackend()

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from ..kernels.rounding import ROUNDING_LISTS
 from ..optim.rounding import stochastic_round_
-from .base import Backend, PreparedUpdate
+from ..scaling import ScaleUpdate
+from .base import Backend, PreparedEpilogue, PreparedUpdate
 
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "advance_steps_", "copy_unless_skipped_", "unscale_in_place_"]
 
@@ -34,9 +35,29 @@ class TorchNativeBackend(Backend):
 
     name = "torch"
     folds_unscale = False
+    applies_scale_update = False
 
-    def check_(self, grads: Sequence[Tensor], found_inf: Tensor) -> None:
-        raise RuntimeError("the torch-native backend unscales in place; it has no read-only check")
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        for grad in grads:
+            torch.maximum(found_inf, grad.isfinite().logical_not().any().float(), out=found_inf)
+
+    def unscale_for_update_(
+        self,
+        grad_lists: list[list[Tensor]],
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
+    ) -> None:
+        # Every grad is unscaled, so every grad is checked (``checked`` saves nothing here).
+        # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
+        # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
+        # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
+        for grads in grad_lists:
+            for i, grad in enumerate(grads):
+                if grad.dtype in _LOW_PRECISION:
+                    grads[i] = grad.float()
+        unscale_in_place_([g for grads in grad_lists for g in grads], found_inf, inv_scale)
+        return None
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
         params, grads, *state_lists, steps = tensor_lists
@@ -55,6 +76,14 @@ class TorchNativeBackend(Backend):
                 torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
 
         return update
+
+    def prepare_epilogue(self, steps: list[Tensor]) -> PreparedEpilogue:
+        # ``_torch_update`` advanced the counters; a scale update arrives only if deferred.
+        def run(found_inf: Tensor | None, scale_update: ScaleUpdate | None) -> None:
+            if scale_update is not None:
+                scale_update.apply()
+
+        return run
 
 
 def _split_rounding_lists(optimizer, state_lists: list[list[Tensor]]) -> tuple[list[Tensor], list[Tensor]]:
@@ -78,12 +107,22 @@ def copy_unless_skipped_(dst: Sequence[Tensor], src: Sequence[Tensor], found_inf
 
 def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
     """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan (torch's op, grouped
-    by dtype as it requires)."""
+    by dtype as it requires).
+
+    torch checks the grads before multiplying, so 16-bit grads are checked again after: at a
+    scale below 1 an unscaled fp16 value can exceed the dtype's range, and that is an overflow.
+    """
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     for grad in grads:
         by_dtype.setdefault(grad.dtype, []).append(grad)
-    for same_dtype in by_dtype.values():
+    for dtype, same_dtype in by_dtype.items():
         torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
+        if dtype in _LOW_PRECISION:
+            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, _one(found_inf))
+
+
+def _one(like: Tensor) -> Tensor:
+    return torch.ones((), dtype=torch.float32, device=like.device)
 
 
 def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from .adagrad import ADAGRAD, AdagradArgs, adagrad_, adagrad_args
 from .adam import ADAM, AdamArgs, adam_, adam_args
 from .builtin import (
-    ADVANCE_STEPS,
     NON_FINITE_CHECK,
-    AdvanceStepsArgs,
+    STEP_EPILOGUE,
     NonFiniteCheckArgs,
+    StepEpilogueArgs,
     non_finite_check_,
 )
 from .config import LaunchConfig, launch_config
@@ -28,7 +28,7 @@ from .spec import MultiTensorKernel
 #: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
 BUILTIN_KERNELS = (
     NON_FINITE_CHECK,
-    ADVANCE_STEPS,
+    STEP_EPILOGUE,
     ADAM,
     SGD,
     LION,
@@ -41,7 +41,6 @@ BUILTIN_KERNELS = (
 __all__ = [
     "ADAGRAD",
     "ADAM",
-    "ADVANCE_STEPS",
     "BUILTIN_KERNELS",
     "CUDA_SOURCE_DIR",
     "LAMB",
@@ -51,9 +50,9 @@ __all__ = [
     "NON_FINITE_CHECK",
     "ROUNDING_LISTS",
     "SGD",
+    "STEP_EPILOGUE",
     "AdagradArgs",
     "AdamArgs",
-    "AdvanceStepsArgs",
     "KernelCompileError",
     "LambArgs",
     "LambNormArgs",
@@ -63,6 +62,7 @@ __all__ = [
     "NonFiniteCheckArgs",
     "PreparedLaunch",
     "SgdArgs",
+    "StepEpilogueArgs",
     "adagrad_",
     "adagrad_args",
     "adam_",

@@ -1,4 +1,5 @@
-"""The kernels every fused optimizer shares: the read-only inf/nan check and the step counters."""
+"""The kernels every fused optimizer shares: the read-only inf/nan check, and the step epilogue
+that advances the step counters and moves the loss scale."""
 
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 __all__ = [
-    "ADVANCE_STEPS",
     "NON_FINITE_CHECK",
-    "AdvanceStepsArgs",
+    "STEP_EPILOGUE",
     "NonFiniteCheckArgs",
+    "StepEpilogueArgs",
     "non_finite_check_",
-    "prepare_advance_steps",
 ]
 
 
@@ -27,10 +27,24 @@ class NonFiniteCheckArgs(ctypes.Structure):
     _fields_ = [("found_inf", ctypes.c_void_p)]
 
 
-class AdvanceStepsArgs(ctypes.Structure):
-    """Mirror of ``AdvanceStepsArgs`` in cuda/advance_steps.cu."""
+class StepEpilogueArgs(ctypes.Structure):
+    """Mirror of ``StepEpilogueArgs`` in cuda/step_epilogue.cu."""
 
-    _fields_ = [("found_inf", ctypes.c_void_p)]
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("scale_found_inf", ctypes.c_void_p),
+        ("scaled_by", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("growth_tracker", ctypes.c_void_p),
+        ("hysteresis_tracker", ctypes.c_void_p),
+        ("growth_factor", ctypes.c_double),
+        ("backoff_factor", ctypes.c_double),
+        ("min_scale", ctypes.c_float),
+        ("max_scale", ctypes.c_float),
+        ("growth_interval", ctypes.c_int),
+        ("hysteresis", ctypes.c_int),
+        ("force_backoff", ctypes.c_int),
+    ]
 
 
 NON_FINITE_CHECK = MultiTensorKernel(
@@ -40,11 +54,11 @@ NON_FINITE_CHECK = MultiTensorKernel(
     NonFiniteCheckArgs,
     dtype_lists=(0,),
 )
-ADVANCE_STEPS = MultiTensorKernel(
-    CUDA_SOURCE_DIR / "advance_steps.cu",
-    "advance_steps_kernel",
+STEP_EPILOGUE = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "step_epilogue.cu",
+    "step_epilogue_kernel",
     ("steps",),
-    AdvanceStepsArgs,
+    StepEpilogueArgs,
 )
 
 
@@ -58,9 +72,3 @@ def non_finite_check_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
         return
     found = scalar_pointer(found_inf, "found_inf", tensors[0].device)
     launch(NON_FINITE_CHECK, [tensors], NonFiniteCheckArgs(found))
-
-
-def prepare_advance_steps(steps: Sequence[Tensor]) -> PreparedLaunch:
-    """The launch that adds 1 to every step counter unless ``found_inf`` is set (Note [step
-    counters]); run it with ``AdvanceStepsArgs(found_inf_pointer)`` after the update."""
-    return prepare_launch(ADVANCE_STEPS, [steps])

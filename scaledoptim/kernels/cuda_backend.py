@@ -34,6 +34,11 @@ def _function(kernel: MultiTensorKernel, instantiation: str, device_index: int) 
     key = (kernel, instantiation, device_index)
     function = _functions.get(key)
     if function is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{kernel.name} would be compiled and loaded inside CUDA graph capture, which "
+                "breaks the capture; take one eager step first, then capture"
+            )
         cupy = _import_cupy()
         with cupy.cuda.Device(device_index):
             module = _modules.get((kernel, device_index))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .builtin import AdvanceStepsArgs, prepare_advance_steps
+from .builtin import STEP_EPILOGUE, StepEpilogueArgs
 from .launcher import prepare_launch, scalar_pointer
 from .rounding import ROUNDING_LISTS, rounding_lists
 from .sources import CUDA_SOURCE_DIR
@@ -116,7 +116,6 @@ class LambLaunches:
         self.norm_grads = norm_grads
         self.moments = prepare_launch(LAMB_NORMS, tensor_lists)
         self.update = prepare_launch(LAMB, tensor_lists)
-        self.advance = prepare_advance_steps(tensor_lists[-1])
         self.norm_pointer = scalar_pointer(grad_norm_sq, "grad_norm_sq", self.device)
 
     def run_before_update(self, found: int | None, inv: int | None) -> None:
@@ -130,11 +129,11 @@ class LambLaunches:
         torch._foreach_zero_(self.scratch)
 
     def run(self, args: LambArgs) -> None:
-        """Every launch of the step, the update's ``args`` given."""
+        """Every launch of the update, the update's ``args`` given; the step counters are left
+        to the step's epilogue (Note [step counters])."""
         self.run_before_update(args.found_inf, args.inv_scale)
         self.moments.run(args)
         self.update.run(args)
-        self.advance.run(AdvanceStepsArgs(args.found_inf))
 
 
 def lamb_(
@@ -148,6 +147,7 @@ def lamb_(
     inv_scale: Tensor | None,
     master_params: Sequence[Tensor] = (),
     sr_seeds: Sequence[Tensor] = (),
+    norms_sq: tuple[Sequence[Tensor], Sequence[Tensor]] | None = None,
     **options: float | bool,
 ) -> None:
     r"""One fused LAMB step over all tensors (Apex FusedLAMB's semantics), with no host sync.
@@ -163,12 +163,14 @@ def lamb_(
         inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
         master_params, sr_seeds: the param rounding lists (see
             :func:`scaledoptim.kernels.rounding.rounding_lists`), empty to round to nearest.
+        norms_sq: two lists of 0-dim float32 scratch tensors (one per param each) receiving
+            the squared norms of params and updates, or ``None`` to allocate them.
         options: the keyword arguments of :func:`lamb_args` but the pointers.
     """
     if not params:
         return
     device = params[0].device
-    norms = [[torch.zeros((), device=device) for _ in params] for _ in range(2)]
+    norms = norms_sq or [[torch.zeros((), device=device) for _ in params] for _ in range(2)]
     lists = [
         params,
         grads,
@@ -180,6 +182,8 @@ def lamb_(
     ]
     grad_norm_sq = torch.zeros((), device=device)
     launches = LambLaunches(lists, grads, grad_norm_sq)
+    epilogue = prepare_launch(STEP_EPILOGUE, [steps])
     found = scalar_pointer(found_inf, "found_inf", device)
     inv = scalar_pointer(inv_scale, "inv_scale", device)
     launches.run(lamb_args(found, inv, launches.norm_pointer, **options))
+    epilogue.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update

@@ -35,18 +35,22 @@ class PreparedLaunch:
     device: torch.device
     plans: tuple[tuple[str, PlannedLaunch], ...]
 
-    def run(self, args: ctypes.Structure) -> None:
-        """Launches with scalar arguments ``args`` (an instance of ``kernel.args_type``).
+    def run(self, args: ctypes.Structure, later_args: ctypes.Structure | None = None) -> None:
+        """Launches with scalar arguments ``args`` (an instance of ``kernel.args_type``), or
+        ``later_args`` for every launch but the first when the tensors need several tables
+        (for work that must happen once, e.g. moving the loss scale).
 
         CUDA launches are asynchronous on torch's current stream; emulated ones return when done.
         """
-        if not isinstance(args, self.kernel.args_type):
-            raise TypeError(
-                f"{self.kernel.name} takes args of type {self.kernel.args_type.__name__}, "
-                f"got {type(args).__name__}"
-            )
-        for instantiation, planned in self.plans:
-            params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(args))
+        for given in (args, later_args):
+            if given is not None and not isinstance(given, self.kernel.args_type):
+                raise TypeError(
+                    f"{self.kernel.name} takes args of type {self.kernel.args_type.__name__}, "
+                    f"got {type(given).__name__}"
+                )
+        for index, (instantiation, planned) in enumerate(self.plans):
+            this = args if index == 0 or later_args is None else later_args
+            params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(this))
             if self.device.type == "cuda":
                 cuda_backend.launch(
                     self.kernel, instantiation, params, planned.n_chunks,
@@ -208,7 +212,7 @@ def is_dense(t: Tensor) -> bool:
     flat array from ``data_ptr`` -- provided every tensor it is paired with has its strides."""
     if t.layout != torch.strided:
         return False
-    if t.numel() == 0:
+    if t.is_contiguous() or t.numel() == 0:  # the common case, without the Python below
         return True
     expected = 1
     for size, stride in sorted(

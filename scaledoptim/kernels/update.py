@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
-from .builtin import AdvanceStepsArgs, prepare_advance_steps
+from .builtin import STEP_EPILOGUE, StepEpilogueArgs
 from .launcher import prepare_launch, scalar_pointer
 from .spec import MultiTensorKernel
 
@@ -29,8 +29,8 @@ def launch_update(
     if not tensor_lists[0]:
         return
     device = tensor_lists[0][0].device
-    update, advance = prepare_launch(kernel, tensor_lists), prepare_advance_steps(tensor_lists[-1])
+    update, advance = prepare_launch(kernel, tensor_lists), prepare_launch(STEP_EPILOGUE, [tensor_lists[-1]])
     found = scalar_pointer(found_inf, "found_inf", device)
     args = make_args(found, scalar_pointer(inv_scale, "inv_scale", device))
     update.run(args)
-    advance.run(AdvanceStepsArgs(found))  # Note [step counters]: after the update, same stream
+    advance.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update

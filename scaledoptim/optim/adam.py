@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..backends.torch_native import advance_steps_
 from ..kernels.adam import ADAM, AdamArgs, adam_args
+from ..validation import hyperparameter
 from .fused import FusedOptimizer, check_hyperparameter
 
 __all__ = ["Adam", "AdamW"]
@@ -19,9 +20,10 @@ class Adam(FusedOptimizer):
 
     Same signature, same math, same state names (``step``, ``exp_avg``, ``exp_avg_sq``,
     ``max_exp_avg_sq``). Always fused: the whole update is one multi-tensor op that skips on
-    ``found_inf`` on device. ``foreach``, ``fused`` and ``capturable`` are accepted for
-    compatibility and do not change the path. State is fp32 whatever the param dtype, and 16-bit
-    params are updated in fp32 and rounded once.
+    ``found_inf`` on device. ``lr`` and ``betas`` may be one-element CPU tensors, read at each
+    step (CUDA tensors are refused: reading them would sync). ``foreach``, ``fused`` and
+    ``capturable`` are accepted for compatibility and do not change the path. State is fp32
+    whatever the param dtype, and 16-bit params are updated in fp32 and rounded once.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -39,6 +41,10 @@ class Adam(FusedOptimizer):
     """
 
     kernel = ADAM
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+        "differentiable": False, "decoupled_weight_decay": False, "fused": None,
+    }  # fmt: skip
 
     def __init__(
         self,
@@ -68,10 +74,11 @@ class Adam(FusedOptimizer):
         super().__init__(params, defaults)
 
     def _check_options(self, options: dict[str, Any]) -> None:
-        check_hyperparameter("learning rate", options["lr"])
+        check_hyperparameter("learning rate", hyperparameter("lr", options["lr"]))
         check_hyperparameter("epsilon value", options["eps"])
-        check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
-        check_hyperparameter("beta parameter at index 1", options["betas"][1], high=1.0)
+        betas = [hyperparameter(f"betas[{i}]", beta) for i, beta in enumerate(options["betas"])]
+        check_hyperparameter("beta parameter at index 0", betas[0], high=1.0)
+        check_hyperparameter("beta parameter at index 1", betas[1], high=1.0)
         check_hyperparameter("weight_decay value", options["weight_decay"])
         reject_differentiable(options["differentiable"])
 
@@ -137,9 +144,9 @@ class AdamW(Adam):
 
 
 def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
-    beta1, beta2 = group["betas"]
+    beta1, beta2 = (hyperparameter("betas", beta) for beta in group["betas"])
     return dict(
-        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+        lr=hyperparameter("lr", group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
         weight_decay=group["weight_decay"], decoupled_weight_decay=group["decoupled_weight_decay"],
         amsgrad=group["amsgrad"], maximize=group["maximize"],
     )  # fmt: skip

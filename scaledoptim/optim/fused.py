@@ -9,19 +9,17 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..backends import Backend, PreparedUpdate, select, unscale_in_place_
+from ..backends import select
 from ..kernels.rounding import ROUNDING_LISTS
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
-from ..validation import check_param_grads, check_param_groups
+from ..validation import check_param_grads, check_param_groups, refuse_during_capture
 from .rounding import check_rounding_options, check_rounding_params, stage_rounding_state
 from .state import cast_loaded_state, check_param, stage_state
+from .step_plan import PENDING as _PENDING
+from .step_plan import _FusedStepPlan, _split_by_support
 
 __all__ = ["FusedOptimizer", "check_hyperparameter"]
-
-# While the protocol runs ``self.step()``, the validated plan and its scalars wait here, so that
-# the step hooks, schedulers and the profiler see an ordinary ``step()`` call.
-_PENDING = "_scaledoptim_pending_step"
 
 
 class FusedOptimizer(Optimizer):
@@ -85,6 +83,7 @@ class FusedOptimizer(Optimizer):
         raise NotImplementedError(f"{type(self).__name__} must define _torch_update(...)")
 
     # ------------------------------------------------------------------ the inherited machinery
+    @torch.compiler.disable  # Note [compile boundary] in optimizer.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
@@ -98,9 +97,9 @@ class FusedOptimizer(Optimizer):
                 loss = closure()
         pending = self.__dict__.pop(_PENDING, None)
         if pending is None:
-            pending = (self._plan_step(None, None), None, None)
-        plan, found_inf, inv_scale = pending
-        plan.commit(found_inf, inv_scale)
+            pending = (self._plan_step(None, None), None, None, None)
+        plan, found_inf, inv_scale, scale_update = pending
+        plan.commit(found_inf, inv_scale, scale_update)
         return loss
 
     def _plan_step(
@@ -140,8 +139,23 @@ class FusedOptimizer(Optimizer):
             extra = self._extra_lists(group, params, grads)
             rounding = self._stage_rounding(group, params, plan.new_state)
             lists = [params, grads, *_with_empty_lists(keys, state_lists), *extra, *rounding, steps]
-            plan.updates.append(backend.prepare(self, group, lists))
-            plan.grads += grads
+            for part_backend, picked in _split_by_support(backend, params):
+                # The group's own lists when one backend takes every param, so that an update
+                # reading other groups' lists (LAMB's global norm) sees the grads as unscaled.
+                chosen = (
+                    lists
+                    if len(picked) == len(params)
+                    else [[tensors[i] for i in picked] if tensors else [] for tensors in lists]
+                )
+                part = plan.part(part_backend)
+                part.updates.append(part_backend.prepare(self, group, chosen))
+                part.grad_lists.append(chosen[1])
+                part.steps += chosen[-1]
+        if plan.new_state:
+            refuse_during_capture("Creating or converting optimizer state")
+        plan.part(backend)  # the device's backend ends the step (and moves the scale) always
+        for part_backend, part in plan.parts.items():
+            part.epilogue = part_backend.prepare_epilogue(part.steps)
         return plan
 
     # ------------------------------------------- updates of several launches (LAMB's norms)
@@ -157,8 +171,8 @@ class FusedOptimizer(Optimizer):
         self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]
     ) -> Callable[[int | None, int | None], None] | None:
         """For an update that is more than ``kernel`` then the step counters: its launches,
-        validated, as ``run(found_inf_pointer, inv_scale_pointer)`` (which advances the
-        counters too). ``None`` (the default): the kernel backend launches ``kernel`` with
+        validated, as ``run(found_inf_pointer, inv_scale_pointer)`` (the step's epilogue
+        advances the counters after it). ``None`` (the default): the kernel backend launches ``kernel`` with
         :meth:`_kernel_args`."""
         return None
 
@@ -197,7 +211,16 @@ class FusedOptimizer(Optimizer):
         torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
         resume needs), so the per-param state is cast here instead: floating state to float32
         (or the param's dtype if wider), everything on the param's device, every tensor a copy.
+        Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
+        may replace it), post-hooks once every param's state is in place.
         """
+        hooks = self.__dict__
+        pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
+        post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]
+        for pre_hook in list(pre_hooks.values()):
+            replaced = pre_hook(self, state_dict)
+            if replaced is not None:
+                state_dict = replaced
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
             raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
         saved_groups = state_dict.get("param_groups")
@@ -215,49 +238,33 @@ class FusedOptimizer(Optimizer):
             for i, s in state_dict["state"].items()
             if i in by_id
         }
-        super().load_state_dict({**state_dict, "state": {}})
+        # torch's loader gets no state (it would round 16-bit params' moments) and no hooks
+        # (they ran above, and run below once the state is in place).
+        hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
+        hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
+        try:
+            super().load_state_dict({**state_dict, "state": {}})
+        finally:
+            hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
+            hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks
         self.state.update(loaded)
+        for post_hook in list(post_hooks.values()):
+            post_hook(self)
+
+    #: Options a checkpoint of an older version may lack, with the value that version behaved
+    #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
+    #: ``self.defaults``.
+    _legacy_options: ClassVar[dict[str, Any]] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # As torch.optim's classes do: groups saved by older versions lack newer options.
         super().__setstate__(state)
+        self._fill_legacy_options()
+
+    def _fill_legacy_options(self) -> None:
         for group in self.param_groups:
-            for key, value in self.defaults.items():
+            for key, value in {**self.defaults, **self._legacy_options}.items():
                 group.setdefault(key, value)
-
-
-class _FusedStepPlan:
-    """A fused step, validated: the prepared group updates and the state they will create."""
-
-    def __init__(self, optimizer: FusedOptimizer, backend: Backend) -> None:
-        self.optimizer = optimizer
-        self.backend = backend
-        self.updates: list[PreparedUpdate] = []
-        self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
-        self.grads: list[torch.Tensor] = []  # as the updates read them (in their params' layout)
-
-    def unscale_grads_(
-        self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
-    ) -> torch.Tensor | None:
-        if self.backend.folds_unscale:
-            self.backend.check_(self.grads, found_inf)
-            return inv_scale
-        unscale_in_place_(self.grads, found_inf, inv_scale)
-        return None
-
-    def step(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
-        optimizer = self.optimizer
-        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale)
-        try:
-            optimizer.step()
-        finally:
-            optimizer.__dict__.pop(_PENDING, None)
-
-    def commit(self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None) -> None:
-        """Installs the new state and runs every update: only device errors can interrupt."""
-        self.optimizer.state.update(self.new_state)
-        for update in self.updates:
-            update(found_inf, inv_scale)
 
 
 def _with_empty_lists(

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..backends import select
 from ..backends.torch_native import advance_steps_, copy_unless_skipped_
 from ..kernels.lamb import LAMB as LAMB_KERNEL
 from ..kernels.lamb import LambLaunches, lamb_args
@@ -74,6 +75,7 @@ class LAMB(FusedOptimizer):
         # and their global norm, kept across steps so launch tables stay cached.
         self._norm_scratch: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] = {}
         self._step_grads: list[torch.Tensor] = []
+        self._step_grad_lists: list[list[torch.Tensor]] = []
         self._grad_norm_sq: dict[torch.device, torch.Tensor] = {}
 
     def _check_options(self, options: dict[str, Any]) -> None:
@@ -90,9 +92,19 @@ class LAMB(FusedOptimizer):
     def _extra_lists(
         self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor]
     ) -> list[list[torch.Tensor]]:
+        backend = select(params[0].device)
+        if not all(backend.supports(p) for p in params):
+            raise ValueError(
+                f"LAMB's global grad norm spans every param, and the {backend.name} backend "
+                f"cannot update {params[0].dtype} params; use float32, float16 or bfloat16 "
+                "params, or torch's ops for all of them (SCALEDOPTIM_KERNELS=torch)"
+            )
         if self._is_first_group(group):
-            self._step_grads = []
+            self._step_grads, self._step_grad_lists = [], []
         self._step_grads += grads
+        # The list itself: the torch-native backend replaces 16-bit grads in it by their
+        # unscaled fp32 copies before the update, and the norm must see those.
+        self._step_grad_lists.append(grads)
         scratch = [self._norm_scratch.get(p) for p in params]
         for i, (p, s) in enumerate(zip(params, scratch)):
             if s is None or s[0].device != p.device:
@@ -132,7 +144,8 @@ class LAMB(FusedOptimizer):
         o = _lamb_options(group)
         norm_sq = self._norm_buffer(tensor_lists)
         if self._is_first_group(group):
-            norms = torch._foreach_norm(self._step_grads, 2, dtype=torch.float32)
+            step_grads = [g for grads in self._step_grad_lists for g in grads]
+            norms = torch._foreach_norm(step_grads, 2, dtype=torch.float32)
             norm_sq.copy_(torch.stack(norms).square().sum())
         advance_steps_(steps, found_inf)  # the moments' bias corrections read the new count
         norm = norm_sq.sqrt()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..backends.torch_native import advance_steps_
 from ..kernels.sgd import SGD as SGD_KERNEL
 from ..kernels.sgd import SgdArgs, sgd_args
+from ..validation import hyperparameter
 from .adam import reject_differentiable
 from .fused import FusedOptimizer, check_hyperparameter
 
@@ -22,7 +23,8 @@ class SGD(FusedOptimizer):
 
     Same signature, same math, same state name (``momentum_buffer``), plus a ``step`` counter of
     taken steps kept on device, so that a skipped first step does not count as the step that
-    initialises the momentum buffer. ``foreach`` and ``fused`` are accepted for compatibility.
+    initialises the momentum buffer. ``lr`` may be a one-element CPU tensor, read at each step.
+    ``foreach`` and ``fused`` are accepted for compatibility.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -39,6 +41,9 @@ class SGD(FusedOptimizer):
     """
 
     kernel = SGD_KERNEL
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
+    }  # fmt: skip
 
     def __init__(
         self,
@@ -65,7 +70,7 @@ class SGD(FusedOptimizer):
         super().__init__(params, defaults)
 
     def _check_options(self, options: dict[str, Any]) -> None:
-        check_hyperparameter("learning rate", options["lr"])
+        check_hyperparameter("learning rate", hyperparameter("lr", options["lr"]))
         check_hyperparameter("momentum value", options["momentum"])
         check_hyperparameter("weight_decay value", options["weight_decay"])
         if options["nesterov"] and (options["momentum"] <= 0 or options["dampening"] != 0):
@@ -105,6 +110,6 @@ class SGD(FusedOptimizer):
 
 def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+        lr=hyperparameter("lr", group["lr"]), momentum=group["momentum"], dampening=group["dampening"],
         nesterov=group["nesterov"], weight_decay=group["weight_decay"], maximize=group["maximize"],
     )  # fmt: skip

@@ -1,6 +1,7 @@
-"""The test oracle: torch.optim's single-tensor (foreach=False) math on fp32 copies; and the
-setup and checks that the kernel tests, tests/gpu and benchmarks/test_bench_cuda_kernels.py share
-(imported there as ``tests.kernels.kernel_reference``).
+"""The test oracles: torch.optim's single-tensor (foreach=False) math on fp32 copies, one
+``reference_xxx`` per update kernel of kernel_table.py's KERNEL_CASES; and the setup and checks
+that the kernel tests, tests/gpu and benchmarks/test_bench_cuda_kernels.py share (imported as
+``tests.kernels.kernel_reference``; it needs no hypothesis, which the benchmarks lack).
 
 Each reference step starts from the kernel's current state (params upcast from their 16-bit
 storage), so a 16-bit param is compared with the fp32 result rounded once.
@@ -8,8 +9,7 @@ storage), so a 16-bit param is compared with the fp32 result rounded once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -88,29 +88,35 @@ def mixed_params_and_grads(
 def adam_options(**changes: float | bool) -> dict:
     """The keyword arguments of ``kernels.adam_`` but found_inf and inv_scale: torch.optim.AdamW's
     defaults, with ``changes``."""
-    return dict(
-        lr=1e-3,
-        beta1=0.9,
-        beta2=0.999,
-        eps=1e-8,
-        weight_decay=0.01,
-        decoupled_weight_decay=True,
-        amsgrad=False,
-        maximize=False,
-    ) | changes
+    return (
+        dict(
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=0.01,
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            maximize=False,
+        )
+        | changes
+    )
 
 
 def sgd_options(**changes: float | bool) -> dict:
     """The keyword arguments of ``kernels.sgd_`` but found_inf and inv_scale: lr 0.1 and plain
     momentum 0.9, with ``changes``."""
-    return dict(
-        lr=0.1,
-        momentum=0.9,
-        dampening=0.0,
-        nesterov=False,
-        weight_decay=0.0,
-        maximize=False,
-    ) | changes
+    return (
+        dict(
+            lr=0.1,
+            momentum=0.9,
+            dampening=0.0,
+            nesterov=False,
+            weight_decay=0.0,
+            maximize=False,
+        )
+        | changes
+    )
 
 
 def zero_adam_state(params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
@@ -157,73 +163,44 @@ def assert_bytes_unchanged(before: Sequence[Tensor], after: Sequence[Tensor]) ->
         assert torch.equal(b.reshape(-1).view(torch.uint8), a.reshape(-1).view(torch.uint8))
 
 
-def compare_steps(
+def reference_adam(
     params: Sequence[Tensor],
     grads: Sequence[Tensor],
-    n_steps: int,
-    generator: torch.Generator,
-    step: Callable[[int], Sequence[Tensor]],
-) -> None:
-    """Runs ``n_steps`` steps, each on fresh gradients drawn from ``generator``: ``step(i)`` runs
-    the reference and the kernel, checks the state, and returns the reference's fp32 params,
-    which ``params`` must match. The update must leave the grads unwritten."""
-    for i in range(n_steps):
-        for g in grads:  # fresh gradients every step
-            g.copy_(torch.randn(g.shape, generator=generator).to(g.dtype))
-        grads_before = snapshot(grads)
-        expected_params = step(i)
-        for actual, reference in zip(params, expected_params):
-            assert_param_close(actual, reference)
-        assert_bytes_unchanged(grads_before, grads)  # update kernels never write grads
-
-
-@dataclass
-class AdamState:
-    exp_avgs: list[Tensor]
-    exp_avg_sqs: list[Tensor]
-    max_exp_avg_sqs: list[Tensor]
-    steps: list[Tensor] = field(default_factory=list)
-
-
-def reference_adam(
-    params: list[Tensor],
-    grads: list[Tensor],
-    state: AdamState,
+    state: Sequence[Sequence[Tensor]],
+    steps: Sequence[Tensor],
     inv_scale: float | None,
     options: dict,
-) -> tuple[list[Tensor], AdamState]:
-    """One torch Adam/AdamW step on fp32 copies; returns the new fp32 params and state."""
+) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """One torch Adam/AdamW step on fp32 copies of ``params`` and of ``state`` (exp_avgs,
+    exp_avg_sqs, max_exp_avg_sqs: empty without amsgrad); returns the new params and state."""
     p32 = [p.float().clone() for p in params]
     g32 = [g.float() * inv_scale if inv_scale is not None else g.float() for g in grads]
-    new = AdamState(
-        [t.clone() for t in state.exp_avgs],
-        [t.clone() for t in state.exp_avg_sqs],
-        [t.clone() for t in state.max_exp_avg_sqs],
-        [t.clone() for t in state.steps],
-    )
+    exp_avgs, exp_avg_sqs, max_exp_avg_sqs = ([t.clone() for t in ts] for ts in state)
     torch_adam(
         p32,
         g32,
-        new.exp_avgs,
-        new.exp_avg_sqs,
-        new.max_exp_avg_sqs,
-        new.steps,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        [s.clone() for s in steps],
         foreach=False,
         fused=False,
         **options,
     )
-    return p32, new
+    return p32, [exp_avgs, exp_avg_sqs, max_exp_avg_sqs]
 
 
 def reference_sgd(
-    params: list[Tensor],
-    grads: list[Tensor],
-    buffers: list[Tensor],
-    steps: list[Tensor],
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    state: Sequence[Sequence[Tensor]],
+    steps: Sequence[Tensor],
     inv_scale: float | None,
     options: dict,
-) -> tuple[list[Tensor], list[Tensor]]:
-    """One torch SGD step on fp32 copies; a param whose step is 0 gets its buffer created."""
+) -> tuple[list[Tensor], list[list[Tensor]]]:
+    """One torch SGD step on fp32 copies (``state``: the momentum buffers, empty without
+    momentum); a param whose step is 0 gets its buffer created, as torch does."""
+    (buffers,) = state
     p32 = [p.float().clone() for p in params]
     g32 = [g.float() * inv_scale if inv_scale is not None else g.float() for g in grads]
     torch_buffers: list[Tensor | None] = (
@@ -232,7 +209,7 @@ def reference_sgd(
         else [None] * len(params)
     )
     torch_sgd(p32, g32, torch_buffers, foreach=False, fused=False, **options)
-    return p32, torch_buffers
+    return p32, [torch_buffers if options["momentum"] != 0 else []]
 
 
 def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
@@ -245,86 +222,23 @@ def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
     return (ordered(a) - ordered(b)).abs()
 
 
-def assert_param_close(actual: Tensor, expected32: Tensor) -> None:
-    """fp32: 1e-6 relative; 16-bit: within one ulp of the fp32 reference rounded once."""
+def assert_param_close(
+    actual: Tensor, expected32: Tensor, rtol: float = 1e-6, atol: float = 1e-6
+) -> None:
+    """fp32: ``rtol``/``atol``; 16-bit: within one ulp of the fp32 reference rounded once."""
     if actual.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected32, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(actual, expected32, rtol=rtol, atol=atol)
     else:
         expected = expected32.to(actual.dtype)
         distance = ulp_distance(actual, expected)
-        assert (
-            distance.numel() == 0 or distance.max().item() <= 1
-        ), f"{actual.dtype} param off by {distance.max().item()} ulp: {actual} vs {expected}"
+        assert distance.numel() == 0 or distance.max().item() <= 1, (
+            f"{actual.dtype} param off by {distance.max().item()} ulp: {actual} vs {expected}"
+        )
 
 
-def assert_state_close(actual: Tensor, expected: Tensor) -> None:
+def assert_state_close(
+    actual: Tensor, expected: Tensor, rtol: float = 1e-6, atol: float = 1e-7
+) -> None:
     """fp32 state: 1e-6 relative, plus 1e-7 absolute for values that cancel to near zero
     (torch's vectorised CPU lerp uses FMA, the emulator does not; gradients are O(1))."""
-    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7)
-
-
-def lion_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.lion_`` but found_inf and inv_scale, with ``changes``."""
-    return dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.0, maximize=False) | changes
-
-
-def reference_lion(
-    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], inv_scale: float | None, options: dict
-) -> tuple[list[Tensor], list[Tensor]]:
-    """One Lion step from the formula in float64; returns the new params and exp_avgs (fp64)."""
-    new_params, new_exp_avgs = [], []
-    for p, g, m in zip(params, grads, exp_avgs):
-        g = g.double() * (inv_scale if inv_scale is not None else 1.0) * (-1 if options["maximize"] else 1)
-        m = m.double()
-        c = options["beta1"] * m + (1 - options["beta1"]) * g
-        new_params.append(p.double() * (1 - options["lr"] * options["weight_decay"]) - options["lr"] * torch.sign(c))
-        new_exp_avgs.append(options["beta2"] * m + (1 - options["beta2"]) * g)
-    return new_params, new_exp_avgs
-
-
-def adagrad_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.adagrad_`` but found_inf and inv_scale, with ``changes``."""
-    return dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, eps=1e-10, maximize=False) | changes
-
-
-def reference_adagrad(
-    params: list[Tensor], grads: list[Tensor], sums: list[Tensor], steps: list[Tensor],
-    inv_scale: float | None, options: dict,
-) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:  # fmt: skip
-    """One torch.optim.Adagrad step (foreach=False) on fp32 copies: new params, sums, steps."""
-    from torch.optim.adagrad import adagrad as torch_adagrad
-
-    p32 = [p.float().clone() for p in params]
-    g32 = [g.float() * inv_scale if inv_scale is not None else g.float() for g in grads]
-    new_sums, new_steps = [s.clone() for s in sums], [s.clone() for s in steps]
-    torch_adagrad(p32, g32, new_sums, new_steps, foreach=False, fused=False, has_sparse_grad=False,
-                  has_complex=False, **options)  # fmt: skip
-    return p32, new_sums, new_steps
-
-
-def lamb_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.lamb_`` but found_inf and inv_scale: Apex FusedLAMB's
-    defaults but lr 1e-2, with ``changes``."""
-    return dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01, bias_correction=True,
-                max_grad_norm=1.0, adam_w_mode=True, grad_averaging=True, use_nvlamb=False) | changes  # fmt: skip
-
-
-def reference_lamb(
-    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-    steps: list[Tensor], inv_scale: float | None, options: dict,
-) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:  # fmt: skip
-    """One LAMB step in float64 (tests/reference_optimizers.py's formula) from the kernel's
-    current state: new params, exp_avgs, exp_avg_sqs."""
-    from reference_optimizers import LambReference  # tests/ is on sys.path under pytest
-
-    o = dict(options)
-    betas = (o.pop("beta1"), o.pop("beta2"))
-    p64 = [torch.nn.Parameter(p.double().clone()) for p in params]
-    for p, g in zip(p64, grads):
-        p.grad = g.double() * (inv_scale if inv_scale is not None else 1.0)
-    opt = LambReference(p64, betas=betas, **o)
-    for p, m, v, s in zip(p64, exp_avgs, exp_avg_sqs, steps):
-        opt.state[p] = dict(step=s.clone(), exp_avg=m.double(), exp_avg_sq=v.double())
-    opt.step()
-    return ([p.detach() for p in p64], [opt.state[p]["exp_avg"] for p in p64],
-            [opt.state[p]["exp_avg_sq"] for p in p64])  # fmt: skip
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)

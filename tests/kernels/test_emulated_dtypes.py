@@ -7,7 +7,7 @@ import ctypes
 import pytest
 import torch
 
-from scaledoptim.kernels import ADVANCE_STEPS
+from scaledoptim.kernels import NON_FINITE_CHECK
 from scaledoptim.kernels.emulator import emulator_library
 
 DTYPES = {"half": torch.float16, "bfloat16": torch.bfloat16}
@@ -15,7 +15,7 @@ DTYPES = {"half": torch.float16, "bfloat16": torch.bfloat16}
 
 def convert(function: str, source: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(source.shape, dtype=out_dtype)
-    emulator_library(ADVANCE_STEPS).function(function)(
+    emulator_library(NON_FINITE_CHECK).function(function)(
         ctypes.c_void_p(source.data_ptr()),
         ctypes.c_void_p(out.data_ptr()),
         ctypes.c_longlong(source.numel()),

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_reference import (
-    adagrad_options,
-    adam_options,
-    assert_bytes_unchanged,
-    boundary_params_and_grads,
-    lion_options,
-    sgd_options,
-    snapshot,
-)
 
 from scaledoptim import kernels
 from scaledoptim.optim.rounding import initial_seed, stochastic_round_
+from tests.kernels.kernel_reference import (
+    adam_options,
+    assert_bytes_unchanged,
+    boundary_params_and_grads,
+    sgd_options,
+    snapshot,
+)
+from tests.kernels.kernel_reference_more import adagrad_options, lion_options
 
 
 def _adam(params, grads, state, steps, **rounding):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_reference import adam_options, sgd_options, zero_adam_state
 
 from scaledoptim import kernels
 from scaledoptim.kernels import launcher
 from scaledoptim.kernels.emulator import emulator_library
 from scaledoptim.kernels.table import MAX_CHUNKS, max_tensors, plan_launches, table_type
+from tests.kernels.kernel_reference import adam_options, sgd_options, zero_adam_state
 
 SCALE_SOURCE = Path(__file__).parent / "data" / "scale.cu"
 

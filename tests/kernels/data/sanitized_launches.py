@@ -1,22 +1,30 @@
-"""Run by test_emulator_sanitizer.py under AddressSanitizer: ``clean`` launches every kernel on
-odd-sized tensors and misaligned views; ``overflow`` deliberately reads past a tensor, to prove
-the sanitizer is watching."""
+"""Run by test_emulator_sanitizer.py under AddressSanitizer: ``clean`` launches every kernel of
+KERNEL_CASES, with every option of its grid and every param x grad dtype, on odd-sized tensors
+and misaligned views, printing ``clean <kernel>`` after each; ``overflow`` deliberately reads
+past a tensor, to prove the sanitizer is watching."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (3, 1)]  # repo, tests/kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo
 
 import ctypes  # noqa: E402
+import itertools  # noqa: E402
 
 import torch  # noqa: E402
-from kernel_reference import CHUNK, EMULATOR_THREADS, adam_options, sgd_options  # noqa: E402
 
 from scaledoptim import kernels  # noqa: E402
 from scaledoptim.kernels import emulator, launch_config  # noqa: E402
 from scaledoptim.kernels.table import plan_launches  # noqa: E402
+from tests.kernels.kernel_reference import (  # noqa: E402
+    CHUNK,
+    DTYPES,
+    EMULATOR_THREADS,
+    misaligned,
+)
+from tests.kernels.kernel_table import KERNEL_CASES, launch_case  # noqa: E402
 
 launch_config.chunk_size = CHUNK
 launch_config.emulator_threads_per_block = EMULATOR_THREADS
@@ -31,39 +39,23 @@ def odd_and_misaligned(dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def clean() -> None:
-    for p_dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for g_dtype in (torch.float32, torch.bfloat16):
+    generator = torch.Generator().manual_seed(0)
+    dtype_pairs = list(itertools.product(DTYPES, DTYPES))
+    for case in KERNEL_CASES:
+        options = case.all_options()
+        # Every option and every param x grad dtype pair at least once, cycling the shorter.
+        for i in range(max(len(options), len(dtype_pairs))):
+            p_dtype, g_dtype = dtype_pairs[i % len(dtype_pairs)]
             params, grads = odd_and_misaligned(p_dtype), odd_and_misaligned(g_dtype)
-            state = [[torch.zeros(p.numel() + 1)[1:] for p in params] for _ in range(3)]
-            steps = [torch.zeros(()) for _ in params]
+            lists = case.make_lists(params, grads, options[i % len(options)], generator)
+            if case.update:  # the state misaligned too
+                lists[2:-1] = [[misaligned(t) for t in ts] for ts in lists[2:-1]]
             found_inf = torch.zeros(())
-            kernels.non_finite_check_(grads, found_inf)
-            kernels.adam_(
-                params,
-                grads,
-                *state,
-                steps,
-                **adam_options(
-                    lr=0.1,
-                    weight_decay=0.1,
-                    decoupled_weight_decay=False,
-                    amsgrad=True,
-                    maximize=True,
-                ),
-                found_inf=found_inf,
-                inv_scale=torch.tensor(2.0),
-            )
-            kernels.sgd_(
-                params,
-                grads,
-                state[0],
-                steps,
-                **sgd_options(dampening=0.1, weight_decay=0.1),
-                found_inf=found_inf,
-                inv_scale=None,
-            )
-            assert found_inf.item() == 0 and all(s.item() == 2 for s in steps)
-    print("clean")
+            launch_case(case, lists, options[i % len(options)], found_inf, torch.tensor(2.0))
+            assert found_inf.item() == 0, case.name  # finite tensors
+            if case.update:  # the counters advanced once, found_inf being zero
+                assert all(s.item() == 1 for s in lists[-1]), case.name
+        print(f"clean {case.name}", flush=True)
 
 
 def overflow() -> None:

@@ -1,0 +1,101 @@
+"""``python -m scaledoptim.doctor.gpu_report [REPORT.md]``: the GPU tests, the CUDA benchmarks and
+the doctor in one run, written to one Markdown report.
+
+Run it from a checkout (the tests and benchmarks are not in the wheel) with the ``test`` and
+``cuda12`` extras installed. On a machine without a CUDA device the GPU tests and benchmarks
+report *skipped* and the doctor skips its GPU checks; the report says so. Exits with status 1 when
+any part failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import pathlib
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["PARTS", "Part", "main"]
+
+_PYTEST = (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA")
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One command of the report: its title, its argv, and the paths it needs in the checkout."""
+
+    title: str
+    argv: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+
+
+PARTS: tuple[Part, ...] = (
+    Part("GPU tests", (*_PYTEST, "tests/gpu"), ("tests/gpu",)),
+    Part(
+        "CUDA benchmarks",
+        (*_PYTEST, "benchmarks/test_bench_cuda_kernels.py"),
+        ("benchmarks/test_bench_cuda_kernels.py",),
+    ),
+    Part("doctor", (sys.executable, "-m", "scaledoptim.doctor")),
+)
+_TAIL_LINES = 120  # of each part's output, in the report
+
+
+def _run(part: Part, root: pathlib.Path) -> tuple[int, str, float]:
+    started = datetime.datetime.now()
+    missing = [path for path in part.needs if not (root / path).exists()]
+    if missing:
+        return 1, f"{missing} not found under {root}: run this from a checkout of scaledoptim", 0.0
+    print(f"== {part.title}: {' '.join(part.argv[1:])}", flush=True)
+    lines = []
+    with subprocess.Popen(
+        part.argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        for line in process.stdout:  # streamed: the benchmarks take minutes on a GPU
+            print(line, end="", flush=True)
+            lines.append(line)
+    seconds = (datetime.datetime.now() - started).total_seconds()
+    return process.returncode, "".join(lines), seconds
+
+
+def _section(part: Part, returncode: int, output: str, seconds: float) -> str:
+    lines = output.rstrip().splitlines()
+    shown = lines[-_TAIL_LINES:]
+    cut = f"(last {_TAIL_LINES} of {len(lines)} lines)\n\n" if len(lines) > len(shown) else ""
+    verdict = "passed" if returncode == 0 else f"FAILED (exit status {returncode})"
+    return (
+        f"## {part.title}: {verdict}\n\n`{' '.join(part.argv[1:])}`, {seconds:.0f} s\n\n"
+        f"{cut}```text\n" + "\n".join(shown) + "\n```\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None, parts: Sequence[Part] = PARTS) -> int:
+    """Runs ``parts`` from the current directory and writes the report; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m scaledoptim.doctor.gpu_report")
+    parser.add_argument("report", nargs="?", default="gpu-report.md", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    root = pathlib.Path.cwd()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    sections, failed = [], []
+    for part in parts:
+        returncode, output, seconds = _run(part, root)
+        sections.append(_section(part, returncode, output, seconds))
+        if returncode != 0:
+            failed.append(part.title)
+    summary = f"FAILED: {', '.join(failed)}" if failed else "every part passed"
+    device = gpu or "no CUDA device: the GPU tests and benchmarks report skipped"
+    header = (
+        f"# scaledoptim GPU report\n\n{datetime.datetime.now():%Y-%m-%d %H:%M}, {device}, "
+        f"torch {torch.__version__}.\n\n**{summary}.**\n\n"
+    )
+    args.report.write_text(header + "\n".join(sections))
+    print(f"{summary}; report written to {args.report}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

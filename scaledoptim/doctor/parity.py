@@ -1,0 +1,111 @@
+"""Each fused optimizer, in each param dtype, against torch.optim's class on fp32 copies.
+
+On a GPU the optimizer runs on it (our kernels through CuPy, or torch's fused ops without CuPy);
+on a CPU through our kernels' emulator. Each step starts the reference from our current state, so
+a 16-bit param is held to the fp32 result rounded once: within one ulp of its dtype (fp32: 1e-6
+relative). Then an inf in a grad must leave params and state bit-identical and halve the scale.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..backends import select
+from .optimizers import OptimizerRow
+from .outcome import Outcome, kernels_env, same_bits, snapshot
+
+__all__ = ["run"]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SIZES = (1, 5, 33, 130)  # sub-vector, odd, and a few vectors: small, so the check is quick
+STEPS = 3
+INIT_SCALE = 2.0**10  # fp16 grads times the scale stay finite
+
+
+def run(row: OptimizerRow, device: torch.device) -> Outcome:
+    """Runs the comparison for every dtype; fails on the first mismatch, naming it."""
+    with kernels_env(None if device.type == "cuda" else "emulate"):
+        backend = select(device).name
+        for dtype in DTYPES:
+            problem = _compare(row, dtype, device)
+            if problem is not None:
+                return Outcome(False, f"{str(dtype).removeprefix('torch.')}: {problem}")
+    return Outcome(
+        True,
+        f"{backend} backend, {STEPS} steps x fp32/fp16/bf16 within tolerance, inf step skipped",
+    )
+
+
+def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str | None:
+    generator = torch.Generator().manual_seed(0)
+    params = [
+        torch.nn.Parameter(torch.randn(n, generator=generator).to(device, dtype)) for n in SIZES
+    ]
+    opt = row.ours(params).configure_scaling(init_scale=INIT_SCALE)
+    for step in range(STEPS):
+        grads = [torch.randn(n, generator=generator).to(dtype) for n in SIZES]
+        expected = _reference_step(row, opt, params, [g.float() for g in grads])
+        for p, g in zip(params, grads):  # scaled by a power of two: unscaling is exact
+            p.grad = (g.float() * opt.scale.item()).to(device, dtype)
+        opt.unscale_and_step(grads_scaled_by=opt.scale)
+        for i, (p, e) in enumerate(zip(params, expected)):
+            problem = _mismatch(p.detach().cpu(), e)
+            if problem is not None:
+                return f"step {step + 1}, param[{i}] of {p.numel()} elements: {problem}"
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator).to(device, dtype)
+    params[-1].grad.view(-1)[-1] = float("inf")
+    before, scale = snapshot(opt), opt.scale.item()
+    _, found_inf, new_scale = opt.unscale_and_step(grads_scaled_by=opt.scale)
+    after = snapshot(opt)
+    for name in [n for n in before if n.startswith("loss_scale")]:
+        del before[name], after[name]
+    if found_inf.item() != 1.0 or new_scale.item() != scale / 2:
+        return f"an inf grad gave found_inf={found_inf.item()}, scale {scale} -> {new_scale.item()}"
+    difference = same_bits(before, after)
+    if difference is not None:
+        return f"a step with an inf grad changed something: {difference}"
+    return None
+
+
+def _reference_step(
+    row: OptimizerRow,
+    opt: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """The reference's step from our current state, on fp32 CPU copies, rounded once."""
+    # copy=True: on the CPU, .cpu().float() of an fp32 param would be the param itself
+    ref_params = [
+        torch.nn.Parameter(p.detach().to("cpu", torch.float32, copy=True)) for p in params
+    ]
+    ref = row.theirs(ref_params)
+    state_dict = copy.deepcopy(opt.state_dict())
+    state_dict.pop("loss_scale")
+    state_dict["state"] = {  # on the CPU, as the reference's params are
+        i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in state_dict["state"].items()
+    }
+    ref.load_state_dict(state_dict)
+    for p, g in zip(ref_params, grads):
+        p.grad = g
+    ref.step()
+    return [r.detach().to(p.dtype, copy=True) for r, p in zip(ref_params, params)]
+
+
+def _mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """16-bit: one ulp of the dtype. fp32: 1e-6 relative, where an element that cancels down to a
+    small value is held to 1e-6 of the tensor's largest magnitude (kernels fuse multiply-adds
+    that torch rounds separately). As tests/test_dtypes.py holds every path."""
+    if actual.dtype == torch.float32:
+        rtol, atol = 1e-6, 1e-6 * expected.abs().max().item()
+    else:
+        info = torch.finfo(actual.dtype)
+        rtol, atol = info.eps, info.tiny
+    try:
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=rtol, atol=atol)
+    except AssertionError as error:
+        return " ".join(str(error).split())
+    return None

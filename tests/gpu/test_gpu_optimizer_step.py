@@ -1,0 +1,61 @@
+"""The no-closure ``unscale_and_step`` of the fused optimizers on a real GPU: captured in a CUDA
+graph it replays bit for bit as eager steps do (an inf grad makes the replay a skip), and it never
+syncs with the host. Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scaledoptim
+from scaledoptim.doctor.graphs import replay_against_eager
+from tests.kernels.kernel_reference import (
+    CUDA_KERNEL_MARKS,
+    needs_cupy,  # noqa: F401 (the fixture CUDA_KERNEL_MARKS uses)
+)
+
+pytestmark = list(CUDA_KERNEL_MARKS)
+
+OPTIMIZERS = {
+    "AdamW": lambda params: scaledoptim.AdamW(params, lr=1e-2, weight_decay=0.1),
+    "SGD": lambda params: scaledoptim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
+}
+# (elements, dtype): one element, a multi-chunk odd size, and a 16-bit param in the same group.
+PARAMS = ((1, torch.float32), (3 * 65536 + 7, torch.float32), (4099, torch.bfloat16))
+
+
+def _params() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(n, device="cuda").to(dtype) for n, dtype in PARAMS]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_captured_step_replays_bit_for_bit_and_skips_on_inf(name: str) -> None:
+    seen = replay_against_eager(OPTIMIZERS[name], _params(), replays=4)  # raises on a mismatch
+    assert seen.replays_matched == 4
+    assert seen.found_inf_after_inf == 1.0  # the tensor returned by the capturing call
+    assert seen.scale_after_inf == seen.scale_before_inf / 2 == 2.0**15
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_unscale_and_step_does_not_sync_under_sync_debug_mode_error(name: str) -> None:
+    params = [torch.nn.Parameter(p) for p in _params()]
+    opt = OPTIMIZERS[name](params)
+    found = []
+    for step in range(4):
+        for p in params:
+            p.grad = (torch.randn(p.shape, device="cuda") * opt.scale).to(p.dtype)
+        if step == 2:
+            params[1].grad[5] = float("nan")
+        if step == 0:  # state, kernel compilation and tables outside the watch
+            opt.unscale_and_step(grads_scaled_by=opt.scale)
+            continue
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        found.append(found_inf.item())
+    assert found == [0.0, 1.0, 0.0]
+    assert opt.scale.item() == 2.0**15
