@@ -1,5 +1,6 @@
 // Adam and AdamW (torch.optim.Adam / AdamW, foreach=False semantics), fused with unscaling and
-// the skip on inf/nan (Note [found_inf contract]).
+// the skip on inf/nan (Note [found_inf contract]) and the param rounding options
+// (Note [param rounding]).
 #include "multi_tensor_apply.cuh"
 
 // Mirrored by AdamArgs in scaledoptim/kernels/builtin.py. The host precomputes every scalar
@@ -20,7 +21,11 @@ struct AdamArgs {
   int maximize;
 };
 
-enum AdamList { kAdamParam, kAdamGrad, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq, kAdamStep, kAdamLists };
+enum AdamList {
+  kAdamParam, kAdamGrad, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq,
+  kAdamMaster, kAdamSeed,  // Note [param rounding]
+  kAdamStep, kAdamLists
+};
 
 struct AdamStepScalars {
   float step_size;              // lr / (1 - beta1^step)
@@ -74,18 +79,20 @@ __global__ void adam_kernel(TensorTable<kAdamLists> table, AdamArgs args) {
   float* v_max = args.amsgrad ? chunk_data<float>(table, kAdamMaxExpAvgSq, c) : nullptr;
   const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
   // Note [step counters]: the counter is advanced after this launch; use the new value.
-  const AdamStepScalars s = adam_step_scalars(args, *tensor_scalar<const float>(table, kAdamStep, c) + 1.0f);
+  const float step = *tensor_scalar<const float>(table, kAdamStep, c) + 1.0f;
+  const AdamStepScalars s = adam_step_scalars(args, step);
+  const ParamRounding pr = param_rounding(table, kAdamMaster, kAdamSeed, c, step);
 
-  for_each_lanes(c.size, all_aligned(p, g, m, v, v_max), [&](const Lanes& l) {
+  for_each_lanes(c.size, all_aligned(p, g, m, v, v_max, pr.master), [&](const Lanes& l) {
     float rp[kILP], rg[kILP], rm[kILP], rv[kILP], rv_max[kILP] = {};
-    load(rp, p, l);
+    load_param(rp, p, pr, l);
     load(rg, g, l);
     load(rm, m, l);
     load(rv, v, l);
     if (v_max) load(rv_max, v_max, l);
 #pragma unroll
     for (int k = 0; k < kILP; ++k) adam_update(rp[k], rg[k] * inv_scale, rm[k], rv[k], rv_max[k], args, s);
-    store(p, rp, l);
+    store_param(p, rp, pr, l);
     store(m, rm, l);
     store(v, rv, l);
     if (v_max) store(v_max, rv_max, l);

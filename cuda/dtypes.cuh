@@ -121,3 +121,42 @@ __device__ __forceinline__ so_bfloat16 from_float<so_bfloat16>(float x) {
 #endif
   return b;
 }
+
+// Note [stochastic rounding]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// bf16 stores may round stochastically: 16 bits of uniform noise are added to the fp32 bit
+// pattern below the bf16 rounding point and the low 16 bits truncated, so x rounds up with
+// probability (x - down) / (up - down): unbiased. The noise is a counter-based hash of
+// (a 32-bit seed per param, the taken-step count including this step, the element's index in
+// the param's storage): no RNG state, the same bits on every replay of a captured graph, on
+// resume from a checkpoint, and in the torch-native backend, which computes the same integer
+// hash with int64 tensor ops (scaledoptim/optim/rounding.py).
+
+// murmur3's 32-bit finaliser: a bijection with full avalanche.
+__device__ __forceinline__ unsigned so_fmix32(unsigned h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// The per-(param, step) key; the element index is mixed in by so_sr_noise.
+__device__ __forceinline__ unsigned so_sr_key(unsigned seed, unsigned step) {
+  return so_fmix32(seed ^ so_fmix32(step));
+}
+
+// 16 uniform bits for element `index` (its low 32 bits).
+__device__ __forceinline__ unsigned so_sr_noise(unsigned key, long long index) {
+  return so_fmix32(static_cast<unsigned>(index) ^ key) >> 16;
+}
+
+__device__ __forceinline__ unsigned short bfloat16_bits_from_float_sr(float x, unsigned noise) {
+  const unsigned bits = so_float_bits(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((bits >> 16) | 0x40u);
+  // Sign-magnitude: the noise rounds the magnitude up, so both signs are unbiased; an infinity
+  // (low bits zero) stays one, and only values within one bf16 ulp of the largest finite
+  // bf16 can carry into infinity.
+  return static_cast<unsigned short>((bits + noise) >> 16);
+}

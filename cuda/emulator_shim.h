@@ -62,3 +62,9 @@ inline int __syncthreads_or(int predicate) {
   block.barrier.arrive_and_wait();
   return block.or_result;
 }
+
+// Only thread 0 of a block calls it (after a block reduction), and blocks run one after
+// another, so emulated sums are deterministic.
+inline float atomicAdd(float* address, float value) {
+  return std::atomic_ref<float>(*address).fetch_add(value);
+}

@@ -132,3 +132,75 @@ __device__ __forceinline__ void for_each_lanes(long long n, bool aligned, Body&&
     body(Lanes{i, threads, n, false});
   }
 }
+
+// Note [param rounding]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The update kernels of the fused optimizers take two lists just before the step counters:
+//  * `master_params`: an fp32 master copy per param (master_weights=True), or null pointers.
+//    The update then reads and writes the master and stores the param rounded to nearest from
+//    it, in the same pass (an fp32 param is passed as its own master).
+//  * `sr_seeds`: per param, the bits of a 0-dim int32 seed (passed as float32), or null: the
+//    param is then stored rounded stochastically (Note [stochastic rounding], bf16 only; the
+//    host rejects other dtypes).
+// A skipped step returns before either is read (Note [found_inf contract]).
+struct ParamRounding {
+  float* master;     // the chunk's master elements, or null
+  bool stochastic;
+  unsigned key;      // so_sr_key(seed, taken steps including this one)
+  long long start;   // index of the chunk's first element in its tensor
+};
+
+// `taken_steps`: the step count including this step (*step + 1, Note [step counters]).
+template <int N>
+__device__ __forceinline__ ParamRounding param_rounding(const TensorTable<N>& table, int master_list,
+                                                       int seed_list, const Chunk& c,
+                                                       float taken_steps) {
+  ParamRounding r;
+  r.master = table.ptrs[master_list][c.tensor] ? chunk_data<float>(table, master_list, c) : nullptr;
+  const float* seed = static_cast<const float*>(table.ptrs[seed_list][c.tensor]);
+  r.stochastic = seed != nullptr;
+  r.key = seed ? so_sr_key(so_float_bits(*seed), static_cast<unsigned>(taken_steps)) : 0u;
+  r.start = c.start;
+  return r;
+}
+
+// The param's lanes as fp32: from the master when there is one.
+template <typename P>
+__device__ __forceinline__ void load_param(float (&r)[kILP], const P* p, const ParamRounding& pr,
+                                           const Lanes& l) {
+  if (pr.master) {
+    load(r, pr.master, l);
+  } else {
+    load(r, p, l);
+  }
+}
+
+// Stochastic rounding exists for bf16 only; the host never asks it of another type.
+template <typename T>
+__device__ __forceinline__ void store_stochastic(T* p, const float (&r)[kILP], const Lanes& l,
+                                                 const ParamRounding&) {
+  store(p, r, l);
+}
+
+__device__ __forceinline__ void store_stochastic(so_bfloat16* p, const float (&r)[kILP], const Lanes& l,
+                                                 const ParamRounding& pr) {
+#pragma unroll
+  for (int k = 0; k < kILP; ++k) {
+    if (!l.active(k)) continue;
+    const long long i = l.first + k * l.stride;
+    p[i].bits = bfloat16_bits_from_float_sr(r[k], so_sr_noise(pr.key, pr.start + i));
+  }
+}
+
+// Stores the updated fp32 lanes: into the master (if any), and into the param rounded to
+// nearest or stochastically.
+template <typename P>
+__device__ __forceinline__ void store_param(P* p, const float (&r)[kILP], const ParamRounding& pr,
+                                            const Lanes& l) {
+  if (pr.master) store(pr.master, r, l);
+  if (pr.stochastic) {
+    store_stochastic(p, r, l, pr);
+  } else {
+    store(p, r, l);
+  }
+}

@@ -1,6 +1,6 @@
 // SGD with momentum, dampening, Nesterov, weight decay and maximize (torch.optim.SGD,
 // foreach=False semantics), fused with unscaling and the skip on inf/nan
-// (Note [found_inf contract]).
+// (Note [found_inf contract]) and the param rounding options (Note [param rounding]).
 #include "multi_tensor_apply.cuh"
 
 // Mirrored by SgdArgs in scaledoptim/kernels/builtin.py.
@@ -15,7 +15,11 @@ struct SgdArgs {
   int maximize;
 };
 
-enum SgdList { kSgdParam, kSgdGrad, kSgdMomentumBuffer, kSgdStep, kSgdLists };
+enum SgdList {
+  kSgdParam, kSgdGrad, kSgdMomentumBuffer,
+  kSgdMaster, kSgdSeed,  // Note [param rounding]
+  kSgdStep, kSgdLists
+};
 
 // One element of SGD in fp32. `g` is already unscaled; `first_step` is true on the first taken
 // step, where torch creates the momentum buffer as a copy of the gradient.
@@ -41,16 +45,18 @@ __global__ void sgd_kernel(TensorTable<kSgdLists> table, SgdArgs args) {
   float* buf = args.momentum != 0.0f ? chunk_data<float>(table, kSgdMomentumBuffer, c) : nullptr;
   const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
   // Note [step counters]: still the count before this step.
-  const bool first_step = *tensor_scalar<const float>(table, kSgdStep, c) == 0.0f;
+  const float taken = *tensor_scalar<const float>(table, kSgdStep, c);
+  const bool first_step = taken == 0.0f;
+  const ParamRounding pr = param_rounding(table, kSgdMaster, kSgdSeed, c, taken + 1.0f);
 
-  for_each_lanes(c.size, all_aligned(p, g, buf), [&](const Lanes& l) {
+  for_each_lanes(c.size, all_aligned(p, g, buf, pr.master), [&](const Lanes& l) {
     float rp[kILP], rg[kILP], rbuf[kILP] = {};
-    load(rp, p, l);
+    load_param(rp, p, pr, l);
     load(rg, g, l);
     if (buf) load(rbuf, buf, l);
 #pragma unroll
     for (int k = 0; k < kILP; ++k) sgd_update(rp[k], rg[k] * inv_scale, rbuf[k], first_step, args);
-    store(p, rp, l);
+    store_param(p, rp, pr, l);
     if (buf) store(buf, rbuf, l);
   });
 }

@@ -2,7 +2,7 @@
 
 from . import amp
 from .amp import autocast
-from .optim import SGD, Adam, AdamW, FusedOptimizer
+from .optim import LAMB, SGD, Adagrad, Adam, AdamW, FusedOptimizer, Lion
 from .optimizer import Optimizer
 from .replay import ClosureReplayError
 from .outputs import backward, grad, scale_outputs
@@ -13,20 +13,23 @@ from .wrapping import LBFGS, patch_optimizer, with_scaling
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "amp",
-    "autocast",
-    "Optimizer",
-    "FusedOptimizer",
+    "LAMB",
+    "LBFGS",
+    "SGD",
+    "Adagrad",
     "Adam",
     "AdamW",
-    "SGD",
-    "LBFGS",
-    "with_scaling",
-    "patch_optimizer",
-    "share_scale",
-    "scale_outputs",
+    "ClosureReplayError",
+    "FusedOptimizer",
+    "Lion",
+    "Optimizer",
+    "ScalingConfig",
+    "amp",
+    "autocast",
     "backward",
     "grad",
-    "ScalingConfig",
-    "ClosureReplayError",
+    "patch_optimizer",
+    "scale_outputs",
+    "share_scale",
+    "with_scaling",
 ]

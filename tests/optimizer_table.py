@@ -35,6 +35,10 @@ CASES = [
                   dict(lr=0.05, momentum=0.9, nesterov=True)),
     OptimizerCase("sgd-dampening-maximize", scaledoptim.SGD, torch.optim.SGD,
                   dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01, maximize=True)),
+    OptimizerCase("adagrad", scaledoptim.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),
+    OptimizerCase("adagrad-every-option", scaledoptim.Adagrad, torch.optim.Adagrad,
+                  dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2,
+                       eps=1e-3, maximize=True)),
 ]  # fmt: skip
 
 

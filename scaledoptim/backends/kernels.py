@@ -47,6 +47,13 @@ class KernelBackend(Backend):
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
         device = tensor_lists[0][0].device
+        launches = optimizer._prepare_kernel_launches(group, tensor_lists)
+        if launches is not None:  # an update of several launches (LAMB)
+
+            def run_launches(found_inf: Tensor | None, inv_scale: Tensor | None) -> None:
+                launches(scalar_pointer(found_inf, "found_inf", device), scalar_pointer(inv_scale, "inv_scale", device))
+
+            return run_launches
         update = prepare_launch(optimizer.kernel, tensor_lists)
 
         def run(found_inf: Tensor | None, inv_scale: Tensor | None) -> None:

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..kernels.rounding import ROUNDING_LISTS
+from ..optim.rounding import stochastic_round_
 from ..scaling import ScaleUpdate
 from .base import Backend, PreparedEpilogue, PreparedUpdate
 
-__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "advance_steps_", "unscale_in_place_"]
+__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "advance_steps_", "copy_unless_skipped_", "unscale_in_place_"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -59,11 +61,16 @@ class TorchNativeBackend(Backend):
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
         params, grads, *state_lists, steps = tensor_lists
+        masters, seeds = _split_rounding_lists(optimizer, state_lists)
 
         def update(found_inf: Tensor | None, inv_scale: Tensor | None) -> None:
-            work = [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
+            # Note [param rounding]: with masters the update runs on them in place.
+            work = masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
             work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
             optimizer._torch_update(group, [work, work_grads, *state_lists, steps], found_inf)
+            if seeds:  # the counters now count this step, as the kernels' `*step + 1`
+                stochastic_round_(params, work, seeds, steps)
+                return
             rounded = [(p, w) for p, w in zip(params, work) if p is not w]
             if rounded:
                 torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
@@ -77,6 +84,25 @@ class TorchNativeBackend(Backend):
                 scale_update.apply()
 
         return run
+
+
+def _split_rounding_lists(optimizer, state_lists: list[list[Tensor]]) -> tuple[list[Tensor], list[Tensor]]:
+    """Removes the kernel's ``master_params``/``sr_seeds`` lists from ``state_lists`` (Note
+    [param rounding]) and returns them."""
+    if optimizer.kernel.lists[-3:-1] != ROUNDING_LISTS:
+        return [], []
+    seeds, masters = state_lists.pop(), state_lists.pop()
+    return masters, seeds
+
+
+def copy_unless_skipped_(dst: Sequence[Tensor], src: Sequence[Tensor], found_inf: Tensor | None) -> None:
+    """``dst[i] = src[i]``, or nothing when ``found_inf`` is set (on device, no host read)."""
+    if found_inf is None:
+        torch._foreach_copy_(list(dst), list(src))
+        return
+    skip = found_inf > 0
+    for d, s in zip(dst, src):
+        d.copy_(torch.where(skip, d, s))
 
 
 def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:

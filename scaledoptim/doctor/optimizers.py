@@ -46,4 +46,5 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
     OptimizerRow("AdamW", {"lr": 1e-2, "weight_decay": 0.1}),
     OptimizerRow("Adam", {"lr": 1e-2, "betas": (0.8, 0.99), "weight_decay": 0.1, "amsgrad": True}),
     OptimizerRow("SGD", {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "nesterov": True}),
+    OptimizerRow("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 0.01}),
 )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from .rounding import ROUNDING_LISTS, rounding_lists
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 from .update import launch_update
@@ -38,10 +39,10 @@ class AdamArgs(ctypes.Structure):
 ADAM = MultiTensorKernel(
     CUDA_SOURCE_DIR / "adam.cu",
     "adam_kernel",
-    ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "steps"),
+    ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", *ROUNDING_LISTS, "steps"),
     AdamArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(5,),
+    per_tensor_lists=(6, 7),
 )
 
 
@@ -86,6 +87,8 @@ def adam_(
     *,
     found_inf: Tensor | None,
     inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
     **options: float | bool,
 ) -> None:
     r"""One fused Adam (``decoupled_weight_decay=False``) or AdamW step over all tensors.
@@ -102,10 +105,13 @@ def adam_(
         max_exp_avg_sqs: one per parameter with ``amsgrad``, else an empty list.
         found_inf: 0-dim float32 device tensor, or ``None`` to always step.
         inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding.rounding_lists`), empty to round to nearest.
         options: the keyword arguments of :func:`adam_args` (``lr``, ``beta1``, ``beta2``,
             ``eps``, ``weight_decay``, ``decoupled_weight_decay``, ``amsgrad``, ``maximize``).
     """
     if options["amsgrad"] and len(max_exp_avg_sqs) != len(params):
         raise ValueError("adam_ with amsgrad=True needs one max_exp_avg_sq per param")
-    lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if options["amsgrad"] else [], steps]
+    lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if options["amsgrad"] else [],
+             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
     launch_update(ADAM, lists, found_inf, inv_scale, lambda f, i: adam_args(f, i, **options))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from .rounding import ROUNDING_LISTS, rounding_lists
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 from .update import launch_update
@@ -32,10 +33,10 @@ class SgdArgs(ctypes.Structure):
 SGD = MultiTensorKernel(
     CUDA_SOURCE_DIR / "sgd.cu",
     "sgd_kernel",
-    ("params", "grads", "momentum_buffers", "steps"),
+    ("params", "grads", "momentum_buffers", *ROUNDING_LISTS, "steps"),
     SgdArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(3,),
+    per_tensor_lists=(4, 5),
 )
 
 
@@ -71,6 +72,8 @@ def sgd_(
     *,
     found_inf: Tensor | None,
     inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
     **options: float | bool,
 ) -> None:
     r"""One fused SGD step over all tensors (``torch.optim.SGD``, ``foreach=False`` math).
@@ -86,10 +89,13 @@ def sgd_(
         steps: one 0-dim float32 tensor per param, counting taken steps.
         found_inf: 0-dim float32 device tensor, or ``None`` to always step.
         inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding.rounding_lists`), empty to round to nearest.
         options: the keyword arguments of :func:`sgd_args` (``lr``, ``momentum``,
             ``dampening``, ``nesterov``, ``weight_decay``, ``maximize``).
     """
     if options["momentum"] != 0 and len(momentum_buffers) != len(params):
         raise ValueError("sgd_ with momentum != 0 needs one momentum buffer per param")
-    lists = [params, grads, momentum_buffers if options["momentum"] != 0 else [], steps]
+    lists = [params, grads, momentum_buffers if options["momentum"] != 0 else [],
+             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
     launch_update(SGD, lists, found_inf, inv_scale, lambda f, i: sgd_args(f, i, **options))

@@ -34,6 +34,10 @@ class Adam(FusedOptimizer):
         amsgrad: use the maximum of past squared-gradient averages.
         maximize: maximize the objective instead of minimizing.
         decoupled_weight_decay: apply weight decay as AdamW does.
+        master_weights: keep an fp32 master copy of 16-bit params (see
+            :class:`~scaledoptim.FusedOptimizer`).
+        stochastic_rounding: round bf16 params stochastically (see
+            :class:`~scaledoptim.FusedOptimizer`).
     """
 
     kernel = ADAM
@@ -57,12 +61,15 @@ class Adam(FusedOptimizer):
         differentiable: bool = False,
         fused: bool | None = None,
         decoupled_weight_decay: bool = False,
+        master_weights: bool = False,
+        stochastic_rounding: bool = False,
     ) -> None:
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
             maximize=maximize, foreach=foreach, capturable=capturable,
             differentiable=differentiable, fused=fused,
             decoupled_weight_decay=decoupled_weight_decay,
+            master_weights=master_weights, stochastic_rounding=stochastic_rounding,
         )  # fmt: skip
         super().__init__(params, defaults)
 
@@ -119,11 +126,14 @@ class AdamW(Adam):
         capturable: bool = False,
         differentiable: bool = False,
         fused: bool | None = None,
+        master_weights: bool = False,
+        stochastic_rounding: bool = False,
     ) -> None:
         super().__init__(
             params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
             foreach=foreach, maximize=maximize, capturable=capturable,
             differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
+            master_weights=master_weights, stochastic_rounding=stochastic_rounding,
         )  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:

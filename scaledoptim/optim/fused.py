@@ -4,25 +4,22 @@ reads ``found_inf`` on device, so that skipping an overflowed step needs no host
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 
-from ..backends import TORCH_NATIVE, Backend, select
-from ..backends.base import PreparedEpilogue, PreparedUpdate
+from ..backends import select
+from ..kernels.rounding import ROUNDING_LISTS
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
-from ..scaling import ScaleUpdate
 from ..validation import check_param_grads, check_param_groups, refuse_during_capture
+from .rounding import check_rounding_options, check_rounding_params, stage_rounding_state
 from .state import cast_loaded_state, check_param, stage_state
+from .step_plan import PENDING as _PENDING
+from .step_plan import _FusedStepPlan, _split_by_support
 
 __all__ = ["FusedOptimizer", "check_hyperparameter"]
-
-# While the protocol runs ``self.step()``, the validated plan and its scalars wait here, so that
-# the step hooks, schedulers and the profiler see an ordinary ``step()`` call.
-_PENDING = "_scaledoptim_pending_step"
 
 
 class FusedOptimizer(Optimizer):
@@ -46,14 +43,27 @@ class FusedOptimizer(Optimizer):
       must advance ``steps`` itself, on device).
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
-    state creation and checkpoints) is inherited.
+    state creation and checkpoints) is inherited, and so are two options of every group when the
+    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (Note [param
+    rounding] in ``cuda/multi_tensor_apply.cuh``):
+
+    * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
+      ``state["master_param"]``; the update reads and writes it and stores the param rounded
+      from it in the same pass. fp32 params ignore it.
+    * ``stochastic_rounding`` (default False, bfloat16 params only, exclusive with
+      ``master_weights``): the param is stored rounded stochastically, unbiased, from a hash of
+      ``state["sr_seed"]`` (an int32 per param), the step and the element index: reproducible,
+      resumed bit-exactly, identical on both backends and under CUDA-graph replay.
     """
 
     kernel: ClassVar[MultiTensorKernel]
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self._check_options(defaults)
+        check_rounding_options(defaults, self._takes_rounding_lists())
         super().__init__(params, defaults)
+        for group in self.param_groups:
+            self._check_rounding(group)
 
     # ------------------------------------------------------------------ what a subclass defines
     def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
@@ -100,6 +110,7 @@ class FusedOptimizer(Optimizer):
         plan = _FusedStepPlan(self, backend)
         for group in self.param_groups:
             self._check_options(group)
+            self._check_rounding(group)
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -125,9 +136,17 @@ class FusedOptimizer(Optimizer):
                 steps.append(step)
                 if replacement is not None:
                     plan.new_state[param] = replacement
-            lists = [params, grads, *_with_empty_lists(keys, state_lists), steps]
+            extra = self._extra_lists(group, params, grads)
+            rounding = self._stage_rounding(group, params, plan.new_state)
+            lists = [params, grads, *_with_empty_lists(keys, state_lists), *extra, *rounding, steps]
             for part_backend, picked in _split_by_support(backend, params):
-                chosen = [[tensors[i] for i in picked] if tensors else [] for tensors in lists]
+                # The group's own lists when one backend takes every param, so that an update
+                # reading other groups' lists (LAMB's global norm) sees the grads as unscaled.
+                chosen = (
+                    lists
+                    if len(picked) == len(params)
+                    else [[tensors[i] for i in picked] if tensors else [] for tensors in lists]
+                )
                 part = plan.part(part_backend)
                 part.updates.append(part_backend.prepare(self, group, chosen))
                 part.grad_lists.append(chosen[1])
@@ -138,6 +157,53 @@ class FusedOptimizer(Optimizer):
         for part_backend, part in plan.parts.items():
             part.epilogue = part_backend.prepare_epilogue(part.steps)
         return plan
+
+    # ------------------------------------------- updates of several launches (LAMB's norms)
+    def _extra_lists(
+        self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor]
+    ) -> list[list[torch.Tensor]]:
+        """Lists of the kernel between the state lists and the rounding lists that are not
+        state (e.g. per-tensor scratch), for one group's update; called while the step is
+        planned, group by group. None by default."""
+        return []
+
+    def _prepare_kernel_launches(
+        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]
+    ) -> Callable[[int | None, int | None], None] | None:
+        """For an update that is more than ``kernel`` then the step counters: its launches,
+        validated, as ``run(found_inf_pointer, inv_scale_pointer)`` (the step's epilogue
+        advances the counters after it). ``None`` (the default): the kernel backend launches ``kernel`` with
+        :meth:`_kernel_args`."""
+        return None
+
+    # ------------------------------------------------ the param rounding options (rounding.py)
+    def _takes_rounding_lists(self) -> bool:
+        return self.kernel.lists[-3:-1] == ROUNDING_LISTS
+
+    def _check_rounding(self, group: dict[str, Any]) -> None:
+        check_rounding_options(group, self._takes_rounding_lists())
+        check_rounding_params(group)
+
+    def _stage_rounding(
+        self, group: dict[str, Any], params: list[torch.Tensor], new_state: dict[torch.Tensor, dict[str, Any]]
+    ) -> list[list[torch.Tensor]]:
+        """The kernel's ``master_params`` and ``sr_seeds`` lists for ``params`` (none for a kernel
+        without them), recording created or dropped state entries in ``new_state``."""
+        if not self._takes_rounding_lists():
+            return []
+        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        masters, seeds = [], []
+        for param in params:
+            state = new_state.get(param, self.state.get(param, {}))
+            master, seed, changes = stage_rounding_state(param, state, group, index[param])
+            if changes:
+                updated = {**state, **changes}
+                new_state[param] = {k: v for k, v in updated.items() if v is not None}
+            if master is not None:
+                masters.append(master)
+            if seed is not None:
+                seeds.append(seed.view(torch.float32))  # the kernel reads its bits
+        return [masters, seeds]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`scaledoptim.Optimizer.load_state_dict`, keeping state fp32 for 16-bit params.
@@ -199,84 +265,6 @@ class FusedOptimizer(Optimizer):
         for group in self.param_groups:
             for key, value in {**self.defaults, **self._legacy_options}.items():
                 group.setdefault(key, value)
-
-
-def _split_by_support(
-    backend: Backend, params: list[torch.Tensor]
-) -> list[tuple[Backend, list[int]]]:
-    """Which params ``backend`` updates and which torch's ops update instead (float64 ones on
-    our kernels: torch.optim takes float64 params, so the fused optimizers do too)."""
-    ours = [i for i, p in enumerate(params) if backend.supports(p)]
-    others = [i for i, p in enumerate(params) if not backend.supports(p)]
-    return [(b, picked) for b, picked in ((backend, ours), (TORCH_NATIVE, others)) if picked]
-
-
-@dataclasses.dataclass
-class _Part:
-    """What one backend runs in a step: its group updates, the grads they read (per group, in
-    their params' layout), their step counters and the epilogue over them."""
-
-    updates: list[PreparedUpdate] = dataclasses.field(default_factory=list)
-    grad_lists: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)
-    steps: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    epilogue: PreparedEpilogue | None = None
-
-
-class _FusedStepPlan:
-    """A fused step, validated: the prepared group updates and the state they will create."""
-
-    def __init__(self, optimizer: FusedOptimizer, backend: Backend) -> None:
-        self.optimizer = optimizer
-        self.backend = backend
-        self.applies_scale_update = backend.applies_scale_update
-        self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
-        self.parts: dict[Backend, _Part] = {}
-        # Per backend, the inv_scale its updates must still apply once the grads are checked.
-        self.left: dict[Backend, torch.Tensor | None] = {}
-
-    def part(self, backend: Backend) -> _Part:
-        return self.parts.setdefault(backend, _Part())
-
-    def unscale_grads_(
-        self,
-        grads: list[torch.Tensor],
-        found_inf: torch.Tensor,
-        inv_scale: torch.Tensor,
-        checked: frozenset[int] = frozenset(),
-    ) -> torch.Tensor | None:
-        for backend, part in self.parts.items():
-            self.left[backend] = backend.unscale_for_update_(
-                part.grad_lists, found_inf, inv_scale, checked
-            )
-        return inv_scale
-
-    def step(
-        self,
-        found_inf: torch.Tensor | None,
-        inv_scale: torch.Tensor | None,
-        scale_update: ScaleUpdate | None = None,
-    ) -> None:
-        optimizer = self.optimizer
-        optimizer.__dict__[_PENDING] = (self, found_inf, inv_scale, scale_update)
-        try:
-            optimizer.step()
-        finally:
-            optimizer.__dict__.pop(_PENDING, None)
-
-    def commit(
-        self,
-        found_inf: torch.Tensor | None,
-        inv_scale: torch.Tensor | None,
-        scale_update: ScaleUpdate | None,
-    ) -> None:
-        """Installs the new state, runs every update and the epilogue: only device errors can
-        interrupt."""
-        self.optimizer.state.update(self.new_state)
-        for backend, part in self.parts.items():
-            for update in part.updates:
-                update(found_inf, self.left.get(backend))
-        for backend, part in self.parts.items():
-            part.epilogue(found_inf, scale_update if backend is self.backend else None)
 
 
 def _with_empty_lists(

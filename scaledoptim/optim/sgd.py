@@ -34,6 +34,10 @@ class SGD(FusedOptimizer):
         weight_decay: weight decay (L2 penalty).
         nesterov: enables Nesterov momentum.
         maximize: maximize the objective instead of minimizing.
+        master_weights: keep an fp32 master copy of 16-bit params (see
+            :class:`~scaledoptim.FusedOptimizer`).
+        stochastic_rounding: round bf16 params stochastically (see
+            :class:`~scaledoptim.FusedOptimizer`).
     """
 
     kernel = SGD_KERNEL
@@ -54,11 +58,14 @@ class SGD(FusedOptimizer):
         foreach: bool | None = None,
         differentiable: bool = False,
         fused: bool | None = None,
+        master_weights: bool = False,
+        stochastic_rounding: bool = False,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
             nesterov=nesterov, maximize=maximize, foreach=foreach,
             differentiable=differentiable, fused=fused,
+            master_weights=master_weights, stochastic_rounding=stochastic_rounding,
         )  # fmt: skip
         super().__init__(params, defaults)
 

@@ -88,29 +88,35 @@ def mixed_params_and_grads(
 def adam_options(**changes: float | bool) -> dict:
     """The keyword arguments of ``kernels.adam_`` but found_inf and inv_scale: torch.optim.AdamW's
     defaults, with ``changes``."""
-    return dict(
-        lr=1e-3,
-        beta1=0.9,
-        beta2=0.999,
-        eps=1e-8,
-        weight_decay=0.01,
-        decoupled_weight_decay=True,
-        amsgrad=False,
-        maximize=False,
-    ) | changes
+    return (
+        dict(
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=0.01,
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            maximize=False,
+        )
+        | changes
+    )
 
 
 def sgd_options(**changes: float | bool) -> dict:
     """The keyword arguments of ``kernels.sgd_`` but found_inf and inv_scale: lr 0.1 and plain
     momentum 0.9, with ``changes``."""
-    return dict(
-        lr=0.1,
-        momentum=0.9,
-        dampening=0.0,
-        nesterov=False,
-        weight_decay=0.0,
-        maximize=False,
-    ) | changes
+    return (
+        dict(
+            lr=0.1,
+            momentum=0.9,
+            dampening=0.0,
+            nesterov=False,
+            weight_decay=0.0,
+            maximize=False,
+        )
+        | changes
+    )
 
 
 def zero_adam_state(params: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
@@ -225,9 +231,9 @@ def assert_param_close(
     else:
         expected = expected32.to(actual.dtype)
         distance = ulp_distance(actual, expected)
-        assert (
-            distance.numel() == 0 or distance.max().item() <= 1
-        ), f"{actual.dtype} param off by {distance.max().item()} ulp: {actual} vs {expected}"
+        assert distance.numel() == 0 or distance.max().item() <= 1, (
+            f"{actual.dtype} param off by {distance.max().item()} ulp: {actual} vs {expected}"
+        )
 
 
 def assert_state_close(

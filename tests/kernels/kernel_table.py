@@ -4,10 +4,12 @@ AddressSanitizer (test_emulator_sanitizer.py), NVRTC (test_nvrtc.py) and GPU
 (tests/gpu/test_gpu_fused_kernels.py) tests, so a new kernel is one row here plus, for an update
 kernel, its ``reference_xxx`` in kernel_reference.py.
 
-An update kernel's lists are ``params, grads, *state, steps`` (``kernel.lists`` starts with
-"params", "grads" and ends with "steps"): it unscales grads by ``inv_scale``, skips everything
-when ``found_inf`` is non-zero, and is followed by STEP_EPILOGUE (Note [step counters]), as the
-optimizer launches it.
+An update kernel's lists are ``params, grads, *state, [scratch,] master_params, sr_seeds,
+steps`` (``kernel.lists`` starts with "params", "grads" and ends with "steps"; the rounding lists
+of Note [param rounding] stay empty here, test_emulated_rounding.py fills them): it unscales
+grads by ``inv_scale``, skips everything when ``found_inf`` is non-zero, and is followed by
+STEP_EPILOGUE (Note [step counters]), as the optimizer launches it. An update of several
+launches (LAMB: its norms first) gives them as ``prepare``.
 """
 
 from __future__ import annotations
@@ -23,15 +25,34 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from scaledoptim import kernels
+from scaledoptim.kernels.rounding import ROUNDING_LISTS
+from tests.kernels.kernel_checks import Tolerance, check_parity, launch_case  # noqa: F401 (re-exported)
+from tests.kernels.kernel_lists import (
+    GRAD_NORM_SQ,
+    adagrad_lists,
+    adam_lists,
+    lamb_functional,
+    lamb_lists,
+    lion_lists,
+    prepare_lamb,
+    sgd_lists,
+    with_rounding_lists,
+    zero_steps,
+)
 from tests.kernels.kernel_reference import (
+    DTYPES,
     adam_options,
-    assert_bytes_unchanged,
-    assert_param_close,
-    assert_state_close,
     reference_adam,
     reference_sgd,
     sgd_options,
-    snapshot,
+)
+from tests.kernels.kernel_reference_more import (
+    adagrad_options,
+    lamb_options,
+    lion_options,
+    reference_adagrad,
+    reference_lamb,
+    reference_lion,
 )
 
 #: ``make_lists(params, grads, options, generator)``: every tensor list of the kernel, in order.
@@ -40,6 +61,8 @@ MakeLists = Callable[
 ]
 #: ``reference(params, grads, state, steps, inv_scale, options) -> (fp32 params, state)``.
 Reference = Callable[..., tuple[list[Tensor], list[list[Tensor]]]]
+#: ``prepare(lists) -> run(options, found_inf_pointer, inv_scale_pointer)``: validated launches.
+Prepare = Callable[[Sequence[Sequence[Tensor]]], Callable[[dict, int | None, int | None], None]]
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,11 @@ class KernelCase:
         hyper: hypothesis strategies of the float options the property test varies.
         reference: the fp32 torch step (update kernels).
         functional: the public ``kernels.xxx_`` entry point, taking the lists positionally.
+        n_state: how many lists after grads are state (the rest, up to the rounding lists,
+            is scratch); ``None``: all of them.
+        prepare: the update's launches when they are more than ``kernel`` with ``args``.
+        tolerance: against the reference.
+        mixed_param_dtypes: the param dtypes the hypothesis test mixes.
     """
 
     kernel: kernels.MultiTensorKernel
@@ -68,6 +96,10 @@ class KernelCase:
     hyper: dict[str, st.SearchStrategy] = field(default_factory=dict)
     reference: Reference | None = None
     functional: Callable[..., None] | None = None
+    n_state: int | None = None
+    prepare: Prepare | None = None
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    mixed_param_dtypes: tuple[torch.dtype, ...] = DTYPES
 
     @property
     def name(self) -> str:
@@ -79,35 +111,10 @@ class KernelCase:
     def all_options(self) -> list[dict]:
         return [self.options(**entry) for entry in self.grid]
 
-
-def zero_steps(params: Sequence[Tensor]) -> list[Tensor]:
-    return [torch.zeros((), device=p.device) for p in params]
-
-
-def fp32_zeros(params: Sequence[Tensor]) -> list[Tensor]:
-    return [torch.zeros_like(p, dtype=torch.float32) for p in params]
-
-
-def adam_lists(params, grads, options, generator) -> list[list[Tensor]]:
-    max_exp_avg_sqs = fp32_zeros(params) if options["amsgrad"] else []
-    return [
-        list(params),
-        list(grads),
-        fp32_zeros(params),
-        fp32_zeros(params),
-        max_exp_avg_sqs,
-        zero_steps(params),
-    ]
-
-
-def sgd_lists(params, grads, options, generator) -> list[list[Tensor]]:
-    # Garbage buffers: the first taken step must overwrite them with the gradient.
-    buffers = (
-        [torch.randn(p.shape, generator=generator).to(p.device) for p in params]
-        if options["momentum"]
-        else []
-    )
-    return [list(params), list(grads), buffers, zero_steps(params)]
+    def state(self, lists: Sequence[Sequence[Tensor]]) -> list[Sequence[Tensor]]:
+        """The state lists among an update kernel's ``lists``."""
+        end = -3 if self.kernel.lists[-3:-1] == ROUNDING_LISTS else -1
+        return list(lists[2:end])[: self.n_state]
 
 
 def grid(**choices: Sequence) -> tuple[dict, ...]:
@@ -145,7 +152,7 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
             "eps": st.floats(1e-10, 1e-3),
         },
         reference=reference_adam,
-        functional=kernels.adam_,
+        functional=with_rounding_lists(kernels.adam_),
     ),
     KernelCase(
         kernels.SGD,
@@ -167,7 +174,86 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
         ),
         hyper={"lr": st.floats(1e-4, 1.0)},
         reference=reference_sgd,
-        functional=kernels.sgd_,
+        functional=with_rounding_lists(kernels.sgd_),
+    ),
+    KernelCase(
+        kernels.LION,
+        make_lists=lion_lists,
+        args=kernels.lion_args,
+        update=True,
+        defaults=lion_options(),
+        grid=grid(maximize=(False, True), weight_decay=(0.0, 0.5)),
+        hyper={
+            "lr": st.floats(1e-4, 1e-1),
+            "beta1": st.floats(0.0, 0.99),
+            "beta2": st.floats(0.9, 0.999),
+        },
+        reference=reference_lion,
+        functional=with_rounding_lists(kernels.lion_),
+    ),
+    KernelCase(
+        kernels.ADAGRAD,
+        make_lists=adagrad_lists,
+        args=kernels.adagrad_args,
+        update=True,
+        defaults=adagrad_options(),
+        grid=grid(maximize=(False, True), weight_decay=(0.0, 0.1), lr_decay=(0.0, 0.05)),
+        hyper={"lr": st.floats(1e-4, 1e-1), "eps": st.floats(1e-10, 1e-3)},
+        reference=reference_adagrad,
+        functional=with_rounding_lists(kernels.adagrad_),
+    ),
+    KernelCase(
+        kernels.LAMB,
+        make_lists=lamb_lists,
+        args=lambda found_inf, inv_scale, **options: kernels.lamb_args(
+            found_inf, inv_scale, GRAD_NORM_SQ.data_ptr(), **options
+        ),
+        update=True,
+        defaults=lamb_options(),
+        grid=tuple(
+            dict(
+                weight_decay=w,
+                adam_w_mode=a,
+                grad_averaging=ga,
+                use_nvlamb=n,
+                max_grad_norm=c,
+                bias_correction=b,
+            )  # fmt: skip
+            for w, a, ga, n, c, b in [
+                (0.01, True, True, False, 1.0, True),
+                (0.0, True, True, False, 1.0, True),  # no trust ratio
+                (0.0, True, False, True, 0.5, True),
+                (0.1, False, True, False, 0.0, False),  # L2, clipping off
+                (0.1, True, True, True, 100.0, True),  # norm below the clip
+            ]
+        ),
+        hyper={"lr": st.floats(1e-4, 1e-1)},
+        reference=reference_lamb,
+        functional=lamb_functional,
+        n_state=2,
+        prepare=prepare_lamb,
+        # The trust ratio divides norms summed in another order than float64's.
+        tolerance=Tolerance(param_rtol=2e-6, param_atol=2e-6, state_rtol=1e-5),
+        # float64 reference: a 16-bit param that nearly cancels its update is off by more than
+        # an ulp (the every-dtype test above holds them to one ulp at boundary sizes).
+        mixed_param_dtypes=(torch.float32,),
+    ),
+    # LAMB's norm launches, as the ASan and NVRTC tests see them (the LAMB row runs them).
+    KernelCase(
+        kernels.LAMB_NORMS,
+        make_lists=lambda params, grads, options, generator: lamb_lists(
+            params, grads, options, generator
+        ),
+        args=lambda found_inf, inv_scale: kernels.lamb_args(
+            found_inf, inv_scale, GRAD_NORM_SQ.data_ptr(), **lamb_options()
+        ),
+    ),
+    KernelCase(
+        kernels.LAMB_GRAD_NORM,
+        make_lists=lambda params, grads, options, generator: [list(grads)],
+        args=lambda found_inf, inv_scale: kernels.LambNormArgs(
+            found_inf, inv_scale, GRAD_NORM_SQ.data_ptr()
+        ),
     ),
 )
 
@@ -188,74 +274,3 @@ CASE_OPTIONS = [
     for case in UPDATE_CASES
     for entry, options in zip(case.grid, case.all_options())
 ]
-
-
-def pointer(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def launch_case(
-    case: KernelCase,
-    lists: Sequence[Sequence[Tensor]],
-    options: dict,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-) -> None:
-    """Launches ``case.kernel`` on ``lists`` as the optimizer does: both launches of an update
-    kernel (the update, then STEP_EPILOGUE advancing its last list) validated before either runs."""
-    launch = kernels.prepare_launch(case.kernel, lists)
-    advance = kernels.prepare_launch(kernels.STEP_EPILOGUE, [lists[-1]]) if case.update else None
-    launch.run(case.args(pointer(found_inf), pointer(inv_scale), **options))
-    if advance is not None:
-        advance.run(kernels.StepEpilogueArgs(found_inf=pointer(found_inf)))
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Of a kernel's result against its fp32 reference (16-bit params: always one ulp)."""
-
-    param_rtol: float = 1e-6
-    param_atol: float = 1e-6
-    state_rtol: float = 1e-6
-    state_atol: float = 1e-7
-
-
-def check_parity(
-    case: KernelCase,
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    options: dict,
-    inv_scale: float | None,
-    n_steps: int = 3,
-    seed: int = 0,
-    tolerance: Tolerance = Tolerance(),
-) -> None:
-    """Runs ``n_steps`` update steps of ``case``, each on fresh gradients, against its reference
-    started from the kernel's current state (on CPU copies): params, state, counters advanced by
-    one, grads never written."""
-    generator = torch.Generator().manual_seed(seed)
-    lists = case.make_lists(params, grads, options, generator)
-    state, steps = lists[2:-1], lists[-1]
-    device = params[0].device if params else torch.device("cpu")
-    scale = torch.tensor(inv_scale, device=device) if inv_scale is not None else None
-    for i in range(n_steps):
-        for g in grads:  # fresh gradients every step
-            g.copy_(torch.randn(g.shape, generator=generator).to(g.dtype))
-        grads_before = snapshot(grads)
-        expected_params, expected_state = case.reference(
-            *([t.cpu() for t in ts] for ts in (params, grads)),
-            [[t.cpu() for t in ts] for ts in state],
-            [s.cpu() for s in steps],
-            inv_scale,
-            options,
-        )
-        launch_case(case, lists, options, torch.zeros((), device=device), scale)
-        for actual_list, expected_list in zip(state, expected_state, strict=True):
-            for actual, expected in zip(actual_list, expected_list, strict=True):
-                assert_state_close(
-                    actual.cpu(), expected, tolerance.state_rtol, tolerance.state_atol
-                )
-        assert all(s.item() == i + 1 for s in steps)
-        for actual, expected in zip(params, expected_params):
-            assert_param_close(actual.cpu(), expected, tolerance.param_rtol, tolerance.param_atol)
-        assert_bytes_unchanged(grads_before, grads)  # update kernels never write grads

@@ -15,7 +15,9 @@ from prerequisites import require_module
 
 from scaledoptim.kernels import NON_FINITE_CHECK, KernelCompileError, cuda_backend
 
-NVRTC_LOG = 'non_finite_check.cu(12): error: identifier "undeclared_helper" is undefined\n1 error detected'
+NVRTC_LOG = (
+    'non_finite_check.cu(12): error: identifier "undeclared_helper" is undefined\n1 error detected'
+)
 
 
 class StandInCompileException(Exception):
@@ -64,7 +66,12 @@ def test_a_compile_failure_at_launch_raises_kernel_compile_error(compile_excepti
     for attempt in (1, 2):  # a failed compile is not cached as a usable module or function
         with pytest.raises(KernelCompileError) as error:
             cuda_backend.launch(
-                NON_FINITE_CHECK, instantiation, (ctypes.c_void_p * 1)(), 1, 1, torch.device("cuda", 0)
+                NON_FINITE_CHECK,
+                instantiation,
+                (ctypes.c_void_p * 1)(),
+                1,
+                1,
+                torch.device("cuda", 0),
             )
         message = str(error.value)
         assert NVRTC_LOG in message

@@ -18,11 +18,11 @@ SKIP_FLAGS = (1.0, 2.0, -1.0, float("nan"), float("inf"))
 
 
 def lists_mid_training(case, options, dtype):
-    """The case's lists with random state and every counter at 7 (not a first step)."""
+    """The case's lists with random state (scratch left zero) and every counter at 7 (not a first step)."""
     generator = torch.Generator().manual_seed(0)
     params, grads = boundary_params_and_grads(dtype, dtype, generator)
     lists = case.make_lists(params, grads, options, generator)
-    for t in (t for ts in lists[2:-1] for t in ts):
+    for t in (t for ts in case.state(lists) for t in ts):
         t.copy_(torch.rand(t.shape, generator=generator))
     for s in lists[-1]:
         s.fill_(7.0)

@@ -27,9 +27,9 @@ def test_the_kernel_table_covers_every_builtin_kernel_once():
 
 
 def test_installed_nvrtc_covers_current_gpus():
-    assert {80, 90} <= set(
-        supported_archs()
-    ), f"NVRTC supports only {supported_archs()} of {TARGET_ARCHS}"
+    assert {80, 90} <= set(supported_archs()), (
+        f"NVRTC supports only {supported_archs()} of {TARGET_ARCHS}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,9 @@ def test_a_broken_kernel_fails_with_the_nvrtc_log(tmp_path):
         "  undeclared_helper(table);\n"
         "}\n"
     )
-    kernel = MultiTensorKernel(source, "broken_kernel", ("tensors",), NonFiniteCheckArgs, dtype_lists=(0,))
+    kernel = MultiTensorKernel(
+        source, "broken_kernel", ("tensors",), NonFiniteCheckArgs, dtype_lists=(0,)
+    )
     with pytest.raises(KernelCompileError) as error:
         compile_for_arch(kernel, supported_archs()[0])
     message = str(error.value)

@@ -1,0 +1,168 @@
+// LAMB (You et al. 2020) with Apex FusedLAMB's semantics, fused with unscaling, the skip on
+// inf/nan (Note [found_inf contract]) and the param rounding options (Note [param rounding]).
+// Three sync-free launches per step, all gated on found_inf:
+//   lamb_grad_norm_kernel: the squared global norm of the unscaled grads, into a device scalar;
+//   lamb_norms_kernel:     the new moments, and per tensor ||p||^2 and ||update||^2;
+//   lamb_kernel:           the update, recomputed from the new moments, times the trust ratio.
+// Note [lamb sums]: sums are reduced per block in a fixed order, then added across blocks with
+// atomicAdd: bit-reproducible in the emulator (blocks run in order), order-dependent in the last
+// bits on a GPU.
+#include "multi_tensor_apply.cuh"
+
+// Mirrored by LambArgs in scaledoptim/kernels/lamb.py.
+struct LambArgs {
+  const float* found_inf;     // Note [found_inf contract]; may be null
+  const float* inv_scale;     // may be null: grads are not scaled
+  const float* grad_norm_sq;  // squared global norm of the unscaled grads (lamb_grad_norm_kernel)
+  float lr;
+  float beta1;
+  float beta1_grad;  // 1 - beta1, or 1 without grad averaging
+  float beta2;
+  float one_minus_beta2;
+  float eps;
+  float weight_decay;
+  float max_grad_norm;  // <= 0: no clipping
+  int bias_correction;
+  int adam_w_mode;      // decoupled decay in the update; else L2 in the grad
+  int trust_ratio;      // use_nvlamb or weight_decay != 0
+};
+
+struct LambNormArgs {
+  const float* found_inf;
+  const float* inv_scale;
+  float* grad_norm_sq;  // accumulated into: zeroed by the host first
+};
+
+enum LambList {
+  kLambParam, kLambGrad, kLambExpAvg, kLambExpAvgSq,
+  kLambParamNormSq, kLambUpdateNormSq,  // per tensor, accumulated by lamb_norms_kernel
+  kLambMaster, kLambSeed,               // Note [param rounding]
+  kLambStep, kLambLists
+};
+
+// Sums `v` over the block in a fixed order; the result is valid in thread 0.
+__device__ __forceinline__ float block_sum(float v, float* partial) {
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = 1; s < blockDim.x; s <<= 1) {
+    if (threadIdx.x % (2 * s) == 0 && threadIdx.x + s < blockDim.x) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  const float total = partial[0];
+  __syncthreads();  // partial may be reused
+  return total;
+}
+
+template <typename G>
+__global__ void lamb_grad_norm_kernel(TensorTable<1> table, LambNormArgs args) {
+  __shared__ float partial[1024];
+  if (step_is_skipped(args.found_inf)) return;
+  const Chunk c = this_blocks_chunk(table);
+  const G* g = chunk_data<const G>(table, 0, c);
+  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  float sum = 0.0f;
+  for_each_lanes(c.size, all_aligned(g), [&](const Lanes& l) {
+    float rg[kILP];
+    load(rg, g, l);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) sum += (rg[k] * inv_scale) * (rg[k] * inv_scale);
+  });
+  const float total = block_sum(sum, partial);
+  if (threadIdx.x == 0) atomicAdd(args.grad_norm_sq, total);
+}
+
+struct LambStepScalars {
+  float inv_clip;  // 1 / max(norm / max_grad_norm, 1)
+  float bias_correction1;
+  float bias_correction2;
+};
+
+__device__ __forceinline__ LambStepScalars lamb_step_scalars(const LambArgs& a, float step) {
+  LambStepScalars s;
+  const float norm = sqrtf(*a.grad_norm_sq);
+  s.inv_clip = a.max_grad_norm > 0.0f && norm > a.max_grad_norm ? a.max_grad_norm / norm : 1.0f;
+  s.bias_correction1 = a.bias_correction ? 1.0f - powf(a.beta1, step) : 1.0f;
+  s.bias_correction2 = a.bias_correction ? 1.0f - powf(a.beta2, step) : 1.0f;
+  return s;
+}
+
+// The new moments of one element (`g` unscaled, not yet clipped).
+__device__ __forceinline__ void lamb_moments(float p, float g, float& m, float& v, const LambArgs& a,
+                                             const LambStepScalars& s) {
+  g *= s.inv_clip;
+  if (!a.adam_w_mode && a.weight_decay != 0.0f) g += a.weight_decay * p;
+  m = a.beta1 * m + a.beta1_grad * g;
+  v = a.beta2 * v + a.one_minus_beta2 * g * g;
+}
+
+// The update direction of one element from its new moments (both kernels compute it alike).
+__device__ __forceinline__ float lamb_direction(float p, float m, float v, const LambArgs& a,
+                                                const LambStepScalars& s) {
+  float u = (m / s.bias_correction1) / (sqrtf(v / s.bias_correction2) + a.eps);
+  if (a.adam_w_mode && a.weight_decay != 0.0f) u += a.weight_decay * p;
+  return u;
+}
+
+template <typename P, typename G>
+__global__ void lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) {
+  __shared__ float partial[1024];
+  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  const Chunk c = this_blocks_chunk(table);
+  const P* p = chunk_data<const P>(table, kLambParam, c);
+  const G* g = chunk_data<const G>(table, kLambGrad, c);
+  float* m = chunk_data<float>(table, kLambExpAvg, c);
+  float* v = chunk_data<float>(table, kLambExpAvgSq, c);
+  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  const float step = *tensor_scalar<const float>(table, kLambStep, c) + 1.0f;  // Note [step counters]
+  const LambStepScalars s = lamb_step_scalars(args, step);
+  const ParamRounding pr = param_rounding(table, kLambMaster, kLambSeed, c, step);
+  float p_sq = 0.0f, u_sq = 0.0f;
+  for_each_lanes(c.size, all_aligned(p, g, m, v, pr.master), [&](const Lanes& l) {
+    float rp[kILP], rg[kILP], rm[kILP], rv[kILP];
+    load_param(rp, p, pr, l);
+    load(rg, g, l);
+    load(rm, m, l);
+    load(rv, v, l);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) {
+      if (!l.active(k)) continue;
+      lamb_moments(rp[k], rg[k] * inv_scale, rm[k], rv[k], args, s);
+      const float u = lamb_direction(rp[k], rm[k], rv[k], args, s);
+      p_sq += rp[k] * rp[k];
+      u_sq += u * u;
+    }
+    store(m, rm, l);
+    store(v, rv, l);
+  });
+  const float p_total = block_sum(p_sq, partial);
+  const float u_total = block_sum(u_sq, partial);
+  if (threadIdx.x == 0) {
+    atomicAdd(tensor_scalar<float>(table, kLambParamNormSq, c), p_total);
+    atomicAdd(tensor_scalar<float>(table, kLambUpdateNormSq, c), u_total);
+  }
+}
+
+template <typename P, typename G>
+__global__ void lamb_kernel(TensorTable<kLambLists> table, LambArgs args) {
+  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  const Chunk c = this_blocks_chunk(table);
+  P* p = chunk_data<P>(table, kLambParam, c);
+  const float* m = chunk_data<const float>(table, kLambExpAvg, c);
+  const float* v = chunk_data<const float>(table, kLambExpAvgSq, c);
+  const float step = *tensor_scalar<const float>(table, kLambStep, c) + 1.0f;  // Note [step counters]
+  const LambStepScalars s = lamb_step_scalars(args, step);
+  const ParamRounding pr = param_rounding(table, kLambMaster, kLambSeed, c, step);
+  const float p_norm = sqrtf(*tensor_scalar<const float>(table, kLambParamNormSq, c));
+  const float u_norm = sqrtf(*tensor_scalar<const float>(table, kLambUpdateNormSq, c));
+  const float ratio = args.trust_ratio && p_norm > 0.0f && u_norm > 0.0f ? p_norm / u_norm : 1.0f;
+  const float step_size = args.lr * ratio;
+  for_each_lanes(c.size, all_aligned(p, m, v, pr.master), [&](const Lanes& l) {
+    float rp[kILP], rm[kILP], rv[kILP];
+    load_param(rp, p, pr, l);
+    load(rm, m, l);
+    load(rv, v, l);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) rp[k] -= step_size * lamb_direction(rp[k], rm[k], rv[k], args, s);
+    store_param(p, rp, pr, l);
+  });
+}

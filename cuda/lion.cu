@@ -1,0 +1,52 @@
+// Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), fused with
+// unscaling, the skip on inf/nan (Note [found_inf contract]) and the param rounding options
+// (Note [param rounding]).
+#include "multi_tensor_apply.cuh"
+
+// Mirrored by LionArgs in scaledoptim/kernels/lion.py.
+struct LionArgs {
+  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* inv_scale;  // may be null: grads are not scaled
+  float lr;
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float param_decay;  // decoupled decay factor 1 - lr * weight_decay
+  int maximize;
+};
+
+enum LionList { kLionParam, kLionGrad, kLionExpAvg, kLionMaster, kLionSeed, kLionStep, kLionLists };
+
+// One element of Lion in fp32. `g` is already unscaled.
+__device__ __forceinline__ void lion_update(float& p, float g, float& m, const LionArgs& a) {
+  if (a.maximize) g = -g;
+  const float c = a.beta1 * m + a.one_minus_beta1 * g;
+  const float sign = static_cast<float>((c > 0.0f) - (c < 0.0f));  // sign(0) = 0
+  p = p * a.param_decay - a.lr * sign;
+  m = a.beta2 * m + a.one_minus_beta2 * g;
+}
+
+template <typename P, typename G>
+__global__ void lion_kernel(TensorTable<kLionLists> table, LionArgs args) {
+  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  const Chunk c = this_blocks_chunk(table);
+  P* p = chunk_data<P>(table, kLionParam, c);
+  const G* g = chunk_data<const G>(table, kLionGrad, c);
+  float* m = chunk_data<float>(table, kLionExpAvg, c);
+  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  // Note [step counters]: the counter is advanced after this launch.
+  const ParamRounding pr = param_rounding(table, kLionMaster, kLionSeed, c,
+                                          *tensor_scalar<const float>(table, kLionStep, c) + 1.0f);
+
+  for_each_lanes(c.size, all_aligned(p, g, m, pr.master), [&](const Lanes& l) {
+    float rp[kILP], rg[kILP], rm[kILP];
+    load_param(rp, p, pr, l);
+    load(rg, g, l);
+    load(rm, m, l);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) lion_update(rp[k], rg[k] * inv_scale, rm[k], args);
+    store_param(p, rp, pr, l);
+    store(m, rm, l);
+  });
+}

@@ -1,0 +1,216 @@
+"""The param rounding options of every fused optimizer: ``master_weights`` (an fp32 master copy
+of each 16-bit param in state) and ``stochastic_rounding`` (bf16 params rounded stochastically
+from a counter-based hash), their state, and the torch-native form of the stochastic rounding.
+
+See Note [param rounding] and Note [stochastic rounding] in cuda/: the torch form below is the
+same integer hash, so both backends round to the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "MASTER_KEY",
+    "SEED_KEY",
+    "check_rounding_options",
+    "check_rounding_params",
+    "initial_seed",
+    "stage_rounding_state",
+    "stochastic_round_",
+]
+
+MASTER_KEY = "master_param"
+SEED_KEY = "sr_seed"
+_MASK32 = 0xFFFFFFFF
+
+
+def check_rounding_options(options: dict[str, Any], supported: bool) -> None:
+    """Validates ``master_weights``/``stochastic_rounding`` of a group (both default False).
+
+    Args:
+        supported: whether the optimizer's kernel takes the rounding lists.
+    """
+    master, stochastic = (
+        options.get("master_weights", False),
+        options.get("stochastic_rounding", False),
+    )
+    for name, value in (("master_weights", master), ("stochastic_rounding", stochastic)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if master and stochastic:
+        raise ValueError(
+            "master_weights=True and stochastic_rounding=True are exclusive: an fp32 master "
+            "makes rounding the param irrelevant to training; pick one"
+        )
+    if (master or stochastic) and not supported:
+        raise ValueError(
+            "this optimizer's kernel has no master_params/sr_seeds lists (Note [param "
+            "rounding] in cuda/multi_tensor_apply.cuh), so it cannot take master_weights or "
+            "stochastic_rounding; add them to the kernel or leave both False"
+        )
+
+
+def check_rounding_params(group: dict[str, Any]) -> None:
+    """``stochastic_rounding`` needs bfloat16 params: fp16's range makes unbiased rounding of
+    tiny updates a loss-scaling problem, and fp32 needs no help."""
+    if not group.get("stochastic_rounding", False):
+        return
+    for param in group["params"]:
+        if param.dtype != torch.bfloat16:
+            raise ValueError(
+                f"stochastic_rounding=True needs bfloat16 params, but a param of shape "
+                f"{tuple(param.shape)} is {param.dtype}; convert the model (model.bfloat16()), "
+                "put other params in a group with stochastic_rounding=False, or use "
+                "master_weights=True for float16"
+            )
+
+
+def initial_seed(index: int) -> Tensor:
+    """The seed of the ``index``-th param of an optimizer: a fixed mix of the index, so runs are
+    reproducible without drawing from (and shifting) torch's global generator."""
+    return torch.tensor(
+        _to_int32(_fmix32_int((index * 0x9E3779B9 + 0x7F4A7C15) & _MASK32)), dtype=torch.int32
+    )
+
+
+def stage_rounding_state(
+    param: Tensor, state: dict[str, Any], group: dict[str, Any], index: int
+) -> tuple[Tensor | None, Tensor | None, dict[str, Any]]:
+    """The param's master (``None`` when off; an fp32 param is its own master) and seed (``None``
+    when off), and the state entries to change: created ones, and ``None`` for a master left
+    over from a step without ``master_weights`` (it would be stale when turned on again)."""
+    changes: dict[str, Any] = {}
+    master = seed = None
+    if group.get("master_weights", False):
+        master = state.get(MASTER_KEY)
+        if param.dtype in (torch.float32, torch.float64):
+            master = param
+        elif not _is_master_of(master, param):
+            # Created from the param on its first step; a loaded one keeps its bits in the
+            # param's layout and device.
+            _check_master(master, param)
+            master = torch.empty_like(param, dtype=torch.float32).copy_(
+                param if master is None else master
+            )
+            changes[MASTER_KEY] = master
+    elif MASTER_KEY in state:
+        changes[MASTER_KEY] = None
+    if group.get("stochastic_rounding", False):
+        seed = state.get(SEED_KEY)
+        if not (
+            isinstance(seed, Tensor)
+            and seed.dtype == torch.int32
+            and seed.shape == ()
+            and seed.device == param.device
+        ):
+            seed = _as_seed(seed, index, param)
+            changes[SEED_KEY] = seed
+    return master, seed, changes
+
+
+def stochastic_round_(
+    params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]
+) -> None:
+    r"""``params[i] = round_stochastic(values[i])`` for bf16 params, on device, as the kernels do.
+
+    ``steps[i]`` is the taken-step count including this step; a value exactly representable in
+    bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
+    """
+    for param, value, seed, step in zip(params, values, seeds, steps):
+        flat_value = _storage_flat(value)
+        key = _sr_key(
+            seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32
+        )
+        index = torch.arange(flat_value.numel(), device=param.device, dtype=torch.int64)
+        noise = _fmix32(index ^ key) >> 16
+        bits = flat_value.view(torch.int32).to(torch.int64) & _MASK32
+        rounded = (bits + noise) >> 16
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        rounded = torch.where(is_nan, (bits >> 16) | 0x40, rounded)
+        # int64 -> int16 keeps the low 16 bits (two's complement wrap), i.e. the bf16 pattern.
+        _storage_flat(param).view(torch.int16).copy_(_wrap_int16(rounded))
+
+
+# -------------------------------------------------------------------------------- the hash
+def _mul32(x: Tensor, constant: int) -> Tensor:
+    """``x * constant mod 2**32`` for int64 tensors holding uint32, without int64 overflow."""
+    lo, hi = constant & 0xFFFF, constant >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _sr_key(seed: Tensor, step: Tensor) -> Tensor:
+    return _fmix32(seed ^ _fmix32(step))
+
+
+def _fmix32_int(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def _to_int32(u: int) -> int:
+    return u - (1 << 32) if u >= 1 << 31 else u
+
+
+def _wrap_int16(x: Tensor) -> Tensor:
+    x = x & 0xFFFF
+    return torch.where(x >= 0x8000, x - 0x10000, x).to(torch.int16)
+
+
+def _storage_flat(t: Tensor) -> Tensor:
+    """A dense tensor's elements in storage order, as the kernels walk them."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
+
+
+def _is_master_of(master: Any, param: Tensor) -> bool:
+    return (
+        isinstance(master, Tensor)
+        and master.dtype == torch.float32
+        and master.shape == param.shape
+        and master.stride() == param.stride()
+        and master.device == param.device
+    )
+
+
+def _check_master(master: Any, param: Tensor) -> None:
+    if master is None or (
+        isinstance(master, Tensor) and master.shape == param.shape and master.is_floating_point()
+    ):
+        return
+    raise ValueError(
+        f"Corrupt optimizer state: {MASTER_KEY!r} of a param of shape {tuple(param.shape)} is "
+        f"{master!r}; it must be a floating tensor of the param's shape. Load a state_dict saved "
+        "for this model, or delete the entry (del opt.state[p]['master_param']) to restart it "
+        "from the param"
+    )
+
+
+def _as_seed(value: Any, index: int, param: Tensor) -> Tensor:
+    if value is None:
+        return initial_seed(index).to(param.device)
+    if (
+        isinstance(value, Tensor)
+        and value.numel() == 1
+        and not value.is_floating_point()
+        and not value.is_complex()
+    ):
+        return value.detach().reshape(()).to(dtype=torch.int32, device=param.device, copy=True)
+    raise TypeError(
+        f"Corrupt optimizer state: {SEED_KEY!r} of a param of shape {tuple(param.shape)} is "
+        f"{value!r}; it must be a one-element integer tensor. Load a state_dict saved by this "
+        "optimizer, or delete the entry (del opt.state[p]['sr_seed']) to re-derive it"
+    )
