@@ -191,11 +191,17 @@ class FusedOptimizer(Optimizer):
         without them), recording created or dropped state entries in ``new_state``."""
         if not self._takes_rounding_lists():
             return []
-        index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        # A param's index seeds its stochastic rounding: only built when a group asks for it,
+        # since this runs on every step of every group.
+        index = (
+            {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+            if group.get("stochastic_rounding", False)
+            else {}
+        )
         masters, seeds = [], []
         for param in params:
             state = new_state.get(param, self.state.get(param, {}))
-            master, seed, changes = stage_rounding_state(param, state, group, index[param])
+            master, seed, changes = stage_rounding_state(param, state, group, index.get(param, -1))
             if changes:
                 updated = {**state, **changes}
                 new_state[param] = {k: v for k, v in updated.items() if v is not None}
