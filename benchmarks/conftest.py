@@ -14,7 +14,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """Each group's medians as ratios to its baseline: the benchmark that set
     ``benchmark.extra_info["baseline"] = True`` (torch's way of doing the same thing). Where a
     benchmark times ``extra_info["calls"]`` calls per round, the extra microseconds per call
-    over the baseline are printed too."""
+    over the baseline are printed too, and where it set ``extra_info["target_s"]``, whether its
+    median meets that target."""
     session = getattr(config, "_benchmarksession", None)
     if session is None or not session.benchmarks:
         return
@@ -33,4 +34,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
             calls = bench.extra_info.get("calls")
             if calls:
                 line += f"  {(median - base) / calls * 1e6:+7.2f} us/call"
+            target = bench.extra_info.get("target_s")
+            if target:
+                line += f"  target {target * 1e3:.3f} ms: {'met' if median <= target else 'MISSED'}"
             terminalreporter.write_line(line)

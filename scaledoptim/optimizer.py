@@ -87,10 +87,10 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 sparse grads, or for grads on another device than the scale.
             ValueError: if the scale is not finite and positive.
         """
-        plan = self._plan_unscale(grads_scaled_by)
-        self._plan_step(plan.found_inf, None)  # the step it prepares must be possible too
+        step = self._plan_step()  # the step it prepares must be possible too
+        plan = self._plan_unscale(grads_scaled_by, step)
         if plan.scale is not None:
-            unscale_in_place_(plan.grads, plan.found_inf, plan.inv_scale)
+            unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
         found_inf, scale, _ = self._record_unscale(plan)
         return found_inf, scale
 
@@ -135,7 +135,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
             )
         self._check_can_step_without_closure("step_after_unscale")
-        self._plan_step(state.found_inf, None).step(state.found_inf, None)
+        self._plan_step().step(state.found_inf, None)
         state.forget_unscale()
         return None
 
@@ -189,55 +189,48 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 self, lambda s: (closure(s), *self.unscale(grads_scaled_by=s)), grads_scaled_by
             )
         self._check_can_step_without_closure("unscale_and_step")
-        plan = self._plan_unscale(grads_scaled_by)
+        step = self._plan_step()
+        plan = self._plan_unscale(grads_scaled_by, step)
         scaled = plan.scale is not None
-        step = self._plan_step(plan.found_inf if scaled else None, plan.inv_scale)
-        left = (
-            step.unscale_grads_(plan.grads, plan.found_inf, plan.inv_scale, plan.checked)
-            if scaled
-            else None
-        )
+        left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked) if scaled else None
         found_inf, scale, scale_update = self._record_unscale(plan, step.applies_scale_update)
         step.step(found_inf if scaled else None, left, scale_update)
         self._scaling().forget_unscale()
         return None, found_inf, scale
 
     # ------------------------------------------------------------------ plan, then commit
-    def _plan_unscale(self, grads_scaled_by: torch.Tensor | float | None) -> UnscalePlan:
-        """Every check an unscale needs; allocates, but changes nothing."""
+    def _plan_unscale(self, grads_scaled_by: torch.Tensor | float | None, step: StepPlan) -> UnscalePlan:
+        """Every check an unscale of ``step``'s grads needs; allocates, but changes nothing."""
         state = self._scaling()
         if state.stage is Stage.UNSCALED:
             raise RuntimeError(
                 "unscale() was already called since the last step: the grads are unscaled "
                 "already. Call step_after_unscale() (or zero_grad() and a new backward) first."
             )
-        check_param_groups(self)
         device = state.loss_scale.device
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        check_param_grads(params, device)
-        grads = [p.grad for p in params]
         if grads_scaled_by is None:
-            return UnscalePlan(None, None, self._no_overflow(), grads)
+            return UnscalePlan(None, None, self._no_overflow())
         scale = as_scale_tensor(grads_scaled_by, device, trusted=state.loss_scale.scale)
         state.loss_scale.check_can_report(id(self))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
         backward_check = self.__dict__.get(self._BACKWARD_CHECK_ATTR)
         if backward_check is None:
-            return UnscalePlan(scale, inv_scale, self._no_overflow(), grads)
-        found_inf, checked = backward_check.take(params, device)
-        return UnscalePlan(scale, inv_scale, found_inf, grads, checked)
+            return UnscalePlan(scale, inv_scale, self._no_overflow())
+        found_inf, checked = backward_check.take(step.params, device)
+        return UnscalePlan(scale, inv_scale, found_inf, checked)
 
-    def _plan_step(
-        self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None
-    ) -> StepPlan:
-        """Validates everything a step will need and returns it, ready to run; changes nothing.
+    def _plan_step(self) -> StepPlan:
+        """Validates everything a step will need (param groups, grads, ...) and returns it,
+        ready to run; changes nothing.
 
         The hook a subclass answers. This generic plan calls ``self.step()`` as it is: it reads
         ``found_inf`` on the host to skip, or hands it to an optimizer that implements torch's
         own on-device ``found_inf`` protocol (``_step_supports_amp_scaling``).
         """
         check_param_groups(self)
-        return GenericStepPlan(self)
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        check_param_grads(params, self._scaling().loss_scale.device)
+        return GenericStepPlan(self, params)
 
     def _record_unscale(
         self, plan: UnscalePlan, defer_scale_update: bool = False

@@ -18,13 +18,12 @@ __all__ = ["GenericStepPlan", "StepPlan", "UnscalePlan"]
 
 @dataclasses.dataclass
 class UnscalePlan:
-    """A validated unscale: the scale (``None``: grads not scaled), its reciprocal, a fresh
-    ``found_inf`` and the grads."""
+    """A validated unscale: the scale (``None``: grads not scaled), its reciprocal and a fresh
+    ``found_inf``."""
 
     scale: torch.Tensor | None
     inv_scale: torch.Tensor | None
     found_inf: torch.Tensor
-    grads: list[torch.Tensor]
     # ids of grads already folded into found_inf during backward (Note [overlapped overflow check])
     checked: frozenset[int] = frozenset()
 
@@ -32,20 +31,23 @@ class UnscalePlan:
 class StepPlan(Protocol):
     """A validated step, ready to commit: only device errors can interrupt it now.
 
+    ``params`` are the params that have a grad, ``grads`` their ``.grad``s (validated: dense or
+    strided, floating, on the loss scale's device, shaped like their param).
     ``applies_scale_update``: the step's epilogue moves the loss scale, so the protocol hands it
     the :class:`~scaledoptim.scaling.ScaleUpdate` instead of applying it before the step.
     """
 
+    params: list[torch.Tensor]
+    grads: list[torch.Tensor]
     applies_scale_update: bool
 
     def unscale_grads_(
         self,
-        grads: list[torch.Tensor],
         found_inf: torch.Tensor,
         inv_scale: torch.Tensor,
         checked: frozenset[int] = frozenset(),
     ) -> torch.Tensor | None:
-        """Checks (and unscales, or leaves to the update) ``grads``; returns the ``inv_scale``
+        """Checks (and unscales, or leaves to the update) the grads; returns the ``inv_scale``
         the update must still apply, or ``None`` when the grads were unscaled in place."""
 
     def step(
@@ -62,17 +64,18 @@ class GenericStepPlan:
 
     applies_scale_update = False
 
-    def __init__(self, optimizer: Optimizer) -> None:
+    def __init__(self, optimizer: Optimizer, params: list[torch.Tensor]) -> None:
         self.optimizer = optimizer
+        self.params = params
+        self.grads = [p.grad for p in params]
 
     def unscale_grads_(
         self,
-        grads: list[torch.Tensor],
         found_inf: torch.Tensor,
         inv_scale: torch.Tensor,
         checked: frozenset[int] = frozenset(),
     ) -> None:
-        unscale_in_place_(grads, found_inf, inv_scale)
+        unscale_in_place_(self.grads, found_inf, inv_scale)
 
     def step(
         self,

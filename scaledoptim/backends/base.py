@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 #: nothing changes when ``found_inf`` is non-zero; ``inv_scale`` (or ``None``) is applied to the
 #: grads in registers by a backend that :attr:`Backend.folds_unscale`.
 PreparedUpdate = Callable[[Tensor | None, Tensor | None], None]
+#: ``unscale(found_inf, inv_scale, checked)`` checks the grads of a prepared step for inf/nan into
+#: ``found_inf``, unscaling them unless the update folds the unscale in, and returns the
+#: ``inv_scale`` the updates must still apply (``None``: the grads they read are unscaled).
+#: ``checked``: ids of grads already folded into ``found_inf`` (Note [overlapped overflow
+#: check]); a backend that only checks may skip them.
+PreparedUnscale = Callable[[Tensor, Tensor, frozenset[int]], "Tensor | None"]
 #: ``epilogue(found_inf, scale_update)`` ends a step: advances what the updates left to it and
 #: applies ``scale_update`` (a :class:`~scaledoptim.scaling.ScaleUpdate`, or ``None``).
 PreparedEpilogue = Callable[[Tensor | None, "ScaleUpdate | None"], None]
@@ -46,21 +52,13 @@ class Backend(abc.ABC):
         """Sets ``found_inf`` to 1.0 if any of ``grads`` holds inf/nan; reads them only."""
 
     @abc.abstractmethod
-    def unscale_for_update_(
-        self,
-        grad_lists: list[list[Tensor]],
-        found_inf: Tensor,
-        inv_scale: Tensor,
-        checked: frozenset[int] = frozenset(),
-    ) -> Tensor | None:
-        """Checks the grads of a prepared step for inf/nan into ``found_inf``, unscaling them
-        unless the update folds the unscale in; returns the ``inv_scale`` the updates must still
-        apply (``None``: the grads they read are unscaled).
+    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> PreparedUnscale:
+        """The inf/nan check (and unscale, unless the update folds it in) of a prepared step's
+        grads, validated; changes nothing.
 
         ``grad_lists`` are the lists given to :meth:`prepare`, one per group, dense and in their
-        params' layout; a backend may replace their entries (e.g. by unscaled fp32 copies).
-        ``checked``: ids of grads already folded into ``found_inf`` (Note [overlapped overflow
-        check]); a backend that only checks may skip them.
+        params' layout; running the result may replace their entries (e.g. by unscaled fp32
+        copies) for the updates to read.
         """
 
     @abc.abstractmethod

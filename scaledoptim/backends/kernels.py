@@ -8,13 +8,19 @@ from typing import Any
 
 from torch import Tensor
 
-from ..kernels.builtin import STEP_EPILOGUE, StepEpilogueArgs, non_finite_check_
-from ..kernels.launcher import is_dense, prepare_launch, scalar_pointer
+from ..kernels.builtin import (
+    NON_FINITE_CHECK,
+    STEP_EPILOGUE,
+    NonFiniteCheckArgs,
+    StepEpilogueArgs,
+    non_finite_check_,
+)
+from ..kernels.launcher import PreparedLaunch, is_dense, prepare_launch, scalar_pointer
 from ..kernels.spec import CUDA_TYPE_NAMES
 from ..scaling import ScaleUpdate
 from .base import Backend, PreparedEpilogue, PreparedUpdate
 
-__all__ = ["KERNELS", "KernelBackend"]
+__all__ = ["KERNELS", "KernelBackend", "KernelCheck", "KernelUpdate"]
 
 
 class KernelBackend(Backend):
@@ -32,18 +38,9 @@ class KernelBackend(Backend):
     def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
         non_finite_check_([g if is_dense(g) else g.contiguous() for g in grads], found_inf)
 
-    def unscale_for_update_(
-        self,
-        grad_lists: list[list[Tensor]],
-        found_inf: Tensor,
-        inv_scale: Tensor,
-        checked: frozenset[int] = frozenset(),
-    ) -> Tensor:
-        # One read-only check over every group's grads; the updates unscale in registers.
-        non_finite_check_(
-            [g for grads in grad_lists for g in grads if id(g) not in checked], found_inf
-        )
-        return inv_scale
+    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> KernelCheck:
+        grads = [g for grads in grad_lists for g in grads]
+        return KernelCheck(prepare_launch(NON_FINITE_CHECK, [grads]), grad_lists)
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
         device = tensor_lists[0][0].device
@@ -54,13 +51,7 @@ class KernelBackend(Backend):
                 launches(scalar_pointer(found_inf, "found_inf", device), scalar_pointer(inv_scale, "inv_scale", device))
 
             return run_launches
-        update = prepare_launch(optimizer.kernel, tensor_lists)
-
-        def run(found_inf: Tensor | None, inv_scale: Tensor | None) -> None:
-            found = scalar_pointer(found_inf, "found_inf", device)
-            update.run(optimizer._kernel_args(group, found, scalar_pointer(inv_scale, "inv_scale", device)))
-
-        return run
+        return KernelUpdate(optimizer, group, prepare_launch(optimizer.kernel, tensor_lists))
 
     def prepare_epilogue(self, steps: list[Tensor]) -> PreparedEpilogue:
         epilogue = prepare_launch(STEP_EPILOGUE, [steps])
@@ -76,6 +67,40 @@ class KernelBackend(Backend):
             epilogue.run(first, later_args=counters_only)  # the scale moves once
 
         return run
+
+
+class KernelCheck:
+    """The read-only inf/nan check over every grad of a step, in one prepared launch (the
+    updates unscale in registers)."""
+
+    def __init__(self, launch: PreparedLaunch, grad_lists: list[list[Tensor]]) -> None:
+        self.launch = launch
+        self.grad_lists = grad_lists
+
+    def __call__(self, found_inf: Tensor, inv_scale: Tensor, checked: frozenset[int]) -> Tensor:
+        if checked:  # some grads were checked during backward: check only the others
+            non_finite_check_(
+                [g for grads in self.grad_lists for g in grads if id(g) not in checked], found_inf
+            )
+        elif self.launch.plans:
+            self.launch.run(NonFiniteCheckArgs(scalar_pointer(found_inf, "found_inf", self.launch.device)))
+        return inv_scale
+
+
+class KernelUpdate:
+    """One group's update: ``optimizer.kernel`` over the group's prepared tables, with the
+    arguments ``optimizer._kernel_args`` gives at each run (a scheduler may have moved ``lr``)."""
+
+    def __init__(self, optimizer, group: dict[str, Any], launch: PreparedLaunch) -> None:
+        self.optimizer = optimizer
+        self.group = group
+        self.launch = launch
+
+    def __call__(self, found_inf: Tensor | None, inv_scale: Tensor | None) -> None:
+        device = self.launch.device
+        found = scalar_pointer(found_inf, "found_inf", device)
+        inv = scalar_pointer(inv_scale, "inv_scale", device)
+        self.launch.run(self.optimizer._kernel_args(self.group, found, inv))
 
 
 def _epilogue_args(found_inf: int | None, update: ScaleUpdate) -> StepEpilogueArgs:

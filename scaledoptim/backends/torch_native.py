@@ -23,7 +23,7 @@ from torch import Tensor
 from ..kernels.rounding import ROUNDING_LISTS
 from ..optim.rounding import stochastic_round_
 from ..scaling import ScaleUpdate
-from .base import Backend, PreparedEpilogue, PreparedUpdate
+from .base import Backend, PreparedEpilogue, PreparedUnscale, PreparedUpdate
 
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "advance_steps_", "copy_unless_skipped_", "unscale_in_place_"]
 
@@ -41,23 +41,20 @@ class TorchNativeBackend(Backend):
         for grad in grads:
             torch.maximum(found_inf, grad.isfinite().logical_not().any().float(), out=found_inf)
 
-    def unscale_for_update_(
-        self,
-        grad_lists: list[list[Tensor]],
-        found_inf: Tensor,
-        inv_scale: Tensor,
-        checked: frozenset[int] = frozenset(),
-    ) -> None:
-        # Every grad is unscaled, so every grad is checked (``checked`` saves nothing here).
-        # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
-        # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
-        # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
-        for grads in grad_lists:
-            for i, grad in enumerate(grads):
-                if grad.dtype in _LOW_PRECISION:
-                    grads[i] = grad.float()
-        unscale_in_place_([g for grads in grad_lists for g in grads], found_inf, inv_scale)
-        return None
+    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> PreparedUnscale:
+        def unscale(found_inf: Tensor, inv_scale: Tensor, checked: frozenset[int]) -> None:
+            # Every grad is unscaled, so every grad is checked (``checked`` saves nothing here).
+            # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled
+            # in 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
+            # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
+            for grads in grad_lists:
+                for i, grad in enumerate(grads):
+                    if grad.dtype in _LOW_PRECISION:
+                        grads[i] = grad.float()
+            unscale_in_place_([g for grads in grad_lists for g in grads], found_inf, inv_scale)
+            return None
+
+        return unscale
 
     def prepare(self, optimizer, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> PreparedUpdate:
         params, grads, *state_lists, steps = tensor_lists

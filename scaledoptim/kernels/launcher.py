@@ -7,6 +7,8 @@ an optimizer can validate every launch of a step before the first one changes a 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +36,33 @@ class PreparedLaunch:
     kernel: MultiTensorKernel
     device: torch.device
     plans: tuple[tuple[str, PlannedLaunch], ...]
+    #: Whether the tables are this launch's own (see :meth:`detached`), not shared through the
+    #: cache of :func:`prepare_launch`, so that :meth:`repoint` may rewrite them.
+    owns_tables: bool = False
+
+    def detached(self) -> PreparedLaunch:
+        """The same launch with tables of its own, for :meth:`repoint`."""
+        plans = tuple(
+            (instantiation, dataclasses.replace(planned, table=type(planned.table).from_buffer_copy(planned.table)))
+            for instantiation, planned in self.plans
+        )
+        return PreparedLaunch(self.kernel, self.device, plans, owns_tables=True)
+
+    def repoint(self, list_index: int, pointers: Sequence[int]) -> None:
+        """Moves list ``list_index`` to new storage: ``pointers[i]`` becomes the data pointer of
+        its tensor ``i``, in place, without revalidating.
+
+        The caller guarantees that the new tensors have the sizes, dtypes, strides and device
+        that were validated (only where their data lives changed): an optimizer repoints its
+        grads when ``zero_grad(set_to_none=True)`` reallocated them. Only on a
+        :meth:`detached` launch.
+        """
+        if not self.owns_tables:
+            raise RuntimeError("repoint() rewrites tables: call it on launch.detached()")
+        for _, planned in self.plans:
+            slots = planned.slot_tensors
+            picked = operator.itemgetter(*slots)(pointers) if len(slots) > 1 else (pointers[slots[0]],)
+            planned.table.ptrs[list_index][: len(slots)] = picked
 
     def run(self, args: ctypes.Structure, later_args: ctypes.Structure | None = None) -> None:
         """Launches with scalar arguments ``args`` (an instance of ``kernel.args_type``), or
@@ -168,7 +197,8 @@ def _build_plans(
         ]
         sizes = [tensor_lists[0][i].numel() for i in indices]
         for planned in plan_launches(pointers, sizes, kernel.n_lists, launch_config.chunk_size):
-            plans.append((kernel.instantiation(dtypes), planned))
+            in_lists = tuple(indices[slot] for slot in planned.slot_tensors)
+            plans.append((kernel.instantiation(dtypes), dataclasses.replace(planned, slot_tensors=in_lists)))
     return plans
 
 

@@ -47,10 +47,12 @@ def table_type(n_lists: int) -> type[ctypes.Structure]:
 
 @dataclass(frozen=True)
 class PlannedLaunch:
-    """One launch: the table (kept alive here, passed by address) and its grid size."""
+    """One launch: the table (kept alive here, passed by address), its grid size, and which
+    tensor (its index in the ``pointers`` given to :func:`plan_launches`) each slot holds."""
 
     table: ctypes.Structure
     n_chunks: int
+    slot_tensors: tuple[int, ...]
 
 
 def plan_launches(
@@ -67,9 +69,9 @@ def plan_launches(
     slots = max_tensors(n_lists)
     make = table_type(n_lists)
     launches: list[PlannedLaunch] = []
-    table, n_tensors, n_chunks = make(chunk_size=chunk_size), 0, 0
+    table, n_tensors, n_chunks, slot_tensors = make(chunk_size=chunk_size), 0, 0, []
 
-    for tensor_ptrs, size in zip(pointers, sizes):
+    for index, (tensor_ptrs, size) in enumerate(zip(pointers, sizes)):
         chunks_of_tensor = -(-size // chunk_size)
         slot = None
         for chunk in range(chunks_of_tensor):
@@ -78,15 +80,16 @@ def plan_launches(
                 for i, ptr in enumerate(tensor_ptrs):
                     table.ptrs[i][slot] = ptr
                 table.sizes[slot] = size
+                slot_tensors.append(index)
                 n_tensors += 1
             table.chunk_tensor[n_chunks] = slot
             table.chunk_index[n_chunks] = chunk
             n_chunks += 1
             last_chunk = chunk == chunks_of_tensor - 1
             if n_chunks == MAX_CHUNKS or (n_tensors == slots and last_chunk):
-                launches.append(PlannedLaunch(table, n_chunks))
-                table, n_tensors, n_chunks = make(chunk_size=chunk_size), 0, 0
+                launches.append(PlannedLaunch(table, n_chunks, tuple(slot_tensors)))
+                table, n_tensors, n_chunks, slot_tensors = make(chunk_size=chunk_size), 0, 0, []
                 slot = None  # remaining chunks continue in the next table
     if n_chunks:
-        launches.append(PlannedLaunch(table, n_chunks))
+        launches.append(PlannedLaunch(table, n_chunks, tuple(slot_tensors)))
     return launches

@@ -9,17 +9,22 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..backends import select
+from ..backends import Backend, select
 from ..kernels.rounding import ROUNDING_LISTS
 from ..kernels.spec import MultiTensorKernel
 from ..optimizer import Optimizer
 from ..validation import check_param_grads, check_param_groups, refuse_during_capture
 from .rounding import check_rounding_options, check_rounding_params, stage_rounding_state
 from .state import cast_loaded_state, check_param, stage_state
+from .step_cache import StepCache
 from .step_plan import PENDING as _PENDING
 from .step_plan import _FusedStepPlan, _split_by_support
 
 __all__ = ["FusedOptimizer", "check_hyperparameter"]
+
+# The optimizer's StepCache (step_cache.py): not pickled, as torch.optim pickles only its
+# defaults, state and param groups.
+_STEP_CACHE = "_scaledoptim_step_cache"
 
 
 class FusedOptimizer(Optimizer):
@@ -97,26 +102,46 @@ class FusedOptimizer(Optimizer):
                 loss = closure()
         pending = self.__dict__.pop(_PENDING, None)
         if pending is None:
-            pending = (self._plan_step(None, None), None, None, None)
+            pending = (self._plan_step(), None, None, None)
         plan, found_inf, inv_scale, scale_update = pending
         plan.commit(found_inf, inv_scale, scale_update)
         return loss
 
-    def _plan_step(
-        self, found_inf: torch.Tensor | None, inv_scale: torch.Tensor | None
-    ) -> _FusedStepPlan:
+    def _plan_step(self) -> _FusedStepPlan:
         check_param_groups(self)
         backend = select(self._params_device())
-        plan = _FusedStepPlan(self, backend)
         for group in self.param_groups:
             self._check_options(group)
             self._check_rounding(group)
+        cache = self.__dict__.get(_STEP_CACHE)
+        plan = cache.plan(self, backend) if cache is not None else None
+        if plan is None:
+            plan = self._build_step_plan(backend)
+            self.__dict__[_STEP_CACHE] = StepCache.of(self, plan)
+        return plan
+
+    def _lists_key(self, group: dict[str, Any]) -> tuple[Any, ...]:
+        """What, besides the params and their state, decides a group's tensor lists."""
+        return (
+            self._state_keys(group),
+            bool(group.get("master_weights", False)),
+            bool(group.get("stochastic_rounding", False)),
+        )
+
+    def _build_step_plan(self, backend: Backend) -> _FusedStepPlan:
+        """The step's plan from scratch: every param, grad and state entry validated, new state
+        built on the side, every group's update and the epilogue prepared."""
+        plan = _FusedStepPlan(self, backend)
+        for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
+            plan.groups.append((group, params))
             if not params:
                 continue
             for param in params:
                 check_param(param)
             check_param_grads(params, self._params_device())
+            plan.params += params
+            plan.grads += [p.grad for p in params]
             # Updates walk param, grad and state storage in lockstep, so a grad whose strides
             # differ from its param's is copied into the param's layout (torch 2.13's CPU fused
             # AdamW silently mixes up the elements of a transposed grad).
@@ -126,6 +151,7 @@ class FusedOptimizer(Optimizer):
                 else torch.empty_like(p, dtype=p.grad.dtype).copy_(p.grad)
                 for p in params
             ]
+            plan.grads_copied |= any(g is not p.grad for g, p in zip(grads, params))
             keys = self._state_keys(group)
             state_lists: list[list[torch.Tensor]] = [[] for key in keys if key is not None]
             steps = []
@@ -155,6 +181,7 @@ class FusedOptimizer(Optimizer):
             refuse_during_capture("Creating or converting optimizer state")
         plan.part(backend)  # the device's backend ends the step (and moves the scale) always
         for part_backend, part in plan.parts.items():
+            part.unscale = part_backend.prepare_unscale(part.grad_lists)
             part.epilogue = part_backend.prepare_epilogue(part.steps)
         return plan
 

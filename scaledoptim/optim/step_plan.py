@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..backends import TORCH_NATIVE, Backend
-from ..backends.base import PreparedEpilogue, PreparedUpdate
+from ..backends.base import PreparedEpilogue, PreparedUnscale, PreparedUpdate
 from ..scaling import ScaleUpdate
 
 if TYPE_CHECKING:
@@ -35,11 +35,13 @@ def _split_by_support(
 @dataclasses.dataclass
 class _Part:
     """What one backend runs in a step: its group updates, the grads they read (per group, in
-    their params' layout), their step counters and the epilogue over them."""
+    their params' layout), their step counters, the check (or unscale) of those grads and the
+    epilogue over the counters."""
 
     updates: list[PreparedUpdate] = dataclasses.field(default_factory=list)
     grad_lists: list[list[torch.Tensor]] = dataclasses.field(default_factory=list)
     steps: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    unscale: PreparedUnscale | None = None
     epilogue: PreparedEpilogue | None = None
 
 
@@ -52,6 +54,12 @@ class _FusedStepPlan:
         self.applies_scale_update = backend.applies_scale_update
         self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
         self.parts: dict[Backend, _Part] = {}
+        # The params with a grad and their grads as they are (StepPlan's), per group the
+        # group and those params, and whether a grad was copied into its param's layout.
+        self.params: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor] = []
+        self.groups: list[tuple[dict[str, Any], list[torch.Tensor]]] = []
+        self.grads_copied = False
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, torch.Tensor | None] = {}
 
@@ -60,15 +68,12 @@ class _FusedStepPlan:
 
     def unscale_grads_(
         self,
-        grads: list[torch.Tensor],
         found_inf: torch.Tensor,
         inv_scale: torch.Tensor,
         checked: frozenset[int] = frozenset(),
     ) -> torch.Tensor | None:
         for backend, part in self.parts.items():
-            self.left[backend] = backend.unscale_for_update_(
-                part.grad_lists, found_inf, inv_scale, checked
-            )
+            self.left[backend] = part.unscale(found_inf, inv_scale, checked)
         return inv_scale
 
     def step(

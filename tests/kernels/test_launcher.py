@@ -10,6 +10,7 @@ import torch
 
 from scaledoptim import kernels
 from scaledoptim.kernels import launcher
+from scaledoptim.kernels.config import launch_config
 from scaledoptim.kernels.emulator import emulator_library
 from scaledoptim.kernels.table import MAX_CHUNKS, max_tensors, plan_launches, table_type
 from tests.kernels.kernel_reference import adam_options, sgd_options, zero_adam_state
@@ -128,3 +129,30 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
         )
     with pytest.raises(ValueError, match="found_inf must be a one-element float32"):
         kernels.non_finite_check_([x], torch.zeros((), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("list_index", [0, 1])
+def test_a_repointed_launch_has_the_tables_of_one_prepared_for_the_new_tensors(list_index):
+    # Two dtypes interleaved (two instantiations, non-adjacent indices), tensors spanning
+    # tables, an empty one: every slot must get its own tensor's new pointer.
+    def lists():
+        dtypes = [torch.bfloat16 if i % 3 == 0 else torch.float32 for i in range(400)]
+        sizes = [(1, 3 * launch_config.chunk_size + 1, 0, 5)[i % 4] for i in range(400)]
+        first = [torch.randn(n).to(d) for n, d in zip(sizes, dtypes)]
+        return [first, [torch.randn(t.numel()).to(t.dtype) for t in first]]
+
+    old, new = lists(), lists()
+    new[1 - list_index] = old[1 - list_index]
+    kernel = kernels.MultiTensorKernel(SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1))
+    repointed = launcher.prepare_launch(kernel, old).detached()
+    repointed.repoint(list_index, [t.data_ptr() for t in new[list_index]])
+    fresh = launcher.prepare_launch(kernel, new)
+    assert len(repointed.plans) == len(fresh.plans) > 2
+    for (name, planned), (fresh_name, fresh_planned) in zip(repointed.plans, fresh.plans):
+        assert name == fresh_name and planned.n_chunks == fresh_planned.n_chunks
+        assert bytes(planned.table) == bytes(fresh_planned.table)
+    # The cache's shared tables are untouched, and only a detached launch may be repointed.
+    shared = launcher.prepare_launch(kernel, old)
+    assert shared.plans[0][1].table.ptrs[list_index][0] == old[list_index][0].data_ptr()
+    with pytest.raises(RuntimeError, match="detached"):
+        shared.repoint(list_index, [t.data_ptr() for t in new[list_index]])

@@ -1,0 +1,196 @@
+"""The fused optimizers' step cache (scaledoptim/optim/step_cache.py): a steady-state step reuses
+the last plan, and whatever a user can change between steps gives exactly the step a plan built
+from scratch gives, or the same error."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import scaledoptim
+from scaledoptim.optim import fused
+
+CACHE = fused._STEP_CACHE
+
+
+@pytest.fixture(autouse=True)
+def _emulated_kernels(monkeypatch) -> None:
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+
+
+def _params() -> list[torch.nn.Parameter]:
+    return [
+        torch.nn.Parameter(torch.randn(4, 4)),  # square: a transposed grad has its shape
+        torch.nn.Parameter(torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last)),
+        torch.nn.Parameter(torch.randn(7).bfloat16()),
+        torch.nn.Parameter(torch.randn(3)),
+    ]
+
+
+def _count_builds(monkeypatch) -> list[int]:
+    builds = [0]
+    build = fused.FusedOptimizer._build_step_plan
+
+    def counting(self, backend):
+        builds[0] += 1
+        return build(self, backend)
+
+    monkeypatch.setattr(fused.FusedOptimizer, "_build_step_plan", counting)
+    return builds
+
+
+def _steady_state(opt, params) -> None:
+    """Three steps with new grads: the state exists and the cache is built."""
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.unscale_and_step(grads_scaled_by=opt.scale)
+
+
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_steady_state_steps_reuse_the_plan(monkeypatch, set_to_none) -> None:
+    builds = _count_builds(monkeypatch)
+    params = _params()
+    opt = scaledoptim.AdamW(params, lr=0.1)
+    for _ in range(6):
+        opt.zero_grad(set_to_none=set_to_none)
+        for p in params:
+            p.grad = torch.randn_like(p) if p.grad is None else p.grad.copy_(torch.randn_like(p))
+        opt.unscale_and_step(grads_scaled_by=opt.scale)
+    # The first step creates the state (not cacheable), the second builds the cache.
+    assert builds[0] == 2
+
+
+def test_the_cache_keeps_no_grad_alive() -> None:
+    params = _params()
+    opt = scaledoptim.AdamW(params)
+    _steady_state(opt, params)
+    last = weakref.ref(params[0].grad)
+    opt.zero_grad(set_to_none=True)
+    assert last() is None
+
+
+def test_a_grad_resized_through_data_is_refused_and_changes_nothing() -> None:
+    params = _params()
+    opt = scaledoptim.AdamW(params)
+    _steady_state(opt, params)
+    params[3].grad.data = torch.randn(5)  # bypasses autograd's shape check
+    before = [p.detach().clone() for p in params]
+    snapshot = [[t.clone() for t in s.values()] for s in opt.state.values()]
+    with pytest.raises(ValueError, match="shape"):
+        opt.unscale_and_step(grads_scaled_by=opt.scale)
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+    assert all(
+        torch.equal(a, b) for old, s in zip(snapshot, opt.state.values()) for a, b in zip(old, s.values())
+    )
+
+
+def test_a_new_param_group_is_stepped() -> None:
+    params = _params()
+    opt = scaledoptim.AdamW(params[:2], lr=0.1)
+    _steady_state(opt, params)
+    opt.add_param_group({"params": params[2:]})
+    before = [p.detach().clone() for p in params[2:]]
+    opt.unscale_and_step(grads_scaled_by=opt.scale)
+    assert all(not torch.equal(a, b) for a, b in zip(before, params[2:]))
+
+
+# Every change a user can make between steps, applied to two optimizers alike: one keeps its
+# step cache, the other plans every step from scratch. They must stay bit-identical.
+CHANGES = [
+    "fresh grads",  # zero_grad(set_to_none=True) and a new backward
+    "same grads",  # zero_grad(set_to_none=False) and a new backward
+    "overflow",
+    "grad storage swapped",  # p.grad.data = ...
+    "transposed grad",
+    "a grad is None",
+    "param storage swapped",  # p.data = ...
+    "state tensor replaced",
+    "state reloaded",
+    "lr changed",
+    "split form",
+]
+
+
+def _apply(change: str, opt, params, values: list[torch.Tensor]) -> None:
+    def fresh():
+        for p, v in zip(params, values):
+            p.grad = v.clone(memory_format=torch.preserve_format)
+
+    if change in ("fresh grads", "split form"):
+        fresh()
+    elif change == "same grads":
+        for p, v in zip(params, values):
+            if p.grad is None:
+                p.grad = v.clone(memory_format=torch.preserve_format)
+            else:
+                p.grad.copy_(v)
+    elif change == "overflow":
+        fresh()
+        params[1].grad[0, 1, 2, 3] = float("inf")
+    elif change == "grad storage swapped":
+        fresh()
+        params[3].grad.data = values[3].clone() * 2
+    elif change == "transposed grad":
+        fresh()
+        params[0].grad = values[0].t().clone().t()  # same values, column-major
+    elif change == "a grad is None":
+        fresh()
+        params[2].grad = None
+    elif change == "param storage swapped":
+        fresh()
+        params[3].data = params[3].data.clone()
+    elif change == "state tensor replaced":
+        fresh()
+        state = opt.state[params[0]]
+        state["exp_avg"] = state["exp_avg"].clone() * 0.5
+    elif change == "state reloaded":
+        fresh()
+        opt.load_state_dict(opt.state_dict())
+    elif change == "lr changed":
+        fresh()
+        opt.param_groups[0]["lr"] *= 0.5
+
+
+def _step(change: str, opt, uncached: bool):
+    if uncached:
+        opt.__dict__.pop(CACHE, None)
+    if change == "split form":
+        found_inf, _ = opt.unscale(grads_scaled_by=opt.scale)
+        if uncached:
+            opt.__dict__.pop(CACHE, None)
+        opt.step_after_unscale()
+        return found_inf
+    return opt.unscale_and_step(grads_scaled_by=opt.scale)[1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8), seed=st.integers(0, 2**16))
+def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(changes, seed) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    base = _params()
+    twins = []
+    for _ in range(2):
+        params = [torch.nn.Parameter(p.detach().clone(memory_format=torch.preserve_format)) for p in base]
+        twins.append((params, scaledoptim.AdamW(params, lr=0.01, weight_decay=0.1)))
+    for change in ["fresh grads", "fresh grads", *changes]:
+        values = [torch.randn(p.shape, generator=generator).to(p.dtype).to(memory_format=torch.preserve_format) for p in base]
+        values = [v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for v in values]
+        found = []
+        for uncached, (params, opt) in enumerate(twins):
+            _apply(change, opt, params, values)
+            found.append(_step(change, opt, bool(uncached)))
+        (cached_params, cached_opt), (plain_params, plain_opt) = twins
+        assert torch.equal(found[0], found[1]), change
+        for a, b in zip(cached_params, plain_params):
+            assert torch.equal(a, b), change
+            assert a.stride() == b.stride()
+        for a, b in zip(cached_params, plain_params):
+            sa, sb = cached_opt.state[a], plain_opt.state[b]
+            assert sa.keys() == sb.keys()
+            assert all(torch.equal(sa[k], sb[k]) for k in sa), change
+        assert torch.equal(cached_opt.scale, plain_opt.scale)
