@@ -8,15 +8,25 @@ grads to check them and read them again: 36). With this option a post-accumulate
 folds each grad into this iteration's ``found_inf`` as backward produces it, while it is still
 in cache, and records the grad (object, data pointer, version counter). The step then checks
 only grads that were not recorded, or changed since (set outside backward, modified in place,
-accumulated by another backward, rewritten by DDP's all-reduce): 28 B/param when none did.
-``found_inf`` is still agreed across the process group before anything uses it. On torch's
-ops the step unscales, and so checks, every grad in place anyway: there the hooks do nothing.
+accumulated by another backward): 28 B/param when none did. ``found_inf`` is still agreed
+across the process group before anything uses it. On torch's ops the step unscales, and so
+checks, every grad in place anyway: there the hooks do nothing.
+
+Once ``torch.distributed`` is initialized the hooks do nothing either. A hook sees the rank's
+local grad, and the step uses the reduced one; a collective writes a tensor in place without
+moving its version counter, so a grad all-reduced after its hook (``dist.all_reduce(p.grad)``,
+a DDP comm hook reducing bucket-view grads in place) would look unchanged, yet finite grads on
+every rank can sum to inf, and without a process group one rank's inf would reach the others
+unseen (tests/distributed/test_dist_backward_check.py). DDP's own reducer writes every grad
+after its hook (the copy back from the bucket, or the division in it), so its step checked each
+grad again anyway: there the hooks only added a read.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch import distributed as dist
 
 from .backends import select
 
@@ -37,6 +47,8 @@ class BackwardCheck:
         ]
 
     def _fold(self, param: Tensor) -> None:
+        if dist.is_available() and dist.is_initialized():
+            return  # a collective may rewrite the grad unseen: Note [overlapped overflow check]
         grad = param.grad
         if grad is None or grad.layout != torch.strided or not grad.is_floating_point():
             return  # the step's plan refuses or skips it, with the message
