@@ -215,7 +215,7 @@ def op_inputs(
     for name in int_names:
         # A null c_void_p reads as None; a field filled from `pointers` must not make the graph
         # depend on (and guard) the raw value it replaces.
-        value = 0 if name in pointers else getattr(args, name) or 0
+        value = 0 if name in pointers else int(getattr(args, name) or 0)  # c_bool: bool
         # The op's ints are int64: unsigned 64-bit values travel as their two's complement,
         # which ctypes wraps back when the struct is rebuilt.
         int_args.append(value - (1 << 64) if value >= 1 << 63 else value)

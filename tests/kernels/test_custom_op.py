@@ -132,11 +132,17 @@ def test_unknown_kernel_key_says_how_to_register_it() -> None:
 
 def test_integer_fields_keep_every_bit() -> None:
     class Wide(ctypes.Structure):
-        _fields_ = [("seed", ctypes.c_uint64), ("offset", ctypes.c_int64), ("x", ctypes.c_double)]
+        _fields_ = [
+            ("seed", ctypes.c_uint64),
+            ("offset", ctypes.c_int64),
+            ("flag", ctypes.c_bool),
+            ("x", ctypes.c_double),
+        ]
 
     kernel = kernels.MultiTensorKernel(kernels.CUDA_SOURCE_DIR / "none.cu", "wide", ("t",), Wide)
-    args = Wide(seed=2**64 - 3, offset=-(2**62), x=0.1)
+    args = Wide(seed=2**64 - 3, offset=-(2**62), flag=True, x=0.1)
     key, _, _, ints, floats, _, _ = library.op_inputs(kernel, [[]], args)
-    rebuilt = Wide(**dict(zip(("seed", "offset"), ints)), x=floats[0])
+    assert all(type(value) is int for value in ints)  # the op's int[]
+    rebuilt = Wide(**dict(zip(("seed", "offset", "flag"), ints)), x=floats[0])
     assert bytes(rebuilt) == bytes(args)
     assert library.registered_kernel(key) is kernel
