@@ -130,7 +130,17 @@ def launch(
     parameters, so a launch can be captured in a CUDA graph); CPU tensors run through the
     emulator and the call returns when they are done. See :func:`prepare_launch` for the rules
     ``tensor_lists`` must follow.
+
+    Under ``torch.compile`` the launch is the custom op of
+    :func:`scaledoptim.kernels.library.launch_op`, which the graph holds (no graph break); the
+    pointer fields of ``args`` are then constants of the graph: pass device scalars created in
+    the compiled function to ``launch_op`` as ``pointers`` instead.
     """
+    if torch.compiler.is_compiling():
+        from . import library  # here, not at the top: library imports this module
+
+        library.launch_op(kernel, tensor_lists, args)
+        return
     if not isinstance(args, kernel.args_type):
         raise TypeError(
             f"{kernel.name} takes args of type {kernel.args_type.__name__}, "
