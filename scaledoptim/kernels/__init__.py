@@ -18,6 +18,7 @@ from .builtin import (
 from .config import LaunchConfig, launch_config
 from .lamb import LAMB, LAMB_GRAD_NORM, LAMB_NORMS, LambArgs, LambNormArgs, lamb_, lamb_args
 from .launcher import PreparedLaunch, launch, prepare_launch
+from .library import launch_op
 from .lion import LION, LionArgs, lion_, lion_args
 from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
@@ -70,6 +71,7 @@ __all__ = [
     "lamb_",
     "lamb_args",
     "launch",
+    "launch_op",
     "launch_config",
     "lion_",
     "lion_args",
