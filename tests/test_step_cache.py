@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scaledoptim
@@ -17,9 +17,7 @@ from scaledoptim.optim import fused
 CACHE = fused._STEP_CACHE
 
 
-@pytest.fixture(autouse=True)
-def _emulated_kernels(monkeypatch) -> None:
-    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+pytestmark = pytest.mark.usefixtures("kernel_backend")  # our kernels (emulated) and torch's ops
 
 
 def _params() -> list[torch.nn.Parameter]:
@@ -168,7 +166,8 @@ def _step(change: str, opt, uncached: bool):
     return opt.unscale_and_step(grads_scaled_by=opt.scale)[1]
 
 
-@settings(max_examples=25, deadline=None)
+# The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8), seed=st.integers(0, 2**16))
 def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(changes, seed) -> None:
     generator = torch.Generator().manual_seed(seed)

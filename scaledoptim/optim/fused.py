@@ -120,6 +120,15 @@ class FusedOptimizer(Optimizer):
             self.__dict__[_STEP_CACHE] = StepCache.of(self, plan)
         return plan
 
+    def _plans_only_lists(self) -> bool:
+        """Whether planning a step only builds lists, so that the plan may be reused (an
+        optimizer with its own ``_extra_lists`` or ``_prepare_kernel_launches`` may do more)."""
+        cls = type(self)
+        return (
+            cls._extra_lists is FusedOptimizer._extra_lists
+            and cls._prepare_kernel_launches is FusedOptimizer._prepare_kernel_launches
+        )
+
     def _lists_key(self, group: dict[str, Any]) -> tuple[Any, ...]:
         """What, besides the params and their state, decides a group's tensor lists."""
         return (
@@ -134,8 +143,8 @@ class FusedOptimizer(Optimizer):
         plan = _FusedStepPlan(self, backend)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            plan.groups.append((group, params))
             if not params:
+                plan.groups.append((group, params, []))
                 continue
             for param in params:
                 check_param(param)
@@ -165,6 +174,7 @@ class FusedOptimizer(Optimizer):
             extra = self._extra_lists(group, params, grads)
             rounding = self._stage_rounding(group, params, plan.new_state)
             lists = [params, grads, *_with_empty_lists(keys, state_lists), *extra, *rounding, steps]
+            plan.groups.append((group, params, lists))
             for part_backend, picked in _split_by_support(backend, params):
                 # The group's own lists when one backend takes every param, so that an update
                 # reading other groups' lists (LAMB's global norm) sees the grads as unscaled.

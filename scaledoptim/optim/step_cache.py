@@ -1,13 +1,14 @@
-"""The steady-state step of a fused optimizer on the kernel backend: its plan kept from the last
-step and revalidated in a few C-level passes over the params, instead of rebuilt.
+"""The steady-state step of a fused optimizer: its plan kept from the last step and revalidated in
+a few C-level passes over the params, instead of rebuilt.
 
 A step's plan (every check, the state lists, the kernel tables) depends on what is stable from
 step to step: the params, their state, the options that shape the lists, the sizes, dtypes and
 layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
 backward allocates new ones. So the cache compares identities and data pointers (list
 comparisons of ints, no per-tensor Python), validates the grads' metadata only when a grad
-moved, and then writes the new grad pointers into the kept tables in bulk
-(:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`). Anything else that differs (a param
+moved, and then, on our kernels, writes the new grad pointers into the kept tables in bulk
+(:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`); on torch's ops it prepares the group
+updates again over the kept lists (a closure each, no validation). Anything else that differs (a param
 swapped or moved, state replaced or loaded, a group added, an option that changes the lists, a
 grad of another layout, a sparse or missing grad) sends the step through the full plan, which
 validates it, raises the clear error if there is one, and builds a new cache.
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..backends import Backend
+from ..backends import Backend, PreparedUpdate
 from ..backends.kernels import KernelCheck, KernelUpdate
 from ..kernels.config import launch_config
 from .step_plan import _FusedStepPlan
@@ -46,14 +47,16 @@ _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
 
 
 class _GroupEntry:
-    """One param group's part of a cached step: what was validated, and its update."""
+    """One param group's part of a cached step: what was validated, its tensor lists without the
+    grads, and its update when the grads' pointers can be rewritten in it."""
 
     def __init__(
         self,
         optimizer: FusedOptimizer,
         group: dict[str, Any],
         params: list[Tensor],
-        update: KernelUpdate | None,
+        lists: list[list[Tensor]],
+        update: PreparedUpdate | None,
     ) -> None:
         grads = [p.grad for p in params]
         all_params = group["params"]
@@ -70,8 +73,21 @@ class _GroupEntry:
         self.shapes = list(map(_SHAPE, params))
         self.devices = list(map(_DEVICE_INDEX, params))
         self.grad_ptrs = list(map(_DATA_PTR, grads))
-        # None for a group without grads (frozen params), which has no update.
-        self.update = None if update is None else KernelUpdate(optimizer, group, update.launch.detached())
+        # Every list but the grads (index 1), which the cache must not keep alive.
+        self.lists = [tensors if i != 1 else [] for i, tensors in enumerate(lists)]
+        # Our kernels' update, with tables of its own to repoint; other updates (torch's ops)
+        # hold their lists, grads included, so they are prepared again at each step.
+        self.update = (
+            KernelUpdate(optimizer, group, update.launch.detached())
+            if isinstance(update, KernelUpdate)
+            else None
+        )
+
+    def prepared(self, optimizer: FusedOptimizer, backend: Backend, grads: list[Tensor]) -> PreparedUpdate:
+        """The group's update over ``grads`` (validated by :meth:`current_grads`)."""
+        if self.update is not None:
+            return self.update
+        return backend.prepare(optimizer, self.group, [self.lists[0], grads, *self.lists[2:]])
 
     def current_grads(self, optimizer: FusedOptimizer, group: dict[str, Any]) -> list[Tensor] | None:
         """The group's grads if the cached update still holds for them (repointed to where they
@@ -105,14 +121,15 @@ class _GroupEntry:
                 or list(map(_DEVICE_INDEX, grads)) != self.devices
             ):
                 return None
-            self.update.launch.repoint(1, pointers)  # lists are (params, grads, ...)
+            if self.update is not None:
+                self.update.launch.repoint(1, pointers)  # lists are (params, grads, ...)
             self.grad_ptrs = pointers
         return grads
 
 
 class StepCache:
-    """A fused optimizer's last step plan on the kernel backend, reusable while nothing it
-    depends on changed (see the module notes)."""
+    """A fused optimizer's last step plan, reusable while nothing it depends on changed (see the
+    module notes)."""
 
     def __init__(self, optimizer: FusedOptimizer, plan: _FusedStepPlan) -> None:
         (part,) = plan.parts.values()
@@ -121,10 +138,13 @@ class StepCache:
         self.chunk_size = launch_config.chunk_size
         updates = iter(part.updates)  # one per group with grads, in order
         self.groups = [
-            _GroupEntry(optimizer, group, params, next(updates) if params else None)
-            for group, params in plan.groups
+            _GroupEntry(optimizer, group, params, lists, next(updates) if params else None)
+            for group, params, lists in plan.groups
         ]
-        self.check = part.unscale.launch.detached()
+        # Our kernels' check, with tables of its own; torch's unscale is prepared again.
+        self.check = (
+            part.unscale.launch.detached() if isinstance(part.unscale, KernelCheck) else None
+        )
         # The state, compared by identity down to every tensor (walking the dicts in order,
         # not looking params up: a tensor key's hash is a Python call).
         self.state_keys = list(map(id, optimizer.state))
@@ -138,15 +158,13 @@ class StepCache:
 
     @staticmethod
     def of(optimizer: FusedOptimizer, plan: _FusedStepPlan) -> StepCache | None:
-        """The cache of ``plan``, or ``None`` when its steady state is not the kernel backend's plain form: state still to
-        create, params on two backends, grads copied into their param's layout, or an update
-        of several launches."""
+        """The cache of ``plan``, or ``None`` when the next step may not be planned the same way:
+        state still to create, params on two backends, grads copied into their param's layout,
+        or an optimizer whose planning does more than build lists (LAMB tracks each step's
+        grads for its global norm)."""
         if plan.new_state or plan.grads_copied or len(plan.parts) != 1:
             return None
-        (part,) = plan.parts.values()
-        if not isinstance(part.unscale, KernelCheck) or not all(
-            isinstance(update, KernelUpdate) for update in part.updates
-        ):
+        if not optimizer._plans_only_lists():
             return None
         return StepCache(optimizer, plan)
 
@@ -183,16 +201,23 @@ class StepCache:
             else list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
         )
         if pointers != self.grad_ptrs:
-            self.check.repoint(0, pointers)
+            if self.check is not None:
+                self.check.repoint(0, pointers)
             self.grad_ptrs = pointers
         plan = _FusedStepPlan(optimizer, backend)
         plan.params = self.params
-        plan.grads = grad_lists[0] if single and grad_lists else list(chain.from_iterable(grad_lists))
+        # A copy: torch's unscale replaces 16-bit grads in the backend's lists by fp32 copies.
+        plan.grads = list(chain.from_iterable(grad_lists))
         part = plan.part(backend)
-        part.updates = [entry.update for entry in self.groups if entry.update is not None]
+        entries = (entry for entry in self.groups if entry.params)
+        part.updates = [entry.prepared(optimizer, backend, grads) for entry, grads in zip(entries, grad_lists)]
         part.grad_lists = grad_lists
         part.steps = self.steps
-        part.unscale = KernelCheck(self.check, grad_lists)
+        part.unscale = (
+            KernelCheck(self.check, grad_lists)
+            if self.check is not None
+            else backend.prepare_unscale(grad_lists)
+        )
         part.epilogue = self.epilogue
         return plan
 

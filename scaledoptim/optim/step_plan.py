@@ -54,11 +54,12 @@ class _FusedStepPlan:
         self.applies_scale_update = backend.applies_scale_update
         self.new_state: dict[torch.Tensor, dict[str, Any]] = {}
         self.parts: dict[Backend, _Part] = {}
-        # The params with a grad and their grads as they are (StepPlan's), per group the
-        # group and those params, and whether a grad was copied into its param's layout.
+        # The params with a grad and their grads as they are (StepPlan's); per group the group,
+        # those params and the group's tensor lists; whether a grad was copied into its
+        # param's layout.
         self.params: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
-        self.groups: list[tuple[dict[str, Any], list[torch.Tensor]]] = []
+        self.groups: list[tuple[dict[str, Any], list[torch.Tensor], list[list[torch.Tensor]]]] = []
         self.grads_copied = False
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, torch.Tensor | None] = {}
