@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from . import replay
-from .replay import ClosureReplayError
 from .backends import unscale_in_place_
 from .distributed import agree_on_found_inf
 from .plans import GenericStepPlan, StepPlan, UnscalePlan
+from .replay import ClosureReplayError
 from .scale_owner import ScaleOwner
 from .scaling import ScaleUpdate, Stage
 from .validation import as_scale_tensor, check_param_grads, check_param_groups

@@ -72,19 +72,31 @@ def test_the_cache_keeps_no_grad_alive() -> None:
     assert last() is None
 
 
-def test_a_grad_resized_through_data_is_refused_and_changes_nothing() -> None:
+# Assigning a grad's .data bypasses autograd's checks of shape, dtype and device.
+BYPASSES = {
+    "fewer elements": (3, lambda: torch.randn(5), ValueError, "shape"),
+    "same elements, other shape": (0, lambda: torch.randn(2, 8), ValueError, "shape"),
+    "integer dtype": (3, lambda: torch.zeros(3, dtype=torch.int32), TypeError, "floating"),
+}
+
+
+@pytest.mark.parametrize("bypass", BYPASSES)
+def test_a_grad_changed_through_data_is_refused_and_changes_nothing(bypass) -> None:
+    index, make, error, message = BYPASSES[bypass]
     params = _params()
     opt = scaledoptim.AdamW(params)
     _steady_state(opt, params)
-    params[3].grad.data = torch.randn(5)  # bypasses autograd's shape check
+    params[index].grad.data = make()
     before = [p.detach().clone() for p in params]
     snapshot = [[t.clone() for t in s.values()] for s in opt.state.values()]
-    with pytest.raises(ValueError, match="shape"):
+    scale = opt.scale.clone()
+    with pytest.raises(error, match=message):
         opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert all(torch.equal(a, b) for a, b in zip(before, params))
     assert all(
         torch.equal(a, b) for old, s in zip(snapshot, opt.state.values()) for a, b in zip(old, s.values())
     )
+    assert torch.equal(scale, opt.scale)
 
 
 def test_a_new_param_group_is_stepped() -> None:

@@ -52,7 +52,6 @@ class TorchNativeBackend(Backend):
                     if grad.dtype in _LOW_PRECISION:
                         grads[i] = grad.float()
             unscale_in_place_([g for grads in grad_lists for g in grads], found_inf, inv_scale)
-            return None
 
         return unscale
 

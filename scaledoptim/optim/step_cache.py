@@ -5,18 +5,22 @@ A step's plan (every check, the state lists, the kernel tables) depends on what 
 step to step: the params, their state, the options that shape the lists, the sizes, dtypes and
 layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
 backward allocates new ones. So the cache compares identities and data pointers (list
-comparisons of ints, no per-tensor Python), validates the grads' metadata only when a grad
-moved, and then, on our kernels, writes the new grad pointers into the kept tables in bulk
-(:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`); on torch's ops it prepares the group
-updates again over the kept lists (a closure each, no validation). Anything else that differs (a param
-swapped or moved, state replaced or loaded, a group added, an option that changes the lists, a
-grad of another layout, a sparse or missing grad) sends the step through the full plan, which
-validates it, raises the clear error if there is one, and builds a new cache.
+comparisons of ints, no per-tensor Python), checks every grad's layout, validates the grads'
+dtype, shape and device when one moved, and then, on our kernels, writes the new grad pointers
+into the kept tables in bulk (:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`); on torch's
+ops it prepares the group updates again over the kept lists (a closure each, no validation).
+Anything else that differs (a param swapped or moved, state replaced or loaded, a group added,
+an option that changes the lists, a grad of another layout, a sparse or missing grad) sends the
+step through the full plan, which validates it, raises the clear error if there is one, and
+builds a new cache.
 
-The cache keeps no grad alive (a freed grad's memory must return to the allocator): it keeps
-their pointers. A new grad at the old pointer (the allocator reuses blocks) needs nothing
-rewritten; its dtype, shape and device are autograd's, and its layout is checked every step. It keeps the params and the state tensors, which the optimizer keeps
-anyway, so that their ids cannot be reused by other objects while it holds them.
+The cache keeps no grad alive (a freed grad's memory must return to the allocator), only their
+pointers. A grad at an unchanged pointer is trusted to keep its dtype, shape and device:
+autograd and the ``.grad`` setter check them, and assigning a grad's ``.data`` a tensor with
+other storage moves the pointer. (A ``.data`` view of the grad's own storage with another shape
+and the same layout would be updated as the flat array it is.) It keeps the params and the state
+tensors, which the optimizer keeps anyway, so that their ids cannot be reused while it holds
+them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from __future__ import annotations
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from ..backends import Backend, PreparedUpdate
@@ -42,7 +45,7 @@ _DATA_PTR = Tensor.data_ptr
 _IS_CONTIGUOUS = Tensor.is_contiguous
 _STRIDE = Tensor.stride
 _DTYPE = Tensor.dtype.__get__
-_SHAPE = Tensor.shape.__get__
+_IS_SAME_SIZE = Tensor.is_same_size
 _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
 
 
@@ -70,7 +73,6 @@ class _GroupEntry:
         self.contiguous = all(map(_IS_CONTIGUOUS, params))
         self.strides = None if self.contiguous else list(map(_STRIDE, params))
         self.dtypes = list(map(_DTYPE, params))
-        self.shapes = list(map(_SHAPE, params))
         self.devices = list(map(_DEVICE_INDEX, params))
         self.grad_ptrs = list(map(_DATA_PTR, grads))
         # Every list but the grads (index 1), which the cache must not keep alive.
@@ -115,9 +117,10 @@ class _GroupEntry:
         if pointers != self.grad_ptrs:
             # New storage: autograd and the .grad setter check dtype, shape and device, but
             # assigning a grad's .data bypasses them, and the tables rely on them.
+            # (is_same_size compares in C++; .shape would build a torch.Size per grad.)
             if (
                 list(map(_DTYPE, grads)) != self.dtypes
-                or list(map(_SHAPE, grads)) != self.shapes
+                or not all(map(_IS_SAME_SIZE, grads, self.params))
                 or list(map(_DEVICE_INDEX, grads)) != self.devices
             ):
                 return None
