@@ -148,10 +148,9 @@ class StepCache:
         self.check = (
             part.unscale.launch.detached() if isinstance(part.unscale, KernelCheck) else None
         )
-        # The state, compared by identity down to every tensor (walking the dicts in order,
-        # not looking params up: a tensor key's hash is a Python call).
-        self.state_keys = list(map(id, optimizer.state))
-        self.state_dicts = list(map(id, optimizer.state.values()))
+        # The state, compared by the identity of every value in order (walking the dicts, not
+        # looking params up: a tensor key's hash is a Python call). State moved to another
+        # param, replaced, added or dropped changes that sequence.
         self.state_values = _state_values(optimizer.state)
         self.state_ids = list(map(id, self.state_values))
         self.grad_ptrs = list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
@@ -183,11 +182,7 @@ class StepCache:
         state = optimizer.state
         grad_lists = []
         try:
-            if (
-                list(map(id, state)) != self.state_keys
-                or list(map(id, state.values())) != self.state_dicts
-                or list(map(id, _state_values(state))) != self.state_ids
-            ):
+            if list(map(id, _state_values(state))) != self.state_ids:
                 return None
             for entry, group in zip(self.groups, optimizer.param_groups):
                 grads = entry.current_grads(optimizer, group)
