@@ -20,10 +20,11 @@ CACHE = fused._STEP_CACHE
 pytestmark = pytest.mark.usefixtures("kernel_backend")  # our kernels (emulated) and torch's ops
 
 
-def _params() -> list[torch.nn.Parameter]:
+def _params(channels_last: bool = True) -> list[torch.nn.Parameter]:
+    layout = torch.channels_last if channels_last else torch.contiguous_format
     return [
         torch.nn.Parameter(torch.randn(4, 4)),  # square: a transposed grad has its shape
-        torch.nn.Parameter(torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last)),
+        torch.nn.Parameter(torch.randn(2, 3, 5, 5).to(memory_format=layout)),
         torch.nn.Parameter(torch.randn(7).bfloat16()),
         torch.nn.Parameter(torch.randn(3)),
     ]
@@ -99,6 +100,15 @@ def test_a_grad_changed_through_data_is_refused_and_changes_nothing(bypass) -> N
     assert torch.equal(scale, opt.scale)
 
 
+def test_loading_a_state_dict_lets_the_old_state_go() -> None:
+    params = _params()
+    opt = scaledoptim.AdamW(params)
+    _steady_state(opt, params)
+    old = weakref.ref(opt.state[params[0]]["exp_avg"])
+    opt.load_state_dict(opt.state_dict())
+    assert old() is None
+
+
 def test_a_new_param_group_is_stepped() -> None:
     params = _params()
     opt = scaledoptim.AdamW(params[:2], lr=0.1)
@@ -117,6 +127,8 @@ CHANGES = [
     "overflow",
     "grad storage swapped",  # p.grad.data = ...
     "transposed grad",
+    "grad transposed in place",  # the same storage, so the same pointer
+    "param transposed in place",
     "a grad is None",
     "param storage swapped",  # p.data = ...
     "state tensor replaced",
@@ -148,6 +160,12 @@ def _apply(change: str, opt, params, values: list[torch.Tensor]) -> None:
     elif change == "transposed grad":
         fresh()
         params[0].grad = values[0].t().clone().t()  # same values, column-major
+    elif change == "grad transposed in place":
+        fresh()
+        params[0].grad = params[0].grad.t()
+    elif change == "param transposed in place":
+        fresh()
+        params[0].data = params[0].data.t()
     elif change == "a grad is None":
         fresh()
         params[2].grad = None
@@ -180,17 +198,21 @@ def _step(change: str, opt, uncached: bool):
 
 # The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8), seed=st.integers(0, 2**16))
-def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(changes, seed) -> None:
+@given(
+    changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8),
+    seed=st.integers(0, 2**16),
+    channels_last=st.booleans(),  # a group of contiguous params, or one with another layout
+)
+def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(changes, seed, channels_last) -> None:
     generator = torch.Generator().manual_seed(seed)
-    base = _params()
+    base = _params(channels_last)
     twins = []
     for _ in range(2):
         params = [torch.nn.Parameter(p.detach().clone(memory_format=torch.preserve_format)) for p in base]
         twins.append((params, scaledoptim.AdamW(params, lr=0.01, weight_decay=0.1)))
     for change in ["fresh grads", "fresh grads", *changes]:
-        values = [torch.randn(p.shape, generator=generator).to(p.dtype).to(memory_format=torch.preserve_format) for p in base]
-        values = [v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for v in values]
+        # In each param's layout, as autograd makes grads.
+        values = [torch.empty_like(p).copy_(torch.randn(p.shape, generator=generator)) for p in base]
         found = []
         for uncached, (params, opt) in enumerate(twins):
             _apply(change, opt, params, values)

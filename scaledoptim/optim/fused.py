@@ -257,6 +257,8 @@ class FusedOptimizer(Optimizer):
         Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
         may replace it), post-hooks once every param's state is in place.
         """
+        # The step cache holds the state it validated: let the old state go with the load.
+        self.__dict__.pop(_STEP_CACHE, None)
         hooks = self.__dict__
         pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
         post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]

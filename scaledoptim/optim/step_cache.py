@@ -17,8 +17,9 @@ builds a new cache.
 The cache keeps no grad alive (a freed grad's memory must return to the allocator), only their
 pointers. A grad at an unchanged pointer is trusted to keep its dtype, shape and device:
 autograd and the ``.grad`` setter check them, and assigning a grad's ``.data`` a tensor with
-other storage moves the pointer. (A ``.data`` view of the grad's own storage with another shape
-and the same layout would be updated as the flat array it is.) It keeps the params and the state
+other storage moves the pointer. (A ``.data`` view of a param's or grad's own storage with
+another shape and the same layout would be updated as the flat array it is; one with another
+layout is caught.) It keeps the params and the state
 tensors, which the optimizer keeps anyway, so that their ids cannot be reused while it holds
 them.
 """
@@ -105,13 +106,15 @@ class _GroupEntry:
                 return None
             grads = [g for g in grads if g is not None]
         # (A grad that turned None fails below with a TypeError: the caller's None.)
-        if list(map(_DATA_PTR, self.params)) != self.param_ptrs:
+        params = self.params
+        if list(map(_DATA_PTR, params)) != self.param_ptrs:
             return None
-        # Layout first: a sparse grad fails here, before data_ptr() could raise.
+        # Params and grads keep the validated layout (``p.data = p.data.t()`` keeps the
+        # pointer). Grads first: a sparse grad fails here, before data_ptr() could raise.
         if self.contiguous:
-            if not all(map(_IS_CONTIGUOUS, grads)):
+            if not (all(map(_IS_CONTIGUOUS, grads)) and all(map(_IS_CONTIGUOUS, params))):
                 return None
-        elif list(map(_STRIDE, grads)) != self.strides:
+        elif list(map(_STRIDE, grads)) != self.strides or list(map(_STRIDE, params)) != self.strides:
             return None
         pointers = list(map(_DATA_PTR, grads))
         if pointers != self.grad_ptrs:
