@@ -129,6 +129,7 @@ CHANGES = [
     "transposed grad",
     "grad transposed in place",  # the same storage, so the same pointer
     "param transposed in place",
+    "param replaced in its group",
     "a grad is None",
     "param storage swapped",  # p.data = ...
     "state tensor replaced",
@@ -166,6 +167,11 @@ def _apply(change: str, opt, params, values: list[torch.Tensor]) -> None:
     elif change == "param transposed in place":
         fresh()
         params[0].data = params[0].data.t()
+    elif change == "param replaced in its group":
+        replacement = torch.nn.Parameter(params[3].detach().clone())
+        opt.state.pop(params[3], None)  # as torch.optim needs, for state_dict()
+        opt.param_groups[0]["params"][3] = params[3] = replacement
+        fresh()
     elif change == "a grad is None":
         fresh()
         params[2].grad = None

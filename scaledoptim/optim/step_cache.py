@@ -4,8 +4,9 @@ a few C-level passes over the params, instead of rebuilt.
 A step's plan (every check, the state lists, the kernel tables) depends on what is stable from
 step to step: the params, their state, the options that shape the lists, the sizes, dtypes and
 layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
-backward allocates new ones. So the cache compares identities and data pointers (list
-comparisons of ints, no per-tensor Python), checks every grad's layout, validates the grads'
+backward allocates new ones. So the cache compares the params' data pointers and the identities
+of the state's values (list comparisons of ints, no per-tensor Python), checks every param's
+and grad's layout, validates the grads'
 dtype, shape and device when one moved, and then, on our kernels, writes the new grad pointers
 into the kept tables in bulk (:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`); on torch's
 ops it prepares the group updates again over the kept lists (a closure each, no validation).
@@ -19,9 +20,9 @@ pointers. A grad at an unchanged pointer is trusted to keep its dtype, shape and
 autograd and the ``.grad`` setter check them, and assigning a grad's ``.data`` a tensor with
 other storage moves the pointer. (A ``.data`` view of a param's or grad's own storage with
 another shape and the same layout would be updated as the flat array it is; one with another
-layout is caught.) It keeps the params and the state
-tensors, which the optimizer keeps anyway, so that their ids cannot be reused while it holds
-them.
+layout is caught. A param replaced by another Parameter over the same storage keeps the old
+one's state.) The cache keeps the state tensors, which the optimizer keeps anyway, so that their
+ids cannot be reused while it holds them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ class _GroupEntry:
         all_params = group["params"]
         self.group = group
         self.lists_key = optimizer._lists_key(group)
-        self.param_ids = list(map(id, all_params))
         with_grad = {id(p) for p in params}
         self.without_grad = [i for i, p in enumerate(all_params) if id(p) not in with_grad]
         self.params = params
@@ -95,18 +95,17 @@ class _GroupEntry:
     def current_grads(self, optimizer: FusedOptimizer, group: dict[str, Any]) -> list[Tensor] | None:
         """The group's grads if the cached update still holds for them (repointed to where they
         live now), else ``None``. Raises nothing a caller should see: any surprise is ``None``."""
-        all_params = group["params"]
-        if group is not self.group or list(map(id, all_params)) != self.param_ids:
+        if group is not self.group or optimizer._lists_key(group) != self.lists_key:
             return None
-        if optimizer._lists_key(group) != self.lists_key:
-            return None
-        grads = list(map(_GRAD, all_params))
+        params = group["params"]
+        grads = list(map(_GRAD, params))
         if self.without_grad:
             if [i for i, g in enumerate(grads) if g is None] != self.without_grad:
                 return None
+            params = [p for p, g in zip(params, grads) if g is not None]
             grads = [g for g in grads if g is not None]
-        # (A grad that turned None fails below with a TypeError: the caller's None.)
-        params = self.params
+        # (A grad that turned None fails below with a TypeError: the caller's None.) A param
+        # replaced, added, dropped or moved to other storage changes the pointers.
         if list(map(_DATA_PTR, params)) != self.param_ptrs:
             return None
         # Params and grads keep the validated layout (``p.data = p.data.t()`` keeps the
@@ -123,7 +122,7 @@ class _GroupEntry:
             # (is_same_size compares in C++; .shape would build a torch.Size per grad.)
             if (
                 list(map(_DTYPE, grads)) != self.dtypes
-                or not all(map(_IS_SAME_SIZE, grads, self.params))
+                or not all(map(_IS_SAME_SIZE, grads, params))
                 or list(map(_DEVICE_INDEX, grads)) != self.devices
             ):
                 return None
