@@ -72,11 +72,8 @@ class PreparedLaunch:
         CUDA launches are asynchronous on torch's current stream; emulated ones return when done.
         """
         for given in (args, later_args):
-            if given is not None and not isinstance(given, self.kernel.args_type):
-                raise TypeError(
-                    f"{self.kernel.name} takes args of type {self.kernel.args_type.__name__}, "
-                    f"got {type(given).__name__}"
-                )
+            if given is not None:
+                check_args(self.kernel, given)
         for index, (instantiation, planned) in enumerate(self.plans):
             this = args if index == 0 or later_args is None else later_args
             params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(this))
@@ -141,12 +138,17 @@ def launch(
 
         library.launch_op(kernel, tensor_lists, args)
         return
+    check_args(kernel, args)
+    prepare_launch(kernel, tensor_lists).run(args)
+
+
+def check_args(kernel: MultiTensorKernel, args: object) -> None:
+    """Raises ``TypeError`` unless ``args`` is an instance of ``kernel.args_type``."""
     if not isinstance(args, kernel.args_type):
         raise TypeError(
             f"{kernel.name} takes args of type {kernel.args_type.__name__}, "
             f"got {type(args).__name__}"
         )
-    prepare_launch(kernel, tensor_lists).run(args)
 
 
 def scalar_pointer(t: Tensor | None, name: str, device: torch.device) -> int | None:

@@ -192,11 +192,7 @@ def op_inputs(
     Raises:
         TypeError, ValueError: as :func:`launch_op`.
     """
-    if not isinstance(args, kernel.args_type):
-        raise TypeError(
-            f"{kernel.name} takes args of type {kernel.args_type.__name__}, "
-            f"got {type(args).__name__}"
-        )
+    launcher.check_args(kernel, args)
     int_names, float_names = _field_kinds(kernel.args_type)
     pointers = pointers or {}
     field_names = [name for name, *_ in args._fields_]
