@@ -87,6 +87,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 sparse grads, or for grads on another device than the scale.
             ValueError: if the scale is not finite and positive.
         """
+        self._check_can_unscale()
         step = self._plan_step()  # the step it prepares must be possible too
         plan = self._plan_unscale(grads_scaled_by, step)
         if plan.scale is not None:
@@ -189,6 +190,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 self, lambda s: (closure(s), *self.unscale(grads_scaled_by=s)), grads_scaled_by
             )
         self._check_can_step_without_closure("unscale_and_step")
+        self._check_can_unscale()
         step = self._plan_step()
         plan = self._plan_unscale(grads_scaled_by, step)
         scaled = plan.scale is not None
@@ -200,13 +202,9 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ plan, then commit
     def _plan_unscale(self, grads_scaled_by: torch.Tensor | float | None, step: StepPlan) -> UnscalePlan:
-        """Every check an unscale of ``step``'s grads needs; allocates, but changes nothing."""
+        """Every check an unscale of ``step``'s grads needs (after :meth:`_check_can_unscale`);
+        allocates, but changes nothing."""
         state = self._scaling()
-        if state.stage is Stage.UNSCALED:
-            raise RuntimeError(
-                "unscale() was already called since the last step: the grads are unscaled "
-                "already. Call step_after_unscale() (or zero_grad() and a new backward) first."
-            )
         device = state.loss_scale.device
         if grads_scaled_by is None:
             return UnscalePlan(None, None, self._no_overflow())
@@ -218,6 +216,14 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
             return UnscalePlan(scale, inv_scale, self._no_overflow())
         found_inf, checked = backward_check.take(step.params, device)
         return UnscalePlan(scale, inv_scale, found_inf, checked)
+
+    def _check_can_unscale(self) -> None:
+        """Refuses a second unscale before a step, first: planning the step would be wasted."""
+        if self._scaling().stage is Stage.UNSCALED:
+            raise RuntimeError(
+                "unscale() was already called since the last step: the grads are unscaled "
+                "already. Call step_after_unscale() (or zero_grad() and a new backward) first."
+            )
 
     def _plan_step(self) -> StepPlan:
         """Validates everything a step will need (param groups, grads, ...) and returns it,

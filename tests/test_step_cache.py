@@ -233,3 +233,24 @@ def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(changes, seed, cha
             assert sa.keys() == sb.keys()
             assert all(torch.equal(sa[k], sb[k]) for k in sa), change
         assert torch.equal(cached_opt.scale, plain_opt.scale)
+
+
+def test_the_check_follows_grads_that_moved_in_a_step_that_then_failed() -> None:
+    # Group 0's grads move and are repointed, then group 1's param is refused: the step fails.
+    # Once the param is restored (group 1 exactly as cached), the inf/nan check must read group
+    # 0's grads where they are now.
+    params = _params()
+    opt = scaledoptim.AdamW([{"params": params[:2]}, {"params": params[2:]}])
+    _steady_state(opt, params)
+    old = [p.grad for p in params[:2]]  # alive, so the new grads cannot reuse their memory
+    for p in params[:2]:
+        p.grad = torch.randn_like(p)
+    storage = params[3].data
+    params[3].data = torch.randn(6)[::2]  # a view with gaps
+    with pytest.raises(RuntimeError, match="gaps"):
+        opt.unscale_and_step(grads_scaled_by=opt.scale)
+    params[3].data = storage
+    params[0].grad[1, 2] = float("nan")
+    _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
+    assert found_inf.item() == 1.0
+    assert all(torch.isfinite(g).all() for g in old)

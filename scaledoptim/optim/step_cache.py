@@ -6,10 +6,10 @@ step to step: the params, their state, the options that shape the lists, the siz
 layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
 backward allocates new ones. So the cache compares the params' data pointers and the identities
 of the state's values (list comparisons of ints, no per-tensor Python), checks every param's
-and grad's layout, validates the grads'
-dtype, shape and device when one moved, and then, on our kernels, writes the new grad pointers
-into the kept tables in bulk (:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`); on torch's
-ops it prepares the group updates again over the kept lists (a closure each, no validation).
+and grad's layout, validates the grads' dtype, shape and device when one moved, and then, on
+our kernels, writes the new grad pointers into the kept tables in bulk
+(:meth:`~scaledoptim.kernels.PreparedLaunch.repoint`); on torch's ops it prepares the group
+updates again over the kept lists (a closure each, no validation).
 Anything else that differs (a param swapped or moved, state replaced or loaded, a group added,
 an option that changes the lists, a grad of another layout, a sparse or missing grad) sends the
 step through the full plan, which validates it, raises the clear error if there is one, and
@@ -87,14 +87,17 @@ class _GroupEntry:
         )
 
     def prepared(self, optimizer: FusedOptimizer, backend: Backend, grads: list[Tensor]) -> PreparedUpdate:
-        """The group's update over ``grads`` (validated by :meth:`current_grads`)."""
+        """The group's update over ``grads`` (validated by :meth:`current`)."""
         if self.update is not None:
             return self.update
         return backend.prepare(optimizer, self.group, [self.lists[0], grads, *self.lists[2:]])
 
-    def current_grads(self, optimizer: FusedOptimizer, group: dict[str, Any]) -> list[Tensor] | None:
-        """The group's grads if the cached update still holds for them (repointed to where they
-        live now), else ``None``. Raises nothing a caller should see: any surprise is ``None``."""
+    def current(
+        self, optimizer: FusedOptimizer, group: dict[str, Any]
+    ) -> tuple[list[Tensor], list[Tensor]] | None:
+        """``(params, grads)``: the group's params with a grad and their grads, if the cached
+        update still holds for them (repointed to where the grads live now), else ``None``. A
+        surprise may raise instead: the caller's ``None``."""
         if group is not self.group or optimizer._lists_key(group) != self.lists_key:
             return None
         params = group["params"]
@@ -129,7 +132,7 @@ class _GroupEntry:
             if self.update is not None:
                 self.update.launch.repoint(1, pointers)  # lists are (params, grads, ...)
             self.grad_ptrs = pointers
-        return grads
+        return params, grads
 
 
 class StepCache:
@@ -155,8 +158,9 @@ class StepCache:
         # param, replaced, added or dropped changes that sequence.
         self.state_values = _state_values(optimizer.state)
         self.state_ids = list(map(id, self.state_values))
+        # What the check's tables point at. Kept apart from the groups' pointers: a step that
+        # repointed one group and then fell back to the full plan left the check behind.
         self.grad_ptrs = list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
-        self.params = list(chain.from_iterable(entry.params for entry in self.groups))
         self.steps = part.steps
         self.epilogue = part.epilogue
 
@@ -181,23 +185,23 @@ class StepCache:
             or optimizer._scaling().loss_scale.device != self.device
         ):
             return None
-        state = optimizer.state
-        grad_lists = []
+        param_lists, grad_lists = [], []
         try:
-            if list(map(id, _state_values(state))) != self.state_ids:
+            if list(map(id, _state_values(optimizer.state))) != self.state_ids:
                 return None
             for entry, group in zip(self.groups, optimizer.param_groups):
-                grads = entry.current_grads(optimizer, group)
-                if grads is None:
+                current = entry.current(optimizer, group)
+                if current is None:
                     return None
+                params, grads = current
                 if grads:
+                    param_lists.append(params)
                     grad_lists.append(grads)
         except (RuntimeError, TypeError, AttributeError, KeyError):
             return None
-        single = len(self.groups) == 1
         pointers = (
             self.groups[0].grad_ptrs
-            if single
+            if len(self.groups) == 1
             else list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
         )
         if pointers != self.grad_ptrs:
@@ -205,7 +209,7 @@ class StepCache:
                 self.check.repoint(0, pointers)
             self.grad_ptrs = pointers
         plan = _FusedStepPlan(optimizer, backend)
-        plan.params = self.params
+        plan.params = list(chain.from_iterable(param_lists))
         # A copy: torch's unscale replaces 16-bit grads in the backend's lists by fp32 copies.
         plan.grads = list(chain.from_iterable(grad_lists))
         part = plan.part(backend)
