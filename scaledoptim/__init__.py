@@ -2,13 +2,20 @@
 
 from . import amp
 from .amp import autocast
-from .optim import LAMB, SGD, Adagrad, Adam, AdamW, FusedOptimizer, Lion
-from .optimizer import Optimizer
-from .replay import ClosureReplayError
-from .outputs import backward, grad, scale_outputs
-from .scale_config import ScalingConfig
-from .sharing import share_scale
-from .wrapping import LBFGS, patch_optimizer, with_scaling
+from .fused import FusedOptimizer
+from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion
+from .protocol import (
+    LBFGS,
+    ClosureReplayError,
+    Optimizer,
+    backward,
+    grad,
+    patch_optimizer,
+    scale_outputs,
+    share_scale,
+    with_scaling,
+)
+from .scale import ScalingConfig
 
 __version__ = "0.1.0.dev0"
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import scaledoptim
-from scaledoptim import backends
+from scaledoptim.fused import backends
 from scaledoptim.kernels import launcher
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -91,7 +91,7 @@ def test_a_kernel_step_is_three_launches(monkeypatch, groups, overflow) -> None:
     launches = []
     real_launch = launcher.emulator.launch
     monkeypatch.setattr(launcher.emulator, "launch", lambda kernel, *a: (launches.append(kernel.name), real_launch(kernel, *a)))
-    monkeypatch.setattr(scaledoptim.scaling.LossScale, "update_", lambda *a, **k: pytest.fail("scale moved by torch ops"))
+    monkeypatch.setattr(scaledoptim.scale.LossScale, "update_", lambda *a, **k: pytest.fail("scale moved by torch ops"))
     _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert launches == ["non_finite_check_kernel", *["adam_kernel"] * groups, "step_epilogue_kernel"]
     assert S.item() == (2.0**9 if overflow else 2.0**11) and found_inf.item() == float(overflow)
@@ -123,7 +123,7 @@ def test_the_probe_reports_why_the_kernels_cannot_run(monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version\nmore")
 
-    monkeypatch.setattr("scaledoptim.kernels.builtin.non_finite_check_", broken)
+    monkeypatch.setattr("scaledoptim.fused.backends.non_finite_check_", broken)
     try:
         assert backends.kernel_problem(CPU) == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
     finally:

@@ -7,11 +7,10 @@ import random
 
 import pytest
 import torch
+from optimizer_table import CASES, make_model
 
 import scaledoptim
-from optimizer_table import CASES, make_model
 from scaledoptim.kernels import launcher
-
 
 
 def _twins(case):

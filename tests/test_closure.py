@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from optimizer_table import (
+    CASES,
+    OptimizerCase,
+    assert_bit_identical,
+    loss_of,
+    make_model,
+    snapshot,
+)
 
 import scaledoptim
-from optimizer_table import CASES, OptimizerCase, assert_bit_identical, loss_of, make_model, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from optimizer_table import loss_of, make_model
 
 import scaledoptim
-from optimizer_table import loss_of, make_model
 
 
 class SignSGD(scaledoptim.Optimizer):

@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from optimizer_table import CASES, OptimizerCase, assert_bit_identical, snapshot
 
 import scaledoptim
-from optimizer_table import CASES, OptimizerCase, assert_bit_identical, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 

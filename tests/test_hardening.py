@@ -14,9 +14,16 @@ from typing import Any
 
 import pytest
 import torch
+from optimizer_table import (
+    CASES,
+    assert_bit_identical,
+    loss_of,
+    make_model,
+    ready_with_pending_backward,
+    snapshot,
+)
 
 import scaledoptim
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, ready_with_pending_backward, snapshot
 
 OPTIMIZERS = [CASES[0], CASES[5]]  # adamw, sgd-momentum-wd
 NOOP: Callable[[Any, Any], None] = lambda model, opt: None  # noqa: E731
@@ -271,7 +278,7 @@ def test_a_failed_found_inf_agreement_refuses_a_second_unscale_and_skips_the_ste
     """If the all-reduce raises after the grads were unscaled in place, retrying unscale() would
     unscale them twice: it is refused, and the pending step is a skip (this rank cannot know
     whether another overflowed)."""
-    import scaledoptim.optimizer as protocol
+    import scaledoptim.protocol.optimizer as protocol
 
     model = make_model()
     opt = scaledoptim.AdamW(model.parameters())

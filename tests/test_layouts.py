@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from optimizer_table import CASES, OptimizerCase
 
 import scaledoptim
-from optimizer_table import CASES, OptimizerCase
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 

@@ -15,9 +15,16 @@ from typing import Any
 
 import pytest
 import torch
+from optimizer_table import (
+    CASES,
+    assert_bit_identical,
+    loss_of,
+    make_model,
+    ready_with_pending_backward,
+    snapshot,
+)
 
 import scaledoptim
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, ready_with_pending_backward, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
@@ -202,7 +209,7 @@ def _ready(case):
 
 def _everything(model, opt) -> tuple[list[torch.Tensor], Any]:
     grads = [p.grad.detach().clone() for g in opt.param_groups for p in g["params"] if p.grad is not None and not p.is_meta and not p.grad.is_sparse]
-    return [t for t in snapshot(opt) if not t.is_meta] + grads, opt._scaling().stage
+    return [t for t in snapshot(opt) if not t.is_meta] + grads, opt._scaling().unscaled
 
 
 def _call(form: str, opt) -> None:

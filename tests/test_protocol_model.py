@@ -16,9 +16,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from optimizer_table import assert_bit_identical, snapshot
 
 import scaledoptim
-from optimizer_table import assert_bit_identical, snapshot
 
 CONFIG = dict(init_scale=16.0, growth_interval=3, hysteresis=2, min_scale=1.0, max_scale=64.0, max_replays=3)
 

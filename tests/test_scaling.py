@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaledoptim.scaling import LossScale, ScalingConfig
+from scaledoptim.scale import LossScale, ScalingConfig
 
 
 def f32(x: float) -> float:

@@ -7,9 +7,9 @@ import io
 
 import pytest
 import torch
+from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
 import scaledoptim
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 

@@ -1,4 +1,4 @@
-"""The fused optimizers' step cache (scaledoptim/optim/step_cache.py): a steady-state step reuses
+"""The fused optimizers' step cache (scaledoptim/fused/plan.py): a steady-state step reuses
 the last plan, and whatever a user can change between steps gives exactly the step a plan built
 from scratch gives, or the same error."""
 
@@ -12,10 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scaledoptim
-from scaledoptim.optim import fused
-
-CACHE = fused._STEP_CACHE
-
+from scaledoptim.fused import plan
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")  # our kernels (emulated) and torch's ops
 
@@ -32,13 +29,13 @@ def _params(channels_last: bool = True) -> list[torch.nn.Parameter]:
 
 def _count_builds(monkeypatch) -> list[int]:
     builds = [0]
-    build = fused.FusedOptimizer._build_step_plan
+    build = plan._build_plan
 
-    def counting(self, backend):
+    def counting(optimizer):
         builds[0] += 1
-        return build(self, backend)
+        return build(optimizer)
 
-    monkeypatch.setattr(fused.FusedOptimizer, "_build_step_plan", counting)
+    monkeypatch.setattr(plan, "_build_plan", counting)
     return builds
 
 
@@ -192,11 +189,11 @@ def _apply(change: str, opt, params, values: list[torch.Tensor]) -> None:
 
 def _step(change: str, opt, uncached: bool):
     if uncached:
-        opt.__dict__.pop(CACHE, None)
+        opt._step_cache = None
     if change == "split form":
         found_inf, _ = opt.unscale(grads_scaled_by=opt.scale)
         if uncached:
-            opt.__dict__.pop(CACHE, None)
+            opt._step_cache = None
         opt.step_after_unscale()
         return found_inf
     return opt.unscale_and_step(grads_scaled_by=opt.scale)[1]

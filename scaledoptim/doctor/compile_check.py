@@ -7,7 +7,7 @@ import importlib.util
 
 import torch
 
-from ..kernels import BUILTIN_KERNELS, nvrtc
+from ..kernels import builtin_kernels, nvrtc
 from .outcome import Outcome
 
 __all__ = ["run"]
@@ -34,12 +34,12 @@ def run(device: torch.device) -> Outcome:
     else:
         archs = supported if ALL_ARCHS else tuple(sorted({supported[0], supported[-1]}))
     for arch in archs:
-        for kernel in BUILTIN_KERNELS:
+        for kernel in builtin_kernels():
             try:
                 nvrtc.compile_for_arch(kernel, arch)
             except Exception as error:  # noqa: BLE001 -- KernelCompileError carries NVRTC's log
                 return Outcome(False, f"{kernel.source.name} for sm_{arch}: {error}")
-    names = ", ".join(k.source.name for k in BUILTIN_KERNELS)
+    names = ", ".join(k.source.name for k in builtin_kernels())
     unsupported = [a for a in nvrtc.TARGET_ARCHS if a not in supported]
     note = f"; this NVRTC cannot target sm_{unsupported}" if unsupported else ""
     return Outcome(True, f"{names} for {', '.join(f'sm_{a}' for a in archs)}{note}")

@@ -10,7 +10,7 @@ import torch
 
 import scaledoptim
 
-from ..backends import kernels_mode, select
+from ..fused.backends import kernels_mode, select
 
 __all__ = ["environment"]
 

@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from ..backends import select
+from ..fused.backends import select
 from .optimizers import OptimizerRow
 from .outcome import Outcome, kernels_env, same_bits, snapshot
 

@@ -14,7 +14,7 @@ import torch
 
 import scaledoptim
 
-from ..backends import select
+from ..fused.backends import select
 from .outcome import Outcome
 
 __all__ = ["bandwidth", "step_time"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..backends import select
+from ..fused.backends import select
 from .optimizers import OPTIMIZERS
 from .outcome import Outcome, kernels_env
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..optimizer import Optimizer
+from ..protocol import Optimizer
 
 __all__ = ["unwrap_optimizer"]
 

@@ -29,8 +29,8 @@ from typing import Any, Literal
 import torch
 
 from ..amp import autocast
-from ..optimizer import Optimizer
-from ..outputs import scale_outputs
+from ..protocol import Optimizer
+from ..protocol import scale_outputs
 
 try:
     import lightning.pytorch as pl

@@ -1,13 +1,15 @@
-"""Fused multi-tensor kernels (cuda/) for CUDA tensors, and their CPU emulator.
+"""Fused multi-tensor kernels (cuda/) for CUDA tensors, and their CPU emulator; this package
+knows no optimizer.
 
 CuPy is imported only when a CUDA tensor is launched on, so this package imports and its CPU
-emulator works without CuPy or a GPU. See docs/kernels.md for writing a kernel.
+emulator works without CuPy or a GPU. See docs/kernels.md for writing a kernel; each
+optimizer's kernel is defined in its own file of ``scaledoptim/optim/``.
 """
 
 from __future__ import annotations
 
-from .adagrad import ADAGRAD, AdagradArgs, adagrad_, adagrad_args
-from .adam import ADAM, AdamArgs, adam_, adam_args
+from typing import Any
+
 from .builtin import (
     NON_FINITE_CHECK,
     STEP_EPILOGUE,
@@ -16,68 +18,52 @@ from .builtin import (
     non_finite_check_,
 )
 from .config import LaunchConfig, launch_config
-from .lamb import LAMB, LAMB_GRAD_NORM, LAMB_NORMS, LambArgs, LambNormArgs, lamb_, lamb_args
-from .launcher import PreparedLaunch, launch, prepare_launch
-from .library import launch_op
-from .lion import LION, LionArgs, lion_, lion_args
+from .launcher import PreparedLaunch, is_dense, launch, prepare_launch, scalar_pointer
 from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
-from .sgd import SGD, SgdArgs, sgd_, sgd_args
 from .sources import CUDA_SOURCE_DIR
-from .spec import MultiTensorKernel
-
-#: Every kernel of cuda/ that scaledoptim launches (the NVRTC check compiles each).
-BUILTIN_KERNELS = (
-    NON_FINITE_CHECK,
-    STEP_EPILOGUE,
-    ADAM,
-    SGD,
-    LION,
-    ADAGRAD,
-    LAMB_GRAD_NORM,
-    LAMB_NORMS,
-    LAMB,
-)
+from .spec import CUDA_TYPE_NAMES, MultiTensorKernel, registered_kernels
+from .update import launch_update
 
 __all__ = [
-    "ADAGRAD",
-    "ADAM",
-    "BUILTIN_KERNELS",
     "CUDA_SOURCE_DIR",
-    "LAMB",
-    "LAMB_GRAD_NORM",
-    "LAMB_NORMS",
-    "LION",
+    "CUDA_TYPE_NAMES",
     "NON_FINITE_CHECK",
     "ROUNDING_LISTS",
-    "SGD",
     "STEP_EPILOGUE",
-    "AdagradArgs",
-    "AdamArgs",
     "KernelCompileError",
-    "LambArgs",
-    "LambNormArgs",
     "LaunchConfig",
-    "LionArgs",
     "MultiTensorKernel",
     "NonFiniteCheckArgs",
     "PreparedLaunch",
-    "SgdArgs",
     "StepEpilogueArgs",
-    "adagrad_",
-    "adagrad_args",
-    "adam_",
-    "adam_args",
-    "lamb_",
-    "lamb_args",
+    "builtin_kernels",
+    "is_dense",
     "launch",
-    "launch_op",
     "launch_config",
-    "lion_",
-    "lion_args",
+    "launch_op",
+    "launch_update",
     "non_finite_check_",
     "prepare_launch",
+    "registered_kernels",
     "rounding_lists",
-    "sgd_",
-    "sgd_args",
+    "scalar_pointer",
 ]
+
+
+def builtin_kernels() -> tuple[MultiTensorKernel, ...]:
+    """scaledoptim's own kernels (those whose source is a file of its ``cuda/``) defined so far:
+    every one of them once ``scaledoptim`` is imported."""
+    own = CUDA_SOURCE_DIR.resolve()
+    return tuple(
+        k for k in registered_kernels() if k.source.resolve().parent == own and k.source.is_file()
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # The launch op lives in library.py, which imports torch._dynamo: only when asked for.
+    if name == "launch_op":
+        from .library import launch_op
+
+        return launch_op
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ the CUDA built-ins) with one ``extern "C"`` entry per template instantiation, ta
 ``$SCALEDOPTIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/scaledoptim``, else ``~/.cache/scaledoptim``,
 keyed by the sources, the compiler and its flags.
 
-Environment (``SCALEDOPTIM_KERNELS=emulate`` itself is read by ``scaledoptim.backends``):
+Environment (``SCALEDOPTIM_KERNELS=emulate`` itself is read by ``scaledoptim.fused.backends``):
     SCALEDOPTIM_EMULATOR_SANITIZE=address: build with AddressSanitizer; the Python process
         must then preload libasan (``LD_PRELOAD=$(g++ -print-file-name=libasan.so)``).
     CXX: the C++20 compiler (default ``g++``).

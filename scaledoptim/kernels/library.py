@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import launcher
-from .spec import MultiTensorKernel
+from .spec import MultiTensorKernel, registered_kernels
 
 __all__ = ["kernel_key", "launch_op", "op_inputs", "registered_kernel"]
 
@@ -70,21 +70,19 @@ def _register(kernel: MultiTensorKernel) -> str:
 
 
 def registered_kernel(key: str) -> MultiTensorKernel:
-    """The kernel registered under ``key`` (:func:`kernel_key`); the built-in kernels always are.
+    """The kernel registered under ``key`` (:func:`kernel_key`); every kernel defined in this
+    process is (:func:`~scaledoptim.kernels.registered_kernels`).
 
     Raises:
-        KeyError: no kernel was launched through :func:`launch_op` under that key in this
-            process.
+        KeyError: no kernel with that key was defined in this process.
     """
     if key not in _kernels:
-        from . import BUILTIN_KERNELS  # the package imports this module's importers first
-
-        for kernel in BUILTIN_KERNELS:
+        for kernel in registered_kernels():
             _kernels.setdefault(kernel_key(kernel), kernel)
     if key not in _kernels:
         raise KeyError(
-            f"no kernel is registered as {key!r}; launch it once through "
-            "scaledoptim.kernels.launch or scaledoptim.kernels.library.launch_op in this process"
+            f"no kernel is registered as {key!r}; define its MultiTensorKernel (import the module "
+            "that defines it) in this process first"
         )
     return _kernels[key]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MultiTensorKernel", "CUDA_TYPE_NAMES"]
+__all__ = ["CUDA_TYPE_NAMES", "MultiTensorKernel", "registered_kernels"]
 
 # The C++ type each torch dtype is instantiated with (cuda/dtypes.cuh).
 CUDA_TYPE_NAMES: dict[torch.dtype, str] = {
@@ -53,6 +53,11 @@ class MultiTensorKernel:
     dtype_lists: tuple[int, ...] = ()
     per_tensor_lists: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Kernels register themselves: the NVRTC checks, the doctor and the launch op find
+        # every kernel that was defined, with no hand-kept list.
+        _registry.setdefault(self)
+
     @property
     def n_lists(self) -> int:
         return len(self.lists)
@@ -67,6 +72,15 @@ class MultiTensorKernel:
         """Every instantiation the backends compile: all dtype combinations."""
         combos = itertools.product(CUDA_TYPE_NAMES, repeat=len(self.dtype_lists))
         return [self.instantiation(c) for c in combos]
+
+
+_registry: dict[MultiTensorKernel, None] = {}  # insertion-ordered set
+
+
+def registered_kernels() -> tuple[MultiTensorKernel, ...]:
+    """Every :class:`MultiTensorKernel` defined in this process so far, in order (scaledoptim's
+    own once ``scaledoptim`` is imported)."""
+    return tuple(_registry)
 
 
 def c_symbol(instantiation: str) -> str:

@@ -1,21 +1,68 @@
-"""Adagrad: hyper-parameters, state, and the update as kernel arguments and torch ops."""
+"""Adagrad: the class, the kernel's arguments (cuda/adagrad.cu) and the torch form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from ..backends.torch_native import advance_steps_
-from ..kernels.adagrad import ADAGRAD, AdagradArgs, adagrad_args
-from .adam import reject_differentiable
-from .fused import FusedOptimizer, check_hyperparameter
-from .state import state_dtype
+from ..fused import FusedOptimizer, check_hyperparameter, reject_differentiable
+from ..kernels import (
+    CUDA_SOURCE_DIR,
+    ROUNDING_LISTS,
+    MultiTensorKernel,
+    launch_update,
+    rounding_lists,
+)
+from ..torch_ops import advance_steps_
+from ..fused.state import state_dtype
 
-__all__ = ["Adagrad"]
+__all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "adagrad_", "adagrad_args"]
 
 
+# ------------------------------------------------------------------------------ the kernel
+class AdagradArgs(ctypes.Structure):
+    """Mirror of ``AdagradArgs`` in cuda/adagrad.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("lr", ctypes.c_float),
+        ("lr_decay", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+ADAGRAD_KERNEL = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "adagrad.cu",
+    "adagrad_kernel",
+    ("params", "grads", "state_sums", *ROUNDING_LISTS, "steps"),
+    AdagradArgs,
+    dtype_lists=(0, 1),
+    per_tensor_lists=(4, 5),
+)
+
+
+def adagrad_args(
+    found_inf: int | None,
+    inv_scale: int | None,
+    *,
+    lr: float,
+    lr_decay: float,
+    weight_decay: float,
+    eps: float,
+    maximize: bool,
+) -> AdagradArgs:
+    """The kernel's arguments: device scalar pointers, and every host-side constant."""
+    return AdagradArgs(found_inf, inv_scale, lr, lr_decay, weight_decay, eps, maximize)
+
+
+# ------------------------------------------------------------------------------ the optimizer
 class Adagrad(FusedOptimizer):
     r"""Adagrad with the loss-scaling protocol, a drop-in for :class:`torch.optim.Adagrad`.
 
@@ -38,7 +85,7 @@ class Adagrad(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
     """
 
-    kernel = ADAGRAD
+    kernel = ADAGRAD_KERNEL
 
     def __init__(
         self,
@@ -77,7 +124,7 @@ class Adagrad(FusedOptimizer):
                                            memory_format=torch.preserve_format),
                 }  # fmt: skip
 
-    def _check_options(self, options: dict[str, Any]) -> None:
+    def check_options(self, options: dict[str, Any]) -> None:
         check_hyperparameter("learning rate", options["lr"])
         check_hyperparameter("lr_decay value", options["lr_decay"])
         check_hyperparameter("weight_decay value", options["weight_decay"])
@@ -87,15 +134,15 @@ class Adagrad(FusedOptimizer):
         check_hyperparameter("epsilon value", options["eps"])
         reject_differentiable(options["differentiable"])
 
-    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+    def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("sum",)
 
-    def _kernel_args(
+    def kernel_args(
         self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
     ) -> AdagradArgs:
         return adagrad_args(found_inf, inv_scale, **_adagrad_options(group))
 
-    def _torch_update(
+    def torch_update(
         self,
         group: dict[str, Any],
         tensor_lists: list[list[torch.Tensor]],
@@ -113,3 +160,35 @@ class Adagrad(FusedOptimizer):
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(lr=group["lr"], lr_decay=group["lr_decay"], weight_decay=group["weight_decay"],
                 eps=group["eps"], maximize=group["maximize"])  # fmt: skip
+
+
+def adagrad_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    state_sums: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    *,
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
+    **options: float | bool,
+) -> None:
+    r"""One fused Adagrad step over all tensors (``torch.optim.Adagrad``, ``foreach=False`` math).
+
+    fp32 math whatever the param and grad dtypes; ``state_sums`` float32. If ``found_inf`` is
+    given and non-zero, nothing is modified; otherwise grads are unscaled in registers and each
+    ``steps[i]`` advances by one (the learning-rate decay uses the advanced value).
+
+    Args:
+        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
+        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
+        options: the keyword arguments of :func:`adagrad_args` (``lr``, ``lr_decay``,
+            ``weight_decay``, ``eps``, ``maximize``).
+    """
+    lists = [params, grads, state_sums, *rounding_lists(master_params, sr_seeds), steps]
+    launch_update(
+        ADAGRAD_KERNEL, lists, found_inf, inv_scale, lambda f, i: adagrad_args(f, i, **options)
+    )

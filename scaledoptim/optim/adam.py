@@ -1,20 +1,91 @@
-"""Adam and AdamW: hyper-parameters, state, and the update as kernel arguments and torch ops."""
+"""Adam and AdamW: the classes, the kernel's arguments (cuda/adam.cu) and the torch form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
-from ..backends.torch_native import advance_steps_
-from ..kernels.adam import ADAM, AdamArgs, adam_args
-from ..validation import hyperparameter
-from .fused import FusedOptimizer, check_hyperparameter
+from ..fused import FusedOptimizer, check_hyperparameter, hyperparameter, reject_differentiable
+from ..kernels import (
+    CUDA_SOURCE_DIR,
+    ROUNDING_LISTS,
+    MultiTensorKernel,
+    launch_update,
+    rounding_lists,
+)
+from ..torch_ops import advance_steps_
 
-__all__ = ["Adam", "AdamW"]
+__all__ = ["ADAM_KERNEL", "Adam", "AdamArgs", "AdamW", "adam_", "adam_args"]
 
 
+# ------------------------------------------------------------------------------ the kernel
+class AdamArgs(ctypes.Structure):
+    """Mirror of ``AdamArgs`` in cuda/adam.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("lr", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("one_minus_beta1", ctypes.c_float),
+        ("one_minus_beta2", ctypes.c_float),
+        ("log_beta1", ctypes.c_float),
+        ("log_beta2", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("param_decay", ctypes.c_float),
+        ("amsgrad", ctypes.c_int),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+ADAM_KERNEL = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "adam.cu",
+    "adam_kernel",
+    ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", *ROUNDING_LISTS, "steps"),
+    AdamArgs,
+    dtype_lists=(0, 1),
+    per_tensor_lists=(6, 7),
+)
+
+
+def adam_args(
+    found_inf: int | None,
+    inv_scale: int | None,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled_weight_decay: bool,
+    amsgrad: bool,
+    maximize: bool,
+) -> AdamArgs:
+    """The kernel's arguments: device scalar pointers, and every host-side constant."""
+    return AdamArgs(
+        found_inf=found_inf,
+        inv_scale=inv_scale,
+        lr=lr,
+        beta2=beta2,
+        one_minus_beta1=1 - beta1,
+        one_minus_beta2=1 - beta2,
+        log_beta1=math.log(beta1) if beta1 > 0 else -math.inf,
+        log_beta2=math.log(beta2) if beta2 > 0 else -math.inf,
+        eps=eps,
+        weight_decay=0.0 if decoupled_weight_decay else weight_decay,
+        param_decay=1 - lr * weight_decay if decoupled_weight_decay else 1.0,
+        amsgrad=amsgrad,
+        maximize=maximize,
+    )
+
+
+# ------------------------------------------------------------------------------ the optimizer
 class Adam(FusedOptimizer):
     r"""Adam with the loss-scaling protocol, a drop-in for :class:`torch.optim.Adam`.
 
@@ -40,7 +111,7 @@ class Adam(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
     """
 
-    kernel = ADAM
+    kernel = ADAM_KERNEL
     _legacy_options: ClassVar[dict[str, Any]] = {
         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
         "differentiable": False, "decoupled_weight_decay": False, "fused": None,
@@ -73,7 +144,7 @@ class Adam(FusedOptimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _check_options(self, options: dict[str, Any]) -> None:
+    def check_options(self, options: dict[str, Any]) -> None:
         check_hyperparameter("learning rate", hyperparameter("lr", options["lr"]))
         check_hyperparameter("epsilon value", options["eps"])
         betas = [hyperparameter(f"betas[{i}]", beta) for i, beta in enumerate(options["betas"])]
@@ -82,14 +153,19 @@ class Adam(FusedOptimizer):
         check_hyperparameter("weight_decay value", options["weight_decay"])
         reject_differentiable(options["differentiable"])
 
-    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+    def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if group["amsgrad"] else None)
 
-    def _kernel_args(self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None) -> AdamArgs:
+    def kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> AdamArgs:
         return adam_args(found_inf, inv_scale, **_adam_options(group))
 
-    def _torch_update(
-        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
+    def torch_update(
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
     ) -> None:
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
@@ -152,10 +228,41 @@ def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def reject_differentiable(differentiable: bool) -> None:
-    """fused updates are not differentiable: say what is."""
-    if differentiable:
-        raise ValueError(
-            "differentiable=True is not supported by scaledoptim's fused optimizers; use the "
-            "torch.optim class (scaledoptim.with_scaling(torch.optim.X) keeps the protocol)"
-        )
+def adam_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    max_exp_avg_sqs: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    *,
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
+    **options: float | bool,
+) -> None:
+    r"""One fused Adam (``decoupled_weight_decay=False``) or AdamW step over all tensors.
+
+    The math of ``torch.optim.Adam``/``AdamW`` with ``foreach=False``, in fp32 whatever the
+    param (fp32/fp16/bf16, may differ per tensor) and grad dtypes; params are rounded once.
+    If ``found_inf`` is given and non-zero, nothing is modified. Otherwise each grad is
+    multiplied by ``inv_scale`` in registers (grad memory is not written), negated if
+    ``maximize``, and each ``steps[i]`` (0-dim float32 tensor counting taken steps) is advanced by
+    one; bias corrections use the advanced value.
+
+    Args:
+        params, grads, exp_avgs, exp_avg_sqs, steps: one tensor per parameter; state is float32.
+        max_exp_avg_sqs: one per parameter with ``amsgrad``, else an empty list.
+        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
+        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
+        options: the keyword arguments of :func:`adam_args` (``lr``, ``beta1``, ``beta2``,
+            ``eps``, ``weight_decay``, ``decoupled_weight_decay``, ``amsgrad``, ``maximize``).
+    """
+    if options["amsgrad"] and len(max_exp_avg_sqs) != len(params):
+        raise ValueError("adam_ with amsgrad=True needs one max_exp_avg_sq per param")
+    lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if options["amsgrad"] else [],
+             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+    launch_update(ADAM_KERNEL, lists, found_inf, inv_scale, lambda f, i: adam_args(f, i, **options))

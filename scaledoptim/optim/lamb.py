@@ -1,21 +1,113 @@
-"""LAMB: hyper-parameters, state, and the update as kernel launches and torch ops."""
+"""LAMB: the class, the kernels' arguments (cuda/lamb.cu) and the torch form."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import ctypes
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from ..backends import select
-from ..backends.torch_native import advance_steps_, copy_unless_skipped_
-from ..kernels.lamb import LAMB as LAMB_KERNEL
-from ..kernels.lamb import LambLaunches, lamb_args
-from .fused import FusedOptimizer, check_hyperparameter
+from ..fused import FusedOptimizer, check_hyperparameter
+from ..kernels import (
+    CUDA_SOURCE_DIR,
+    ROUNDING_LISTS,
+    STEP_EPILOGUE,
+    MultiTensorKernel,
+    StepEpilogueArgs,
+    prepare_launch,
+    rounding_lists,
+    scalar_pointer,
+)
+from ..torch_ops import advance_steps_, copy_unless_skipped_
 
-__all__ = ["LAMB"]
+__all__ = [
+    "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
+    "LambNormArgs", "lamb_", "lamb_args",
+]  # fmt: skip
 
 
+# ------------------------------------------------------------------------------ the kernels
+class LambArgs(ctypes.Structure):
+    """Mirror of ``LambArgs`` in cuda/lamb.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("grad_norm_sq", ctypes.c_void_p),
+        ("lr", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("beta1_grad", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("one_minus_beta2", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("max_grad_norm", ctypes.c_float),
+        ("bias_correction", ctypes.c_int),
+        ("adam_w_mode", ctypes.c_int),
+        ("trust_ratio", ctypes.c_int),
+    ]
+
+
+class LambNormArgs(ctypes.Structure):
+    """Mirror of ``LambNormArgs`` in cuda/lamb.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("grad_norm_sq", ctypes.c_void_p),
+    ]
+
+
+_LISTS = (
+    "params",
+    "grads",
+    "exp_avgs",
+    "exp_avg_sqs",
+    "param_norms_sq",
+    "update_norms_sq",
+    *ROUNDING_LISTS,
+    "steps",
+)
+#: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
+LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
+                                dtype_lists=(0, 1), per_tensor_lists=(4, 5, 7, 8))  # fmt: skip
+#: The new moments and the per-tensor squared norms of params and updates, on the same lists.
+LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_kernel", _LISTS,
+                                      LambArgs, dtype_lists=(0, 1), per_tensor_lists=(4, 5, 7, 8))  # fmt: skip
+#: The squared global norm of the unscaled grads.
+LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
+                                          ("grads",), LambNormArgs, dtype_lists=(0,))  # fmt: skip
+
+
+def lamb_args(
+    found_inf: int | None,
+    inv_scale: int | None,
+    grad_norm_sq: int,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction: bool,
+    max_grad_norm: float,
+    adam_w_mode: bool,
+    grad_averaging: bool,
+    use_nvlamb: bool,
+) -> LambArgs:
+    """The kernels' arguments: device scalar pointers, and every host-side constant."""
+    return LambArgs(
+        found_inf=found_inf, inv_scale=inv_scale, grad_norm_sq=grad_norm_sq, lr=lr, beta1=beta1,
+        beta1_grad=1 - beta1 if grad_averaging else 1.0, beta2=beta2, one_minus_beta2=1 - beta2,
+        eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+        bias_correction=bias_correction, adam_w_mode=adam_w_mode,
+        trust_ratio=use_nvlamb or weight_decay != 0,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ the optimizer
 class LAMB(FusedOptimizer):
     r"""LAMB (You et al., 2020) with Apex ``FusedLAMB``'s semantics and the loss-scaling
     protocol, sync-free and CUDA-graph capturable.
@@ -47,6 +139,12 @@ class LAMB(FusedOptimizer):
     """
 
     kernel = LAMB_KERNEL
+    kernels_before = (LAMB_NORMS_KERNEL,)
+    # Per-device buffers of the squared global grad norm, and per-param scratch of the kernels'
+    # per-tensor norms: kept across steps so that the kernels' tables stay cached; created on
+    # first use (copies and unpickled optimizers start without them).
+    _grad_norms_sq: dict[torch.device, Tensor] | None = None
+    _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
 
     def __init__(
         self,
@@ -71,14 +169,8 @@ class LAMB(FusedOptimizer):
             stochastic_rounding=stochastic_rounding,
         )  # fmt: skip
         super().__init__(params, defaults)
-        # Per-step scratch, not state: per-param squared norms (kernels), the grads of the step
-        # and their global norm, kept across steps so launch tables stay cached.
-        self._norm_scratch: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._step_grads: list[torch.Tensor] = []
-        self._step_grad_lists: list[list[torch.Tensor]] = []
-        self._grad_norm_sq: dict[torch.device, torch.Tensor] = {}
 
-    def _check_options(self, options: dict[str, Any]) -> None:
+    def check_options(self, options: dict[str, Any]) -> None:
         check_hyperparameter("learning rate", options["lr"])
         check_hyperparameter("epsilon value", options["eps"])
         check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
@@ -86,69 +178,46 @@ class LAMB(FusedOptimizer):
         check_hyperparameter("weight_decay value", options["weight_decay"])
         check_hyperparameter("max_grad_norm", options["max_grad_norm"], low=-float("inf"))
 
-    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+    def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def _extra_lists(
-        self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor]
-    ) -> list[list[torch.Tensor]]:
-        backend = select(params[0].device)
-        if not all(backend.supports(p) for p in params):
-            raise ValueError(
-                f"LAMB's global grad norm spans every param, and the {backend.name} backend "
-                f"cannot update {params[0].dtype} params; use float32, float16 or bfloat16 "
-                "params, or torch's ops for all of them (SCALEDOPTIM_KERNELS=torch)"
-            )
-        if self._is_first_group(group):
-            self._step_grads, self._step_grad_lists = [], []
-        self._step_grads += grads
-        # The list itself: the torch-native backend replaces 16-bit grads in it by their
-        # unscaled fp32 copies before the update, and the norm must see those.
-        self._step_grad_lists.append(grads)
-        scratch = [self._norm_scratch.get(p) for p in params]
-        for i, (p, s) in enumerate(zip(params, scratch)):
-            if s is None or s[0].device != p.device:
-                scratch[i] = self._norm_scratch[p] = (
-                    torch.zeros((), device=p.device),
-                    torch.zeros((), device=p.device),
+    def scratch_lists(self, group: dict[str, Any], params: list[Tensor]) -> list[list[Tensor]]:
+        if self._norm_scratch is None:
+            self._norm_scratch = {}
+        scratch = []
+        for param in params:
+            pair = self._norm_scratch.get(param)
+            if pair is None or pair[0].device != param.device:
+                pair = self._norm_scratch[param] = (
+                    torch.zeros((), device=param.device),
+                    torch.zeros((), device=param.device),
                 )
-        return [[s[0] for s in scratch], [s[1] for s in scratch]]
+            scratch.append(pair)
+        return [[pair[0] for pair in scratch], [pair[1] for pair in scratch]]
 
-    def _prepare_kernel_launches(
-        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]
-    ) -> Callable[[int | None, int | None], None]:
-        first = self._is_first_group(group)
-        launches = LambLaunches(
-            tensor_lists, self._step_grads if first else None, self._norm_buffer(tensor_lists)
+    def grad_reduction(self, grads: list[Tensor]) -> _GlobalGradNorm:
+        return _GlobalGradNorm(self._grad_norm_sq(grads[0].device))
+
+    def kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> LambArgs:
+        device = group["params"][0].device
+        return lamb_args(
+            found_inf, inv_scale, self._grad_norm_sq(device).data_ptr(), **_lamb_options(group)
         )
-        options = _lamb_options(group)
 
-        def run(found: int | None, inv: int | None) -> None:
-            launches.run(lamb_args(found, inv, launches.norm_pointer, **options))
-
-        return run
-
-    def _kernel_args(
-        self, group, found_inf, inv_scale
-    ):  # every launch goes through _prepare_kernel_launches
-        raise NotImplementedError("LAMB's kernel update is prepared by _prepare_kernel_launches")
-
-    def _torch_update(
+    def torch_update(
         self,
         group: dict[str, Any],
-        tensor_lists: list[list[torch.Tensor]],
-        found_inf: torch.Tensor | None,
+        tensor_lists: list[list[Tensor]],
+        found_inf: Tensor | None,
     ) -> None:
-        """The same update with torch's foreach ops; the grads arrive unscaled."""
+        """The same update with torch's foreach ops; the grads arrive unscaled, and the squared
+        global grad norm computed (``_GlobalGradNorm.torch_form``)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         o = _lamb_options(group)
-        norm_sq = self._norm_buffer(tensor_lists)
-        if self._is_first_group(group):
-            step_grads = [g for grads in self._step_grad_lists for g in grads]
-            norms = torch._foreach_norm(step_grads, 2, dtype=torch.float32)
-            norm_sq.copy_(torch.stack(norms).square().sum())
         advance_steps_(steps, found_inf)  # the moments' bias corrections read the new count
-        norm = norm_sq.sqrt()
+        norm = self._grad_norm_sq(params[0].device).sqrt()
         if o["max_grad_norm"] > 0:
             grads = torch._foreach_div(grads, torch.clamp(norm / o["max_grad_norm"], min=1.0))
         wd = o["weight_decay"]
@@ -181,17 +250,29 @@ class LAMB(FusedOptimizer):
         copy_unless_skipped_(exp_avgs, m, found_inf)
         copy_unless_skipped_(exp_avg_sqs, v, found_inf)
 
-    def _is_first_group(self, group: dict[str, Any]) -> bool:
-        first = next(
-            (g for g in self.param_groups if any(p.grad is not None for p in g["params"])), None
-        )
-        return group is first
+    def _grad_norm_sq(self, device: torch.device) -> Tensor:
+        if self._grad_norms_sq is None:
+            self._grad_norms_sq = {}
+        buffer = self._grad_norms_sq.get(device)
+        if buffer is None:
+            buffer = self._grad_norms_sq[device] = torch.zeros((), device=device)
+        return buffer
 
-    def _norm_buffer(self, tensor_lists: list[list[torch.Tensor]]) -> torch.Tensor:
-        device = tensor_lists[0][0].device
-        if device not in self._grad_norm_sq:
-            self._grad_norm_sq[device] = torch.zeros((), device=device)
-        return self._grad_norm_sq[device]
+
+class _GlobalGradNorm:
+    """LAMB's squared global grad norm over every grad of the step, into ``out``."""
+
+    kernel = LAMB_GRAD_NORM_KERNEL
+
+    def __init__(self, out: Tensor) -> None:
+        self.out = out
+
+    def kernel_args(self, found_inf: int | None, inv_scale: int | None) -> LambNormArgs:
+        return LambNormArgs(found_inf, inv_scale, self.out.data_ptr())
+
+    def torch_form(self, grads: list[Tensor]) -> None:
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        self.out.copy_(torch.stack(norms).square().sum())
 
 
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -202,3 +283,61 @@ def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
         adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
         use_nvlamb=group["use_nvlamb"],
     )  # fmt: skip
+
+
+def lamb_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    *,
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
+    norms_sq: tuple[Sequence[Tensor], Sequence[Tensor]] | None = None,
+    **options: float | bool,
+) -> None:
+    r"""One fused LAMB step over all tensors (Apex FusedLAMB's semantics), with no host sync.
+
+    The global norm of the unscaled grads (all of ``grads``) clips them by
+    ``max(norm / max_grad_norm, 1)``; Adam moments; the update
+    ``m_hat / (sqrt(v_hat) + eps) (+ weight_decay * p in adam_w_mode)``; per tensor the trust
+    ratio ``||p|| / ||update||`` (when ``use_nvlamb`` or ``weight_decay != 0``, and both norms
+    are non-zero); ``p -= lr * ratio * update``. Nothing changes when ``found_inf`` is set.
+
+    Args:
+        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
+        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
+        norms_sq: two lists of 0-dim float32 scratch tensors (one per param each) receiving
+            the squared norms of params and updates, or ``None`` to allocate them.
+        options: the keyword arguments of :func:`lamb_args` but the pointers.
+    """
+    if not params:
+        return
+    device = params[0].device
+    norms = norms_sq or [[torch.zeros((), device=device) for _ in params] for _ in range(2)]
+    lists = [
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        *norms,
+        *rounding_lists(master_params, sr_seeds),
+        steps,
+    ]
+    grad_norm_sq = torch.zeros((), device=device)
+    grad_norm = prepare_launch(LAMB_GRAD_NORM_KERNEL, [grads])
+    update = [prepare_launch(kernel, lists) for kernel in (LAMB_NORMS_KERNEL, LAMB_KERNEL)]
+    epilogue = prepare_launch(STEP_EPILOGUE, [steps])
+    found = scalar_pointer(found_inf, "found_inf", device)
+    inv = scalar_pointer(inv_scale, "inv_scale", device)
+    grad_norm.run(LambNormArgs(found, inv, grad_norm_sq.data_ptr()))
+    torch._foreach_zero_([t for scratch in norms for t in scratch])
+    args = lamb_args(found, inv, grad_norm_sq.data_ptr(), **options)
+    for launch in update:
+        launch.run(args)
+    epilogue.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update

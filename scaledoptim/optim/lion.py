@@ -1,19 +1,79 @@
-"""Lion: hyper-parameters, state, and the update as kernel arguments and torch ops."""
+"""Lion: the class, the kernel's arguments (cuda/lion.cu) and the torch form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from ..backends.torch_native import advance_steps_, copy_unless_skipped_
-from ..kernels.lion import LION, LionArgs, lion_args
-from .fused import FusedOptimizer, check_hyperparameter
+from ..fused import FusedOptimizer, check_hyperparameter
+from ..kernels import (
+    CUDA_SOURCE_DIR,
+    ROUNDING_LISTS,
+    MultiTensorKernel,
+    launch_update,
+    rounding_lists,
+)
+from ..torch_ops import advance_steps_, copy_unless_skipped_
 
-__all__ = ["Lion"]
+__all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_", "lion_args"]
 
 
+# ------------------------------------------------------------------------------ the kernel
+class LionArgs(ctypes.Structure):
+    """Mirror of ``LionArgs`` in cuda/lion.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("lr", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("one_minus_beta1", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("one_minus_beta2", ctypes.c_float),
+        ("param_decay", ctypes.c_float),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+LION_KERNEL = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "lion.cu",
+    "lion_kernel",
+    ("params", "grads", "exp_avgs", *ROUNDING_LISTS, "steps"),
+    LionArgs,
+    dtype_lists=(0, 1),
+    per_tensor_lists=(4, 5),
+)
+
+
+def lion_args(
+    found_inf: int | None,
+    inv_scale: int | None,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    maximize: bool,
+) -> LionArgs:
+    """The kernel's arguments: device scalar pointers, and every host-side constant."""
+    return LionArgs(
+        found_inf=found_inf,
+        inv_scale=inv_scale,
+        lr=lr,
+        beta1=beta1,
+        one_minus_beta1=1 - beta1,
+        beta2=beta2,
+        one_minus_beta2=1 - beta2,
+        param_decay=1 - lr * weight_decay,
+        maximize=maximize,
+    )
+
+
+# ------------------------------------------------------------------------------ the optimizer
 class Lion(FusedOptimizer):
     r"""Lion (Chen et al., 2023) with the loss-scaling protocol, fused and sync-free.
 
@@ -40,7 +100,7 @@ class Lion(FusedOptimizer):
         >>> _, found_inf, S = opt.unscale_and_step(closure, grads_scaled_by=opt.scale)
     """
 
-    kernel = LION
+    kernel = LION_KERNEL
 
     def __init__(
         self,
@@ -59,21 +119,21 @@ class Lion(FusedOptimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _check_options(self, options: dict[str, Any]) -> None:
+    def check_options(self, options: dict[str, Any]) -> None:
         check_hyperparameter("learning rate", options["lr"])
         check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
         check_hyperparameter("beta parameter at index 1", options["betas"][1], high=1.0)
         check_hyperparameter("weight_decay value", options["weight_decay"])
 
-    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+    def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg",)
 
-    def _kernel_args(
+    def kernel_args(
         self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
     ) -> LionArgs:
         return lion_args(found_inf, inv_scale, **_lion_options(group))
 
-    def _torch_update(
+    def torch_update(
         self,
         group: dict[str, Any],
         tensor_lists: list[list[torch.Tensor]],
@@ -98,3 +158,36 @@ def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
                 maximize=group["maximize"])  # fmt: skip
+
+
+def lion_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    *,
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
+    **options: float | bool,
+) -> None:
+    r"""One fused Lion step over all tensors, in fp32 whatever the param and grad dtypes.
+
+    ``c = beta1 * m + (1 - beta1) * g``; ``p = p * (1 - lr * weight_decay) - lr * sign(c)``;
+    ``m = beta2 * m + (1 - beta2) * g`` (``g`` unscaled by ``inv_scale`` in registers, negated
+    if ``maximize``). If ``found_inf`` is given and non-zero, nothing is modified; otherwise each
+    ``steps[i]`` advances by one.
+
+    Args:
+        params, grads, exp_avgs, steps: one tensor per parameter; exp_avgs float32, steps 0-dim
+            float32 counters of taken steps.
+        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
+        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
+        options: the keyword arguments of :func:`lion_args` (``lr``, ``beta1``, ``beta2``,
+            ``weight_decay``, ``maximize``).
+    """
+    lists = [params, grads, exp_avgs, *rounding_lists(master_params, sr_seeds), steps]
+    launch_update(LION_KERNEL, lists, found_inf, inv_scale, lambda f, i: lion_args(f, i, **options))

@@ -1,22 +1,78 @@
-"""SGD: hyper-parameters, state, and the update as kernel arguments and torch ops."""
+"""SGD: the class, the kernel's arguments (cuda/sgd.cu) and the torch form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
-from ..backends.torch_native import advance_steps_
-from ..kernels.sgd import SGD as SGD_KERNEL
-from ..kernels.sgd import SgdArgs, sgd_args
-from ..validation import hyperparameter
-from .adam import reject_differentiable
-from .fused import FusedOptimizer, check_hyperparameter
+from ..fused import FusedOptimizer, check_hyperparameter, hyperparameter, reject_differentiable
+from ..kernels import (
+    CUDA_SOURCE_DIR,
+    ROUNDING_LISTS,
+    MultiTensorKernel,
+    launch_update,
+    rounding_lists,
+)
+from ..torch_ops import advance_steps_
 
-__all__ = ["SGD"]
+__all__ = ["SGD", "SGD_KERNEL", "SgdArgs", "sgd_", "sgd_args"]
 
 
+# ------------------------------------------------------------------------------ the kernel
+class SgdArgs(ctypes.Structure):
+    """Mirror of ``SgdArgs`` in cuda/sgd.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("lr", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("one_minus_dampening", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("nesterov", ctypes.c_int),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+SGD_KERNEL = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "sgd.cu",
+    "sgd_kernel",
+    ("params", "grads", "momentum_buffers", *ROUNDING_LISTS, "steps"),
+    SgdArgs,
+    dtype_lists=(0, 1),
+    per_tensor_lists=(4, 5),
+)
+
+
+def sgd_args(
+    found_inf: int | None,
+    inv_scale: int | None,
+    *,
+    lr: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    weight_decay: float,
+    maximize: bool,
+) -> SgdArgs:
+    """The kernel's arguments: device scalar pointers, and every host-side constant."""
+    return SgdArgs(
+        found_inf=found_inf,
+        inv_scale=inv_scale,
+        lr=lr,
+        momentum=momentum,
+        one_minus_dampening=1 - dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        maximize=maximize,
+    )
+
+
+# ------------------------------------------------------------------------------ the optimizer
 class SGD(FusedOptimizer):
     r"""SGD (momentum, dampening, Nesterov) with the loss-scaling protocol, a drop-in for
     :class:`torch.optim.SGD`.
@@ -69,7 +125,7 @@ class SGD(FusedOptimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _check_options(self, options: dict[str, Any]) -> None:
+    def check_options(self, options: dict[str, Any]) -> None:
         check_hyperparameter("learning rate", hyperparameter("lr", options["lr"]))
         check_hyperparameter("momentum value", options["momentum"])
         check_hyperparameter("weight_decay value", options["weight_decay"])
@@ -77,14 +133,19 @@ class SGD(FusedOptimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         reject_differentiable(options["differentiable"])
 
-    def _state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+    def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("momentum_buffer" if group["momentum"] != 0 else None,)
 
-    def _kernel_args(self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None) -> SgdArgs:
+    def kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> SgdArgs:
         return sgd_args(found_inf, inv_scale, **_sgd_options(group))
 
-    def _torch_update(
-        self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]], found_inf: torch.Tensor | None
+    def torch_update(
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
     ) -> None:
         """torch's fused SGD, with the first step decided on device.
 
@@ -113,3 +174,40 @@ def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
         lr=hyperparameter("lr", group["lr"]), momentum=group["momentum"], dampening=group["dampening"],
         nesterov=group["nesterov"], weight_decay=group["weight_decay"], maximize=group["maximize"],
     )  # fmt: skip
+
+
+def sgd_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    momentum_buffers: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    *,
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
+    **options: float | bool,
+) -> None:
+    r"""One fused SGD step over all tensors (``torch.optim.SGD``, ``foreach=False`` math).
+
+    fp32 math; params fp32/fp16/bf16 rounded once; grads fp32/fp16/bf16; buffers float32.
+    If ``found_inf`` is given and non-zero, nothing is modified. Otherwise grads are unscaled in
+    registers by ``inv_scale`` and ``steps[i]`` advances by one. On a parameter's first taken
+    step (``steps[i] == 0`` before it) the momentum buffer is set to the gradient, as torch does
+    when it creates the buffer, so buffers may start with any content.
+
+    Args:
+        momentum_buffers: one float32 tensor per param, or an empty list when ``momentum == 0``.
+        steps: one 0-dim float32 tensor per param, counting taken steps.
+        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
+        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
+        options: the keyword arguments of :func:`sgd_args` (``lr``, ``momentum``,
+            ``dampening``, ``nesterov``, ``weight_decay``, ``maximize``).
+    """
+    if options["momentum"] != 0 and len(momentum_buffers) != len(params):
+        raise ValueError("sgd_ with momentum != 0 needs one momentum buffer per param")
+    lists = [params, grads, momentum_buffers if options["momentum"] != 0 else [],
+             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+    launch_update(SGD_KERNEL, lists, found_inf, inv_scale, lambda f, i: sgd_args(f, i, **options))

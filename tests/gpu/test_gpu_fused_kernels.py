@@ -10,6 +10,7 @@ import contextlib
 import pytest
 import torch
 
+import scaledoptim
 from scaledoptim import kernels
 from tests.kernels.kernel_reference import (
     CUDA_KERNEL_MARKS,
@@ -54,7 +55,7 @@ def test_adamw_matches_torch_fused_adamw_with_grad_scaling(dtype):
         # As GradScaler.step does for fused optimizers: grads are divided by grad_scale in-kernel.
         torch_opt.grad_scale, torch_opt.found_inf = scale, found_inf
         torch_opt.step()
-        kernels.adam_(
+        scaledoptim.optim.adam.adam_(
             ours,
             grads,
             m,
@@ -90,7 +91,7 @@ def test_sgd_matches_torch_fused_sgd():
         for p, g in zip(theirs, grads):
             p.grad = g.clone()
         torch_opt.step()
-        kernels.sgd_(ours, grads, buffers, steps, **options, found_inf=None, inv_scale=None)
+        scaledoptim.optim.sgd.sgd_(ours, grads, buffers, steps, **options, found_inf=None, inv_scale=None)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
 

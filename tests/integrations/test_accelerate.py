@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from prerequisites import require_module
 
 import scaledoptim
-from prerequisites import require_module
 from scaledoptim.integrations.accelerate import unwrap_optimizer
 
 require_module("accelerate", "the Accelerate recipe is tested with real accelerate")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from prerequisites import require_module
 
 import scaledoptim
-from prerequisites import require_module
 
 require_module("lightning", "the Lightning integration is tested with real Lightning")
 import lightning.pytorch as pl  # noqa: E402

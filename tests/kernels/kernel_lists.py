@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+import scaledoptim
 from scaledoptim import kernels
-from scaledoptim.kernels.lamb import LambLaunches
+from scaledoptim.optim import lamb
 
 
 def zero_steps(params: Sequence[Tensor]) -> list[Tensor]:
@@ -82,16 +83,24 @@ def prepare_lamb(
     """The optimizer's LAMB launches over ``lists``: the global grad norm of its grads, the
     moments and norms, the update."""
     device = lists[0][0].device if lists[0] else torch.device("cpu")
-    launches = LambLaunches(lists, lists[1], torch.zeros((), device=device))
+    grad_norm_sq = torch.zeros((), device=device)
+    grad_norm = kernels.prepare_launch(lamb.LAMB_GRAD_NORM_KERNEL, [lists[1]])
+    update = [kernels.prepare_launch(k, lists) for k in (lamb.LAMB_NORMS_KERNEL, lamb.LAMB_KERNEL)]
+    scratch = [*lists[4], *lists[5]]
 
     def run(options: dict, found_inf: int | None, inv_scale: int | None) -> None:
-        launches.run(kernels.lamb_args(found_inf, inv_scale, launches.norm_pointer, **options))
+        grad_norm_sq.zero_()
+        grad_norm.run(lamb.LambNormArgs(found_inf, inv_scale, grad_norm_sq.data_ptr()))
+        torch._foreach_zero_(scratch)
+        args = lamb.lamb_args(found_inf, inv_scale, grad_norm_sq.data_ptr(), **options)
+        for launch in update:
+            launch.run(args)
 
     return run
 
 
 def lamb_functional(params, grads, exp_avgs, exp_avg_sqs, param_norms_sq, update_norms_sq,
                     masters, seeds, steps, **kwargs) -> None:  # fmt: skip
-    kernels.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, master_params=masters,
+    scaledoptim.optim.lamb.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, master_params=masters,
                   sr_seeds=[s.view(torch.int32) for s in seeds],
                   norms_sq=(param_norms_sq, update_norms_sq), **kwargs)  # fmt: skip

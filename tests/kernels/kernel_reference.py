@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.optim.adam import adam as torch_adam
 from torch.optim.sgd import sgd as torch_sgd
 
+import scaledoptim
 from scaledoptim import kernels
 
 # Chunk size of the kernel tests (set by conftest.py): 3 * CHUNK + 7 elements span four chunks.
@@ -86,7 +87,7 @@ def mixed_params_and_grads(
 
 
 def adam_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.adam_`` but found_inf and inv_scale: torch.optim.AdamW's
+    """The keyword arguments of ``scaledoptim.optim.adam.adam_`` but found_inf and inv_scale: torch.optim.AdamW's
     defaults, with ``changes``."""
     return (
         dict(
@@ -104,7 +105,7 @@ def adam_options(**changes: float | bool) -> dict:
 
 
 def sgd_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.sgd_`` but found_inf and inv_scale: lr 0.1 and plain
+    """The keyword arguments of ``scaledoptim.optim.sgd.sgd_`` but found_inf and inv_scale: lr 0.1 and plain
     momentum 0.9, with ``changes``."""
     return (
         dict(
@@ -141,7 +142,7 @@ def checked_adam_step_(
     grads, then the update (unscaling in registers; skipped where found_inf is set)."""
     found_inf.zero_()
     kernels.non_finite_check_(grads, found_inf)
-    kernels.adam_(
+    scaledoptim.optim.adam.adam_(
         params,
         grads,
         exp_avgs,

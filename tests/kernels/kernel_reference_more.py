@@ -10,21 +10,22 @@ import torch
 from torch import Tensor
 from torch.optim.adagrad import adagrad as torch_adagrad
 
+import scaledoptim
 from tests.reference_optimizers import LambReference
 
 
 def lion_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.lion_`` but found_inf and inv_scale, with ``changes``."""
+    """The keyword arguments of ``scaledoptim.optim.lion.lion_`` but found_inf and inv_scale, with ``changes``."""
     return dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.0, maximize=False) | changes
 
 
 def adagrad_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.adagrad_`` but found_inf and inv_scale, with ``changes``."""
+    """The keyword arguments of ``scaledoptim.optim.adagrad.adagrad_`` but found_inf and inv_scale, with ``changes``."""
     return dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, eps=1e-10, maximize=False) | changes
 
 
 def lamb_options(**changes: float | bool) -> dict:
-    """The keyword arguments of ``kernels.lamb_`` but found_inf and inv_scale: Apex FusedLAMB's
+    """The keyword arguments of ``scaledoptim.optim.lamb.lamb_`` but found_inf and inv_scale: Apex FusedLAMB's
     defaults but lr 1e-2, with ``changes``."""
     return dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01, bias_correction=True,
                 max_grad_norm=1.0, adam_w_mode=True, grad_averaging=True, use_nvlamb=False) | changes  # fmt: skip

@@ -1,4 +1,4 @@
-"""KERNEL_CASES: one row per kernel of ``scaledoptim.kernels.BUILTIN_KERNELS``. The row drives
+"""KERNEL_CASES: one row per kernel of ``scaledoptim.kernels.builtin_kernels()``. The row drives
 the emulated parity (test_emulated_parity.py), found_inf (test_emulated_found_inf.py),
 AddressSanitizer (test_emulator_sanitizer.py), NVRTC (test_nvrtc.py) and GPU
 (tests/gpu/test_gpu_fused_kernels.py) tests, so a new kernel is one row here plus, for an update
@@ -24,8 +24,9 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
+import scaledoptim
 from scaledoptim import kernels
-from scaledoptim.kernels.rounding import ROUNDING_LISTS
+from scaledoptim.kernels import ROUNDING_LISTS
 from tests.kernels.kernel_checks import Tolerance, check_parity, launch_case  # noqa: F401 (re-exported)
 from tests.kernels.kernel_lists import (
     GRAD_NORM_SQ,
@@ -134,9 +135,9 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
         args=lambda found_inf, inv_scale: kernels.StepEpilogueArgs(found_inf=found_inf),
     ),
     KernelCase(
-        kernels.ADAM,
+        scaledoptim.optim.adam.ADAM_KERNEL,
         make_lists=adam_lists,
-        args=kernels.adam_args,
+        args=scaledoptim.optim.adam.adam_args,
         update=True,
         defaults=adam_options(lr=1e-2),
         grid=grid(
@@ -152,12 +153,12 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
             "eps": st.floats(1e-10, 1e-3),
         },
         reference=reference_adam,
-        functional=with_rounding_lists(kernels.adam_),
+        functional=with_rounding_lists(scaledoptim.optim.adam.adam_),
     ),
     KernelCase(
-        kernels.SGD,
+        scaledoptim.optim.sgd.SGD_KERNEL,
         make_lists=sgd_lists,
-        args=kernels.sgd_args,
+        args=scaledoptim.optim.sgd.sgd_args,
         update=True,
         defaults=sgd_options(lr=0.05),
         grid=tuple(
@@ -174,12 +175,12 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
         ),
         hyper={"lr": st.floats(1e-4, 1.0)},
         reference=reference_sgd,
-        functional=with_rounding_lists(kernels.sgd_),
+        functional=with_rounding_lists(scaledoptim.optim.sgd.sgd_),
     ),
     KernelCase(
-        kernels.LION,
+        scaledoptim.optim.lion.LION_KERNEL,
         make_lists=lion_lists,
-        args=kernels.lion_args,
+        args=scaledoptim.optim.lion.lion_args,
         update=True,
         defaults=lion_options(),
         grid=grid(maximize=(False, True), weight_decay=(0.0, 0.5)),
@@ -189,23 +190,23 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
             "beta2": st.floats(0.9, 0.999),
         },
         reference=reference_lion,
-        functional=with_rounding_lists(kernels.lion_),
+        functional=with_rounding_lists(scaledoptim.optim.lion.lion_),
     ),
     KernelCase(
-        kernels.ADAGRAD,
+        scaledoptim.optim.adagrad.ADAGRAD_KERNEL,
         make_lists=adagrad_lists,
-        args=kernels.adagrad_args,
+        args=scaledoptim.optim.adagrad.adagrad_args,
         update=True,
         defaults=adagrad_options(),
         grid=grid(maximize=(False, True), weight_decay=(0.0, 0.1), lr_decay=(0.0, 0.05)),
         hyper={"lr": st.floats(1e-4, 1e-1), "eps": st.floats(1e-10, 1e-3)},
         reference=reference_adagrad,
-        functional=with_rounding_lists(kernels.adagrad_),
+        functional=with_rounding_lists(scaledoptim.optim.adagrad.adagrad_),
     ),
     KernelCase(
-        kernels.LAMB,
+        scaledoptim.optim.lamb.LAMB_KERNEL,
         make_lists=lamb_lists,
-        args=lambda found_inf, inv_scale, **options: kernels.lamb_args(
+        args=lambda found_inf, inv_scale, **options: scaledoptim.optim.lamb.lamb_args(
             found_inf, inv_scale, GRAD_NORM_SQ.data_ptr(), **options
         ),
         update=True,
@@ -240,18 +241,18 @@ KERNEL_CASES: tuple[KernelCase, ...] = (
     ),
     # LAMB's norm launches, as the ASan and NVRTC tests see them (the LAMB row runs them).
     KernelCase(
-        kernels.LAMB_NORMS,
+        scaledoptim.optim.lamb.LAMB_NORMS_KERNEL,
         make_lists=lambda params, grads, options, generator: lamb_lists(
             params, grads, options, generator
         ),
-        args=lambda found_inf, inv_scale: kernels.lamb_args(
+        args=lambda found_inf, inv_scale: scaledoptim.optim.lamb.lamb_args(
             found_inf, inv_scale, GRAD_NORM_SQ.data_ptr(), **lamb_options()
         ),
     ),
     KernelCase(
-        kernels.LAMB_GRAD_NORM,
+        scaledoptim.optim.lamb.LAMB_GRAD_NORM_KERNEL,
         make_lists=lambda params, grads, options, generator: [list(grads)],
-        args=lambda found_inf, inv_scale: kernels.LambNormArgs(
+        args=lambda found_inf, inv_scale: scaledoptim.optim.lamb.LambNormArgs(
             found_inf, inv_scale, GRAD_NORM_SQ.data_ptr()
         ),
     ),

@@ -9,6 +9,7 @@ import ctypes
 import pytest
 import torch
 
+import scaledoptim
 from scaledoptim import kernels
 from scaledoptim.kernels import library
 from tests.kernels.kernel_lists import adam_lists
@@ -24,8 +25,8 @@ def adamw_lists(amsgrad: bool = False) -> list[list[torch.Tensor]]:
     return adam_lists(params, grads, adam_options(amsgrad=amsgrad), generator)
 
 
-def adamw_args(lr: float, amsgrad: bool = False) -> kernels.AdamArgs:
-    return kernels.adam_args(None, None, **adam_options(lr=lr, amsgrad=amsgrad))
+def adamw_args(lr: float, amsgrad: bool = False) -> scaledoptim.optim.adam.AdamArgs:
+    return scaledoptim.optim.adam.adam_args(None, None, **adam_options(lr=lr, amsgrad=amsgrad))
 
 
 def assert_lists_equal(actual, expected) -> None:
@@ -38,7 +39,7 @@ def test_opcheck() -> None:
     lists = adamw_lists(amsgrad=True)
     found = torch.zeros(())
     inputs = library.op_inputs(
-        kernels.ADAM, lists, adamw_args(1e-2, amsgrad=True), {"found_inf": found}
+        scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2, amsgrad=True), {"found_inf": found}
     )
     torch.library.opcheck(torch.ops.scaledoptim.multi_tensor_launch.default, inputs)
     grads = [torch.tensor([1.0, float("inf")]), torch.ones(3)]
@@ -53,7 +54,7 @@ def test_opcheck() -> None:
 
 
 def launch_adamw(lists, args) -> None:
-    kernels.launch(kernels.ADAM, lists, args)
+    kernels.launch(scaledoptim.optim.adam.ADAM_KERNEL, lists, args)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -77,7 +78,7 @@ def test_a_compiled_launch_has_no_graph_break() -> None:
 
 def launch_unless_non_finite(lists, x, args) -> None:
     found = x.isinf().any().float()  # exists only inside the graph: no pointer at trace time
-    library.launch_op(kernels.ADAM, lists, args, {"found_inf": found, "inv_scale": None})
+    library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, args, {"found_inf": found, "inv_scale": None})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -100,7 +101,7 @@ def test_eager_launch_does_not_go_through_the_op(monkeypatch) -> None:
 
     monkeypatch.setattr(library, "launch_op", fail)
     lists, before = adamw_lists(), adamw_lists()
-    kernels.launch(kernels.ADAM, lists, adamw_args(1e-2))
+    kernels.launch(scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2))
     assert not torch.equal(lists[0][0], before[0][0])
 
 
@@ -110,24 +111,24 @@ def test_bad_pointer_field_names_the_fields_and_changes_nothing() -> None:
         ValueError,
         match=r"'lr' is not a pointer field of AdamArgs; pass one of \['found_inf', 'inv_scale'\]",
     ):
-        library.launch_op(kernels.ADAM, lists, adamw_args(1e-2), {"lr": torch.zeros(())})
+        library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2), {"lr": torch.zeros(())})
     wrong = kernels.NonFiniteCheckArgs()
     with pytest.raises(TypeError, match="adam_kernel takes args of type AdamArgs, got NonFin"):
-        library.launch_op(kernels.ADAM, lists, wrong)
+        library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, wrong)
     assert_lists_equal(lists, before)
 
 
 def test_a_bad_pointer_tensor_is_refused_when_the_op_runs_and_changes_nothing() -> None:
     lists, before = adamw_lists(), adamw_lists()
     with pytest.raises(ValueError, match="found_inf must be a one-element float32 tensor"):
-        library.launch_op(kernels.ADAM, lists, adamw_args(1e-2), {"found_inf": torch.zeros(2)})
+        library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2), {"found_inf": torch.zeros(2)})
     assert_lists_equal(lists, before)
 
 
 def test_unknown_kernel_key_says_how_to_register_it() -> None:
-    with pytest.raises(KeyError, match="launch it once through scaledoptim.kernels.launch"):
+    with pytest.raises(KeyError, match="define its MultiTensorKernel"):
         library.registered_kernel("nothing@000000000000")
-    assert library.registered_kernel(library.kernel_key(kernels.SGD)) is kernels.SGD  # builtin
+    assert library.registered_kernel(library.kernel_key(scaledoptim.optim.sgd.SGD_KERNEL)) is scaledoptim.optim.sgd.SGD_KERNEL  # builtin
 
 
 def test_integer_fields_keep_every_bit() -> None:

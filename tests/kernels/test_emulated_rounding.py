@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import scaledoptim
 from scaledoptim import kernels
-from scaledoptim.optim.rounding import initial_seed, stochastic_round_
+from scaledoptim.torch_ops import initial_seed, stochastic_round_
 from tests.kernels.kernel_reference import (
     adam_options,
     assert_bytes_unchanged,
@@ -19,19 +20,19 @@ from tests.kernels.kernel_reference_more import adagrad_options, lion_options
 
 
 def _adam(params, grads, state, steps, **rounding):
-    kernels.adam_(params, grads, *state[:2], [], steps, **adam_options(lr=1e-2), **rounding)
+    scaledoptim.optim.adam.adam_(params, grads, *state[:2], [], steps, **adam_options(lr=1e-2), **rounding)
 
 
 def _sgd(params, grads, state, steps, **rounding):
-    kernels.sgd_(params, grads, state[0], steps, **sgd_options(), **rounding)
+    scaledoptim.optim.sgd.sgd_(params, grads, state[0], steps, **sgd_options(), **rounding)
 
 
 def _adagrad(params, grads, state, steps, **rounding):
-    kernels.adagrad_(params, grads, state[0], steps, **adagrad_options(lr=0.1), **rounding)
+    scaledoptim.optim.adagrad.adagrad_(params, grads, state[0], steps, **adagrad_options(lr=0.1), **rounding)
 
 
 def _lion(params, grads, state, steps, **rounding):
-    kernels.lion_(params, grads, state[0], steps, **lion_options(weight_decay=0.1), **rounding)
+    scaledoptim.optim.lion.lion_(params, grads, state[0], steps, **lion_options(weight_decay=0.1), **rounding)
 
 
 # Everything a kernel table row needs: each optimizer kernel, through its functional form.
@@ -125,7 +126,7 @@ def test_stochastic_rounding_is_unbiased():
     ulp = 2.0**-7
     params = [torch.ones(65536, dtype=torch.bfloat16)]
     grads = [torch.full((65536,), -0.3 * ulp)]
-    kernels.sgd_(
+    scaledoptim.optim.sgd.sgd_(
         params, grads, [], [torch.zeros(())], **sgd_options(lr=1.0, momentum=0.0),
         found_inf=None, inv_scale=None, sr_seeds=[initial_seed(0)],
     )  # fmt: skip

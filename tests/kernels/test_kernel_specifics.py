@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import scaledoptim
 from scaledoptim import kernels
 from tests.kernels.kernel_reference import (
     CHUNK,
@@ -74,5 +75,5 @@ def test_sgd_update_that_nearly_cancels_the_param_keeps_torchs_fused_rounding(pa
     options = sgd_options(momentum=0.0, lr=0.99999)
     steps = [torch.zeros(())]
     expected, _ = reference_sgd(params, grads, [[]], steps, None, options)
-    kernels.sgd_(params, grads, [], steps, **options, found_inf=None, inv_scale=None)
+    scaledoptim.optim.sgd.sgd_(params, grads, [], steps, **options, found_inf=None, inv_scale=None)
     assert_param_close(params[0], expected[0])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import scaledoptim
 from scaledoptim import kernels
 from scaledoptim.kernels import launcher
 from scaledoptim.kernels.config import launch_config
@@ -44,7 +45,7 @@ def test_plan_covers_every_chunk_once_across_tables():
     assert sorted(seen) == expected
 
 
-@pytest.mark.parametrize("kernel", (*kernels.BUILTIN_KERNELS, SCALE), ids=lambda k: k.name)
+@pytest.mark.parametrize("kernel", (*kernels.builtin_kernels(), SCALE), ids=lambda k: k.name)
 def test_ctypes_tables_match_the_cuda_structs(kernel):
     library = emulator_library(kernel)
     for name in kernel.instantiations():
@@ -59,7 +60,7 @@ def test_more_tensors_than_one_table_holds():
     grads = [torch.randn(p.shape, generator=generator) for p in params]
     m, v, steps = zero_adam_state(params)
     expected = [p - 0.1 * torch.sign(g) for p, g in zip(params, grads)]  # Adam's first step
-    kernels.adam_(
+    scaledoptim.optim.adam.adam_(
         params,
         grads,
         m,
@@ -118,7 +119,7 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
     with pytest.raises(TypeError, match="ScaleArgs"):
         kernels.launch(SCALE, [[x]], kernels.NonFiniteCheckArgs())
     with pytest.raises(ValueError, match="has 2 tensors but params has 1"):
-        kernels.sgd_(
+        scaledoptim.optim.sgd.sgd_(
             [x],
             [x, x],
             [],

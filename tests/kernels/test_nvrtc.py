@@ -7,10 +7,10 @@ import pytest
 from prerequisites import require_module
 
 from scaledoptim.kernels import (
-    BUILTIN_KERNELS,
     KernelCompileError,
     MultiTensorKernel,
     NonFiniteCheckArgs,
+    builtin_kernels,
 )
 from tests.kernels.kernel_table import KERNEL_CASES, case_id
 
@@ -21,9 +21,9 @@ from scaledoptim.kernels.nvrtc import TARGET_ARCHS, compile_for_arch, supported_
 
 def test_the_kernel_table_covers_every_builtin_kernel_once():
     assert sorted(case.kernel.name for case in KERNEL_CASES) == sorted(
-        kernel.name for kernel in BUILTIN_KERNELS
+        kernel.name for kernel in builtin_kernels()
     )
-    assert {case.kernel for case in KERNEL_CASES} == set(BUILTIN_KERNELS)
+    assert {case.kernel for case in KERNEL_CASES} == set(builtin_kernels())
 
 
 def test_installed_nvrtc_covers_current_gpus():

@@ -1,19 +1,20 @@
-"""The dynamic loss-scale state machine, kept in device tensors and updated with no host sync."""
+"""The dynamic loss-scale state machine, kept in device tensors and updated with no host sync.
+
+It knows no optimizer: a reporter is any object id that reports ``found_inf`` once per round."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from .scale_config import ScalingConfig
-from .validation import is_float32_scale
+from .checks import is_float32_scale
+from .config import ScalingConfig
 
-__all__ = ["ScalingConfig", "LossScale", "ScaleUpdate", "Stage", "ScalingState"]
+__all__ = ["LossScale", "ScaleUpdate"]
 
 _FLOAT32 = torch.finfo(torch.float32)
 
@@ -222,31 +223,3 @@ class ScaleUpdate:
     def apply(self) -> None:
         """Applies it with torch ops (Note [scale update])."""
         self.loss_scale.update_(self.scaled_by, self.found_inf, force_backoff=self.force_backoff)
-
-
-class Stage(enum.Enum):
-    """Where an optimizer is in the protocol: ``READY`` -> :meth:`unscale` -> ``UNSCALED`` ->
-    :meth:`step_after_unscale` (or ``zero_grad``) -> ``READY``."""
-
-    READY = "ready"
-    UNSCALED = "unscaled"
-
-
-@dataclasses.dataclass
-class ScalingState:
-    """One optimizer's loss scale (possibly shared) and its place in the protocol."""
-
-    loss_scale: LossScale
-    stage: Stage = Stage.READY
-    # What unscale() found, for the step that consumes it (Note [found_inf contract]).
-    found_inf: torch.Tensor | None = None
-    # Set while closure replay runs: every overflow backs off, hysteresis notwithstanding.
-    replaying: bool = False
-    # Not part of the state_dict: a process group belongs to this run, not to the checkpoint.
-    process_group: Any = None
-
-    def record_unscale(self, found_inf: torch.Tensor) -> None:
-        self.stage, self.found_inf = Stage.UNSCALED, found_inf
-
-    def forget_unscale(self) -> None:
-        self.stage, self.found_inf = Stage.READY, None

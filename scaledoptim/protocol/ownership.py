@@ -1,52 +1,63 @@
-"""Owning a dynamic loss scale: the scale itself, its configuration, and its checkpoints."""
+"""Owning a dynamic loss scale: its configuration, its checkpoints and copies, and GradScaler
+state in and out. The per-step half of the protocol is in optimizer.py."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import dataclasses
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from . import checkpoint
+from ..scale import (
+    LossScale,
+    ScalingConfig,
+    check_process_group,
+    gradscaler_state_from_loss_scale,
+    loss_scale_from_gradscaler_state,
+)
 from .backward_check import BackwardCheck
-from .distributed import check_process_group
-from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
-from .scaling import LossScale, ScalingConfig, ScalingState, Stage
-from .validation import refuse_during_capture
 
-__all__ = ["ScaleOwner"]
+__all__ = ["ScaleOwner", "ScalingState"]
 
 _Self = TypeVar("_Self", bound="ScaleOwner")
 
 
-class ScaleOwner:
-    """The loss-scale half of :class:`scaledoptim.Optimizer`, mixed into a torch optimizer."""
+@dataclasses.dataclass
+class ScalingState:
+    """One optimizer's loss scale (possibly shared) and its place in the protocol."""
 
-    # Per-instance bookkeeping lives under this attribute so that classes made by
-    # ``with_scaling`` (whose ``__init__`` we do not own) and patched instances get it lazily.
-    _SCALING_ATTR = "_scaledoptim_scaling"
-    _BACKWARD_CHECK_ATTR = "_scaledoptim_backward_check"
-
-    def _scaling(self) -> ScalingState:
-        state = self.__dict__.get(self._SCALING_ATTR)
-        if state is None:
-            refuse_during_capture("Creating the loss scale")
-            state = ScalingState(LossScale(ScalingConfig(), self._params_device()))
-            self.__dict__[self._SCALING_ATTR] = state
-        return state
-
-    def _params_device(self) -> torch.device:
-        for group in self.param_groups:
-            for param in group["params"]:
-                return param.device
-        raise RuntimeError("The optimizer holds no parameters, so it has no device for its scale")
+    loss_scale: LossScale
+    # What unscale() found, for the step that consumes it; None when no unscale is pending
+    # (Note [found_inf contract]). The protocol's stage is this field alone, so recording and
+    # forgetting an unscale is one write.
+    found_inf: torch.Tensor | None = None
+    # Set while closure replay runs: every overflow backs off, hysteresis notwithstanding.
+    replaying: bool = False
+    # Not part of the state_dict: a process group belongs to this run, not to the checkpoint.
+    process_group: Any = None
 
     @property
-    def scale(self) -> torch.Tensor:
-        """The current recommended loss scale: a 0-dim float32 tensor on the params' device.
+    def unscaled(self) -> bool:
+        """Whether an unscale is pending (between ``unscale()`` and its step)."""
+        return self.found_inf is not None
 
-        It is updated in place by :meth:`~scaledoptim.Optimizer.unscale`; ``opt.scale.clone()`` keeps a snapshot.
-        """
-        return self._scaling().loss_scale.scale
+
+class ScaleOwner(torch.optim.Optimizer):
+    """The loss-scale half of :class:`scaledoptim.Optimizer`: configuration, checkpoints,
+    copies and GradScaler state. Not used on its own."""
+
+    # Per-instance, set lazily so that classes made by ``with_scaling`` (whose ``__init__`` we do
+    # not own) and patched instances get them too.
+    _scaledoptim_scaling: ScalingState | None = None
+    _scaledoptim_backward_check: BackwardCheck | None = None
+
+    if TYPE_CHECKING:  # defined by scaledoptim.Optimizer, next to the per-step protocol
+
+        def _scaling(self) -> ScalingState: ...
+
+        def _params_device(self) -> torch.device: ...
+
+        def _overlapped_check(self, device: torch.device) -> Any: ...
 
     def configure_scaling(
         self: _Self,
@@ -90,20 +101,20 @@ class ScaleOwner:
             growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
             max_scale=max_scale, max_replays=max_replays,
         )  # fmt: skip
-        current = self.__dict__.get(self._SCALING_ATTR)
+        current = self._scaledoptim_scaling
         if current is not None and current.loss_scale.sharers > 1:
             raise RuntimeError(
                 "configure_scaling() on an optimizer that shares its scale: configure the first "
                 "optimizer, then call scaledoptim.share_scale(...)"
             )
-        self.__dict__[self._SCALING_ATTR] = ScalingState(
+        self._scaledoptim_scaling = ScalingState(
             LossScale(config, self._params_device()), process_group=process_group
         )
-        previous = self.__dict__.pop(self._BACKWARD_CHECK_ATTR, None)
-        if previous is not None:
-            previous.remove()
-        if check_during_backward:
-            self.__dict__[self._BACKWARD_CHECK_ATTR] = BackwardCheck(self)
+        if self._scaledoptim_backward_check is not None:
+            self._scaledoptim_backward_check.remove()
+        self._scaledoptim_backward_check = (
+            BackwardCheck(self.param_groups, self._overlapped_check) if check_during_backward else None
+        )
         return self
 
     def state_dict(self) -> dict[str, Any]:
@@ -119,7 +130,7 @@ class ScaleOwner:
                 which no optimizer state_dict holds, and the scale has already moved for it.
                 Save before :meth:`~scaledoptim.Optimizer.unscale` or after the step.
         """
-        checkpoint.check_between_steps(self, "state_dict()")
+        self._check_between_steps("state_dict()")
         state_dict = super().state_dict()
         state_dict["loss_scale"] = self._scaling().loss_scale.state_dict()
         return state_dict
@@ -135,9 +146,9 @@ class ScaleOwner:
             RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale` (see
                 :meth:`~scaledoptim.Optimizer.state_dict`).
         """
-        loss_scale, torch_state_dict = checkpoint.split_scale_state(self, state_dict)
+        loss_scale, torch_state_dict = self._split_scale_state(state_dict)
         super().load_state_dict(torch_state_dict)
-        self.__dict__[self._SCALING_ATTR] = ScalingState(
+        self._scaledoptim_scaling = ScalingState(
             loss_scale, process_group=self._scaling().process_group
         )
 
@@ -145,7 +156,7 @@ class ScaleOwner:
         """As :meth:`torch.optim.Optimizer.zero_grad`; on a shared scale it also lets the next
         unscale end a round this optimizer's iteration abandoned (see ``LossScale.end_round``)."""
         super().zero_grad(set_to_none)
-        state = self.__dict__.get(self._SCALING_ATTR)
+        state = self._scaledoptim_scaling
         if state is not None and state.loss_scale.sharers > 1:
             state.loss_scale.end_round(id(self))
 
@@ -163,11 +174,10 @@ class ScaleOwner:
         scale; call :func:`scaledoptim.share_scale` on the copies to share again).
         """
         state = super().__getstate__()
-        scaling = self.__dict__.get(self._SCALING_ATTR)
+        scaling = self._scaledoptim_scaling
         if scaling is not None:
             state[self._PICKLED_SCALING] = {
                 "loss_scale": scaling.loss_scale.state_dict(),
-                "stage": scaling.stage.value,
                 "found_inf": None if scaling.found_inf is None else scaling.found_inf.clone(),
             }
         return state
@@ -179,9 +189,7 @@ class ScaleOwner:
         if pickled is not None:
             loss_scale = pickled["loss_scale"]
             restored = LossScale.from_state_dict(loss_scale, loss_scale["scale"].device)
-            self.__dict__[self._SCALING_ATTR] = ScalingState(
-                restored, stage=Stage(pickled["stage"]), found_inf=pickled["found_inf"]
-            )
+            self._scaledoptim_scaling = ScalingState(restored, found_inf=pickled["found_inf"])
 
     # ------------------------------------------------------------------ torch.amp.GradScaler state
     def load_gradscaler_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -197,7 +205,7 @@ class ScaleOwner:
             RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`, or on a
                 shared scale.
         """
-        checkpoint.check_between_steps(self, "load_gradscaler_state_dict()")
+        self._check_between_steps("load_gradscaler_state_dict()")
         current = self._scaling()
         if current.loss_scale.sharers > 1:
             raise RuntimeError(
@@ -207,7 +215,7 @@ class ScaleOwner:
         loaded = loss_scale_from_gradscaler_state(
             state_dict, current.loss_scale.config, self._params_device()
         )
-        self.__dict__[self._SCALING_ATTR] = ScalingState(loaded, process_group=current.process_group)
+        self._scaledoptim_scaling = ScalingState(loaded, process_group=current.process_group)
 
     def gradscaler_state_dict(self) -> dict[str, Any]:
         """The scale as ``torch.amp.GradScaler.state_dict()`` holds it (to go back to GradScaler).
@@ -218,5 +226,36 @@ class ScaleOwner:
         Raises:
             RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`.
         """
-        checkpoint.check_between_steps(self, "gradscaler_state_dict()")
+        self._check_between_steps("gradscaler_state_dict()")
         return gradscaler_state_from_loss_scale(self._scaling().loss_scale)
+
+    # ------------------------------------------------------------------ checkpoints, safely
+    def _check_between_steps(self, method: str) -> None:
+        """Refuses a checkpoint between ``unscale()`` and the step that consumes it."""
+        state = self._scaledoptim_scaling
+        if state is not None and state.unscaled:
+            raise RuntimeError(
+                f"{method} was called between unscale() and step_after_unscale(): a checkpoint "
+                "cannot hold the pending step (its unscaled grads are not optimizer state). Call "
+                "step_after_unscale() (or zero_grad() to drop the step) first."
+            )
+
+    def _split_scale_state(self, state_dict: dict[str, Any]) -> tuple[LossScale, dict[str, Any]]:
+        """Validates ``state_dict``'s ``"loss_scale"`` and returns it as a :class:`LossScale` with
+        the rest of the state_dict; changes nothing. A state_dict without one (a plain torch.optim
+        checkpoint) gives a fresh scale of the optimizer's configuration."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+        self._check_between_steps("load_state_dict()")
+        current = self._scaling()
+        if current.loss_scale.sharers > 1:
+            raise RuntimeError(
+                "load_state_dict() on an optimizer that shares its scale: load every optimizer, "
+                "then call scaledoptim.share_scale(...) again"
+            )
+        state_dict = dict(state_dict)
+        scale_state = state_dict.pop("loss_scale", None)
+        device = self._params_device()
+        if scale_state is None:
+            return LossScale(current.loss_scale.config, device), state_dict
+        return LossScale.from_state_dict(scale_state, device), state_dict

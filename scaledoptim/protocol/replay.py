@@ -10,14 +10,11 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from .scaling import Stage
-
-if TYPE_CHECKING:
-    from .optimizer import Optimizer
+from .ownership import ScalingState
 
 __all__ = [
     "ClosureReplayError", "check_callable", "checked_result", "step_replaying", "takes_scale",
@@ -25,6 +22,18 @@ __all__ = [
 ]  # fmt: skip
 
 Evaluation = tuple[Any, torch.Tensor, "torch.Tensor | None"]
+
+
+class Replayable(Protocol):
+    """What closure replay needs of an optimizer: its params and state (to restore them), its
+    scale and protocol state, and ``step(closure)``."""
+
+    param_groups: list[dict[str, Any]]
+    state: Any
+
+    def step(self, closure: Callable[[], Any]) -> Any: ...
+
+    def _scaling(self) -> ScalingState: ...
 
 
 class ClosureReplayError(RuntimeError):
@@ -36,14 +45,14 @@ class ClosureReplayError(RuntimeError):
 
 
 def step_replaying(
-    optimizer: Optimizer,
+    optimizer: Replayable,
     evaluate: Callable[[Any], Evaluation],
     first_scale: torch.Tensor | float | None,
 ) -> Evaluation:
     """Runs ``optimizer.step(closure)`` where the closure calls ``evaluate(S)`` until its grads
     are finite, backing the scale off in between; returns ``(loss, found_inf, S)``."""
     state = optimizer._scaling()
-    if state.stage is Stage.UNSCALED:
+    if state.found_inf is not None:
         raise RuntimeError(
             "The grads were unscaled before a closure step; a closure step computes its own "
             "grads. Drop the unscale() call or step with step_after_unscale() first."
@@ -59,7 +68,7 @@ def step_replaying(
     def replaying_closure() -> Any:
         scale = outcome.get("scale", first_scale)
         for attempt in range(max_replays + 1):
-            state.forget_unscale()
+            state.found_inf = None
             tried = None if scale is None else float(scale)  # the scale updates in place
             loss, found_inf, next_scale = evaluate(scale)
             if next_scale is None or found_inf.item() == 0.0:
@@ -85,7 +94,7 @@ def step_replaying(
         raise
     finally:
         state.replaying = False
-        state.forget_unscale()
+        state.found_inf = None
     return loss, outcome["found_inf"], outcome["scale"]
 
 
@@ -121,11 +130,11 @@ def check_takes_scale(closure: Callable[..., Any], method: str) -> None:
         )
 
 
-def checked_result(optimizer: Optimizer, result: Any) -> Evaluation:
+def checked_result(optimizer: Replayable, result: Any) -> Evaluation:
     """The ``(loss, found_inf, S)`` a ``step_after_unscale`` closure must return, checked."""
     if not (
         isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], torch.Tensor)
-    ) or optimizer._scaling().stage is not Stage.UNSCALED:
+    ) or optimizer._scaling().found_inf is None:
         raise TypeError(
             "A closure given to step_after_unscale() must call opt.unscale(grads_scaled_by=S) "
             "and return (loss, found_inf, S) as unscale() returned them; got "
@@ -135,7 +144,7 @@ def checked_result(optimizer: Optimizer, result: Any) -> Evaluation:
     return result
 
 
-def _snapshot(optimizer: Optimizer) -> tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]:
+def _snapshot(optimizer: Replayable) -> tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]:
     params = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
     opt_state = {p: copy.deepcopy(s) for p, s in optimizer.state.items()}
     return params, opt_state, optimizer._scaling().loss_scale.state_dict()
@@ -143,7 +152,7 @@ def _snapshot(optimizer: Optimizer) -> tuple[list[torch.Tensor], dict[Any, Any],
 
 @torch.no_grad()
 def _restore(
-    optimizer: Optimizer, snapshot: tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]
+    optimizer: Replayable, snapshot: tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]
 ) -> None:
     params, opt_state, scale_state = snapshot
     for param, saved in zip((p for g in optimizer.param_groups for p in g["params"]), params):

@@ -1,9 +1,7 @@
 """The param rounding options of every fused optimizer: ``master_weights`` (an fp32 master copy
 of each 16-bit param in state) and ``stochastic_rounding`` (bf16 params rounded stochastically
-from a counter-based hash), their state, and the torch-native form of the stochastic rounding.
-
-See Note [param rounding] and Note [stochastic rounding] in cuda/: the torch form below is the
-same integer hash, so both backends round to the same bits.
+from a counter-based hash), validated, and their state (Note [param rounding] in cuda/; the
+torch form of the rounding is ``scaledoptim.torch_ops.stochastic_round_``).
 """
 
 from __future__ import annotations
@@ -13,19 +11,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..torch_ops import initial_seed
+
 __all__ = [
     "MASTER_KEY",
     "SEED_KEY",
     "check_rounding_options",
     "check_rounding_params",
-    "initial_seed",
     "stage_rounding_state",
-    "stochastic_round_",
 ]
 
 MASTER_KEY = "master_param"
 SEED_KEY = "sr_seed"
-_MASK32 = 0xFFFFFFFF
 
 
 def check_rounding_options(options: dict[str, Any], supported: bool) -> None:
@@ -69,14 +66,6 @@ def check_rounding_params(group: dict[str, Any]) -> None:
             )
 
 
-def initial_seed(index: int) -> Tensor:
-    """The seed of the ``index``-th param of an optimizer: a fixed mix of the index, so runs are
-    reproducible without drawing from (and shifting) torch's global generator."""
-    return torch.tensor(
-        _to_int32(_fmix32_int((index * 0x9E3779B9 + 0x7F4A7C15) & _MASK32)), dtype=torch.int32
-    )
-
-
 def stage_rounding_state(
     param: Tensor, state: dict[str, Any], group: dict[str, Any], index: int
 ) -> tuple[Tensor | None, Tensor | None, dict[str, Any]]:
@@ -110,70 +99,6 @@ def stage_rounding_state(
             seed = _as_seed(seed, index, param)
             changes[SEED_KEY] = seed
     return master, seed, changes
-
-
-def stochastic_round_(
-    params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]
-) -> None:
-    r"""``params[i] = round_stochastic(values[i])`` for bf16 params, on device, as the kernels do.
-
-    ``steps[i]`` is the taken-step count including this step; a value exactly representable in
-    bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
-    """
-    for param, value, seed, step in zip(params, values, seeds, steps):
-        flat_value = _storage_flat(value)
-        key = _sr_key(
-            seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32
-        )
-        index = torch.arange(flat_value.numel(), device=param.device, dtype=torch.int64)
-        noise = _fmix32(index ^ key) >> 16
-        bits = flat_value.view(torch.int32).to(torch.int64) & _MASK32
-        rounded = (bits + noise) >> 16
-        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        rounded = torch.where(is_nan, (bits >> 16) | 0x40, rounded)
-        # int64 -> int16 keeps the low 16 bits (two's complement wrap), i.e. the bf16 pattern.
-        _storage_flat(param).view(torch.int16).copy_(_wrap_int16(rounded))
-
-
-# -------------------------------------------------------------------------------- the hash
-def _mul32(x: Tensor, constant: int) -> Tensor:
-    """``x * constant mod 2**32`` for int64 tensors holding uint32, without int64 overflow."""
-    lo, hi = constant & 0xFFFF, constant >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
-
-
-def _fmix32(h: Tensor) -> Tensor:
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def _sr_key(seed: Tensor, step: Tensor) -> Tensor:
-    return _fmix32(seed ^ _fmix32(step))
-
-
-def _fmix32_int(h: int) -> int:
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & _MASK32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & _MASK32
-    return h ^ (h >> 16)
-
-
-def _to_int32(u: int) -> int:
-    return u - (1 << 32) if u >= 1 << 31 else u
-
-
-def _wrap_int16(x: Tensor) -> Tensor:
-    x = x & 0xFFFF
-    return torch.where(x >= 0x8000, x - 0x10000, x).to(torch.int16)
-
-
-def _storage_flat(t: Tensor) -> Tensor:
-    """A dense tensor's elements in storage order, as the kernels walk them."""
-    return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
 def _is_master_of(master: Any, param: Tensor) -> bool:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .validation import is_float32_scale
+from .checks import is_float32_scale
 
 __all__ = ["ScalingConfig"]
 

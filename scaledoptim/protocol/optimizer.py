@@ -19,20 +19,18 @@ from typing import Any
 
 import torch
 
+from ..scale import LossScale, ScaleUpdate, ScalingConfig, agree_on_found_inf, as_scale_tensor
+from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
-from .backends import unscale_in_place_
-from .distributed import agree_on_found_inf
-from .plans import GenericStepPlan, StepPlan, UnscalePlan
+from .ownership import ScaleOwner, ScalingState
+from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan
 from .replay import ClosureReplayError
-from .scale_owner import ScaleOwner
-from .scaling import ScaleUpdate, Stage
-from .validation import as_scale_tensor, check_param_grads, check_param_groups
+from .validation import check_param_grads
 
-__all__ = ["Optimizer", "ClosureReplayError"]
+__all__ = ["ClosureReplayError", "Optimizer"]
 
 
-
-class Optimizer(ScaleOwner, torch.optim.Optimizer):
+class Optimizer(ScaleOwner):
     r"""A :class:`torch.optim.Optimizer` that owns its dynamic loss scale.
 
     Subclass it exactly as you would subclass :class:`torch.optim.Optimizer`: an ordinary
@@ -58,6 +56,42 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         >>> scaledoptim.scale_outputs(loss_fn(model(x), y), S).backward()
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
+
+    #: The step :meth:`unscale_and_step` or :meth:`step_after_unscale` planned, for the
+    #: ``self.step()`` it calls to commit (see :class:`~scaledoptim.protocol.plans.PendingStep`).
+    _scaledoptim_pending: PendingStep | None = None
+
+    # ------------------------------------------------------------------ the scale
+    @property
+    def scale(self) -> torch.Tensor:
+        """The current recommended loss scale: a 0-dim float32 tensor on the params' device.
+
+        It is updated in place by :meth:`unscale`; ``opt.scale.clone()`` keeps a snapshot.
+        """
+        return self._scaling().loss_scale.scale
+
+    def _scaling(self) -> ScalingState:
+        """This optimizer's scale and protocol state, created on first use (on the params'
+        device at that time)."""
+        state = self._scaledoptim_scaling
+        if state is None:
+            refuse_during_capture("Creating the loss scale")
+            state = self._scaledoptim_scaling = ScalingState(
+                LossScale(ScalingConfig(), self._params_device())
+            )
+        return state
+
+    def _params_device(self) -> torch.device:
+        for group in self.param_groups:
+            for param in group["params"]:
+                return param.device
+        raise RuntimeError("The optimizer holds no parameters, so it has no device for its scale")
+
+    def _overlapped_check(self, device: torch.device) -> Callable[[list[torch.Tensor], torch.Tensor], None] | None:
+        """How ``check_during_backward`` folds a grad on ``device`` into ``found_inf`` as backward
+        produces it, or ``None`` when that saves nothing: a generic step unscales, and so
+        checks, every grad in place anyway."""
+        return None
 
     # ------------------------------------------------------------------ the protocol
     # Note [compile boundary]: the protocol's Python (stage, plans, tables, host reads of a
@@ -130,14 +164,14 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 self, lambda scale: replay.checked_result(self, closure(scale)), current_grad_scale
             )
         state = self._scaling()
-        if state.stage is not Stage.UNSCALED:
+        if state.found_inf is None:
             raise RuntimeError(
                 "step_after_unscale() needs the grads unscaled first: call "
                 "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
             )
         self._check_can_step_without_closure("step_after_unscale")
-        self._plan_step().step(state.found_inf, None)
-        state.forget_unscale()
+        self._plan_step().step(PendingStep(state.found_inf))
+        state.found_inf = None
         return None
 
     @torch.compiler.disable  # Note [compile boundary]
@@ -184,7 +218,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
                 unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
                 loss = self.step(unscaled)
-                return loss, self._no_overflow(), None
+                return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
             replay.check_takes_scale(closure, "unscale_and_step")
             return replay.step_replaying(
                 self, lambda s: (closure(s), *self.unscale(grads_scaled_by=s)), grads_scaled_by
@@ -196,30 +230,35 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         scaled = plan.scale is not None
         left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked) if scaled else None
         found_inf, scale, scale_update = self._record_unscale(plan, step.applies_scale_update)
-        step.step(found_inf if scaled else None, left, scale_update)
-        self._scaling().forget_unscale()
+        step.step(PendingStep(found_inf if scaled else None, left, scale_update))
+        self._scaling().found_inf = None
         return None, found_inf, scale
 
     # ------------------------------------------------------------------ plan, then commit
     def _plan_unscale(self, grads_scaled_by: torch.Tensor | float | None, step: StepPlan) -> UnscalePlan:
         """Every check an unscale of ``step``'s grads needs (after :meth:`_check_can_unscale`);
         allocates, but changes nothing."""
-        state = self._scaling()
-        device = state.loss_scale.device
+        loss_scale = self._scaling().loss_scale
+        device = loss_scale.scale.device
         if grads_scaled_by is None:
-            return UnscalePlan(None, None, self._no_overflow())
-        scale = as_scale_tensor(grads_scaled_by, device, trusted=state.loss_scale.scale)
-        state.loss_scale.check_can_report(id(self))
+            return UnscalePlan(None, None, torch.zeros((), dtype=torch.float32, device=device))
+        # The optimizer's own scale is valid by construction: no call to validate it.
+        scale = (
+            grads_scaled_by
+            if grads_scaled_by is loss_scale.scale
+            else as_scale_tensor(grads_scaled_by, device)
+        )
+        loss_scale.check_can_report(id(self))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
-        backward_check = self.__dict__.get(self._BACKWARD_CHECK_ATTR)
+        backward_check = self._scaledoptim_backward_check
         if backward_check is None:
-            return UnscalePlan(scale, inv_scale, self._no_overflow())
+            return UnscalePlan(scale, inv_scale, torch.zeros((), dtype=torch.float32, device=device))
         found_inf, checked = backward_check.take(step.params, device)
         return UnscalePlan(scale, inv_scale, found_inf, checked)
 
     def _check_can_unscale(self) -> None:
         """Refuses a second unscale before a step, first: planning the step would be wasted."""
-        if self._scaling().stage is Stage.UNSCALED:
+        if self._scaling().found_inf is not None:
             raise RuntimeError(
                 "unscale() was already called since the last step: the grads are unscaled "
                 "already. Call step_after_unscale() (or zero_grad() and a new backward) first."
@@ -233,10 +272,23 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         ``found_inf`` on the host to skip, or hands it to an optimizer that implements torch's
         own on-device ``found_inf`` protocol (``_step_supports_amp_scaling``).
         """
-        check_param_groups(self)
+        self._check_param_groups()
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         check_param_grads(params, self._scaling().loss_scale.device)
         return GenericStepPlan(self, params)
+
+    def _check_param_groups(self) -> None:
+        """Rejects a param group that lost an option its optimizer's defaults have (torch would
+        raise a bare ``KeyError`` mid-step)."""
+        for index, group in enumerate(self.param_groups):
+            if not self.defaults.keys() <= group.keys():
+                missing = sorted(key for key in self.defaults if key not in group)
+                raise ValueError(
+                    f"param_groups[{index}] has no {missing}: every param group must hold all of "
+                    f"{type(self).__name__}'s options. Add groups with opt.add_param_group(...) "
+                    "(it fills in the defaults), or restore the key, e.g. "
+                    f"opt.param_groups[{index}][{missing[0]!r}] = opt.defaults[{missing[0]!r}]"
+                )
 
     def _record_unscale(
         self, plan: UnscalePlan, defer_scale_update: bool = False
@@ -246,7 +298,7 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
         unscale path ends here."""
         state = self._scaling()
         if plan.scale is None:
-            state.record_unscale(plan.found_inf)
+            state.found_inf = plan.found_inf
             return plan.found_inf, None, None
         if state.process_group is not None:
             try:
@@ -255,17 +307,14 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
                 # The grads may already be unscaled in place, so a second unscale() must be
                 # refused; and this rank cannot know whether another overflowed: skip the step.
                 plan.found_inf.fill_(1.0)
-                state.record_unscale(plan.found_inf)
+                state.found_inf = plan.found_inf
                 raise
-        state.record_unscale(plan.found_inf)
+        state.found_inf = plan.found_inf
         scale_update = state.loss_scale.report(
             id(self), plan.scale, plan.found_inf,
             force_backoff=state.replaying, defer=defer_scale_update,
         )  # fmt: skip
         return plan.found_inf, state.loss_scale.scale, scale_update
-
-    def _no_overflow(self) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device)
 
     def _check_can_step_without_closure(self, method: str) -> None:
         if isinstance(self, torch.optim.LBFGS):
@@ -278,6 +327,6 @@ class Optimizer(ScaleOwner, torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As :meth:`torch.optim.Optimizer.zero_grad`; also forgets an unconsumed :meth:`unscale`."""
         super().zero_grad(set_to_none)
-        state = self.__dict__.get(self._SCALING_ATTR)
+        state = self._scaledoptim_scaling
         if state is not None:
-            state.forget_unscale()
+            state.found_inf = None

@@ -25,21 +25,24 @@ import warnings
 
 import torch
 
-from .base import Backend, PreparedUpdate
+from ...kernels import non_finite_check_
+from .base import Backend, PreparedEpilogue, PreparedReduction, PreparedUnscale, PreparedUpdate
 from .kernels import KERNELS
-from .torch_native import TORCH_NATIVE, unscale_in_place_
+from .torch_native import TORCH_NATIVE
 
 __all__ = [
-    "Backend", "KERNELS", "PreparedUpdate", "TORCH_NATIVE", "kernel_problem", "kernels_mode",
-    "select", "unscale_in_place_",
+    "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "Backend", "PreparedEpilogue", "PreparedReduction",
+    "PreparedUnscale", "PreparedUpdate", "kernel_problem", "kernels_mode", "select",
 ]  # fmt: skip
 
+#: The environment variable that picks the backends (see the module docs).
+KERNELS_ENV = "SCALEDOPTIM_KERNELS"
 _MODES = ("auto", "torch", "cupy", "emulate")
 
 
 def kernels_mode() -> str:
     """The value of ``SCALEDOPTIM_KERNELS`` (``"auto"`` when unset), validated."""
-    mode = os.environ.get("SCALEDOPTIM_KERNELS", "auto") or "auto"
+    mode = os.environ.get(KERNELS_ENV, "auto") or "auto"
     if mode not in _MODES:
         raise ValueError(
             f"Invalid SCALEDOPTIM_KERNELS={mode!r}; use one of {list(_MODES)} (or leave it unset)"
@@ -82,8 +85,6 @@ _warned: set[torch.device] = set()
 def kernel_problem(device: torch.device) -> str | None:
     """Why our kernels cannot run on ``device`` (a probe compiles and launches the inf/nan check
     on a tensor there and reads the result), or ``None`` when they can."""
-    from ..kernels.builtin import non_finite_check_
-
     try:
         probe = torch.tensor([0.0, float("nan")], device=device)
         found_inf = torch.zeros((), device=device)

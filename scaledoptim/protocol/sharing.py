@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..scale import LossScale
 from .optimizer import Optimizer
-from .scaling import LossScale, ScalingState
+from .ownership import ScalingState
 
 __all__ = ["share_scale"]
 
@@ -46,5 +47,5 @@ def share_scale(*optimizers: Optimizer) -> torch.Tensor:
     shared.sharers = len(optimizers)
     for opt in optimizers:
         process_group = opt._scaling().process_group
-        opt.__dict__[Optimizer._SCALING_ATTR] = ScalingState(shared, process_group=process_group)
+        opt._scaledoptim_scaling = ScalingState(shared, process_group=process_group)
     return shared.scale

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.launcher import is_dense
+from ..kernels import is_dense
 
 __all__ = ["cast_loaded_state", "check_param", "stage_state", "state_dtype"]
 
@@ -69,7 +69,9 @@ def stage_state(
                     "class with the same options, or clear that param's state "
                     "(opt.state[p].clear()) to restart it"
                 )
-            value = torch.zeros_like(param, dtype=state_dtype(param), memory_format=torch.preserve_format)
+            value = torch.zeros_like(
+                param, dtype=state_dtype(param), memory_format=torch.preserve_format
+            )
         else:
             _check_state_tensor(param, key, value)
             if value.dtype != state_dtype(param) or value.stride() != param.stride():
@@ -81,7 +83,10 @@ def stage_state(
         tensors.append(value)
     step = state.get("step")
     if not _is_step_counter(step, param.device):
-        replacement["step"], changed = _as_step_counter(param, step, taken=0.0 if fresh else 1.0), True
+        replacement["step"], changed = (
+            _as_step_counter(param, step, taken=0.0 if fresh else 1.0),
+            True,
+        )
     return tensors, replacement["step"], replacement if changed else None
 
 

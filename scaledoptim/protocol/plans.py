@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-from .backends import unscale_in_place_
+from ..scale import ScaleUpdate
+from ..torch_ops import unscale_in_place_
 
-if TYPE_CHECKING:
-    from .optimizer import Optimizer
-    from .scaling import ScaleUpdate
-
-__all__ = ["GenericStepPlan", "StepPlan", "UnscalePlan"]
+__all__ = ["GenericStepPlan", "PendingStep", "StepPlan", "UnscalePlan"]
 
 
 @dataclasses.dataclass
@@ -28,13 +25,29 @@ class UnscalePlan:
     checked: frozenset[int] = frozenset()
 
 
+@dataclasses.dataclass
+class PendingStep:
+    """What a planned step needs when ``optimizer.step()`` commits it.
+
+    Attributes:
+        found_inf: skip the update where it is non-zero (``None``: always step).
+        inv_scale: the reciprocal scale the update must still apply to the grads (``None``:
+            they are unscaled, or were never scaled).
+        scale_update: the scale's move, for a step whose epilogue applies it.
+    """
+
+    found_inf: torch.Tensor | None
+    inv_scale: torch.Tensor | None = None
+    scale_update: ScaleUpdate | None = None
+
+
 class StepPlan(Protocol):
     """A validated step, ready to commit: only device errors can interrupt it now.
 
     ``params`` are the params that have a grad, ``grads`` their ``.grad``s (validated: dense or
     strided, floating, on the loss scale's device, shaped like their param).
     ``applies_scale_update``: the step's epilogue moves the loss scale, so the protocol hands it
-    the :class:`~scaledoptim.scaling.ScaleUpdate` instead of applying it before the step.
+    the :class:`~scaledoptim.scale.ScaleUpdate` instead of applying it before the step.
     """
 
     params: list[torch.Tensor]
@@ -50,13 +63,8 @@ class StepPlan(Protocol):
         """Checks (and unscales, or leaves to the update) the grads; returns the ``inv_scale``
         the update must still apply, or ``None`` when the grads were unscaled in place."""
 
-    def step(
-        self,
-        found_inf: torch.Tensor | None,
-        inv_scale: torch.Tensor | None,
-        scale_update: ScaleUpdate | None = None,
-    ) -> None:
-        """Runs ``optimizer.step()``, skipped where ``found_inf`` is set."""
+    def step(self, pending: PendingStep) -> None:
+        """Runs ``optimizer.step()``, skipped where ``pending.found_inf`` is set."""
 
 
 class GenericStepPlan:
@@ -64,7 +72,7 @@ class GenericStepPlan:
 
     applies_scale_update = False
 
-    def __init__(self, optimizer: Optimizer, params: list[torch.Tensor]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
         self.optimizer = optimizer
         self.params = params
         self.grads = [p.grad for p in params]
@@ -77,20 +85,15 @@ class GenericStepPlan:
     ) -> None:
         unscale_in_place_(self.grads, found_inf, inv_scale)
 
-    def step(
-        self,
-        found_inf: torch.Tensor | None,
-        inv_scale: torch.Tensor | None,
-        scale_update: ScaleUpdate | None = None,
-    ) -> None:
-        opt = self.optimizer
+    def step(self, pending: PendingStep) -> None:
+        opt, found_inf = self.optimizer, pending.found_inf
         if found_inf is None:
             opt.step()
         elif getattr(opt, "_step_supports_amp_scaling", False):
-            opt.grad_scale, opt.found_inf = None, found_inf
+            opt.grad_scale, opt.found_inf = None, found_inf  # type: ignore[attr-defined]
             try:
                 opt.step()
             finally:
-                del opt.grad_scale, opt.found_inf
+                del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         elif found_inf.item() == 0.0:  # the documented host read of a generic step
             opt.step()

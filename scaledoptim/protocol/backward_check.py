@@ -24,24 +24,37 @@ grad again anyway: there the hooks only added a read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch import distributed as dist
 
-from .backends import select
+__all__ = ["BackwardCheck", "GradCheck"]
 
-__all__ = ["BackwardCheck"]
+#: ``check(grads, found_inf)`` sets ``found_inf`` to 1.0 if any of ``grads`` holds inf/nan.
+GradCheck = Callable[[list[Tensor], Tensor], None]
 
 
 class BackwardCheck:
-    """The hooks of one optimizer's params, and what they found in the current iteration."""
+    """The hooks of one optimizer's params, and what they found in the current iteration.
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    Args:
+        param_groups: the optimizer's param groups; every param that requires grad gets a hook.
+        check_for: the check to fold a grad on a device with, or ``None`` where the step checks
+            every grad anyway (the optimizer decides: ``Optimizer._overlapped_check``).
+    """
+
+    def __init__(
+        self, param_groups: list[dict[str, Any]], check_for: Callable[[torch.device], GradCheck | None]
+    ) -> None:
+        self._check_for = check_for
         self._found_inf: Tensor | None = None
         self._checked: dict[int, tuple[Tensor, int, int]] = {}
         self._handles = [
             param.register_post_accumulate_grad_hook(self._fold)
-            for group in optimizer.param_groups
+            for group in param_groups
             for param in group["params"]
             if param.requires_grad
         ]
@@ -52,12 +65,12 @@ class BackwardCheck:
         grad = param.grad
         if grad is None or grad.layout != torch.strided or not grad.is_floating_point():
             return  # the step's plan refuses or skips it, with the message
-        backend = select(grad.device)
-        if not backend.folds_unscale:
+        check = self._check_for(grad.device)
+        if check is None:
             return  # its step unscales every grad in place, checking it: nothing to save
         if self._found_inf is None:
             self._found_inf = torch.zeros((), dtype=torch.float32, device=grad.device)
-        backend.check_([grad], self._found_inf)
+        check([grad], self._found_inf)
         self._checked[id(param)] = (grad, grad.data_ptr(), grad._version)
 
     def take(self, params: list[Tensor], device: torch.device) -> tuple[Tensor, frozenset[int]]:

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from .scaling import LossScale, ScalingConfig
+from .config import ScalingConfig
+from .loss_scale import LossScale
 
 __all__ = ["loss_scale_from_gradscaler_state", "gradscaler_state_from_loss_scale"]
 

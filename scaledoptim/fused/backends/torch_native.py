@@ -1,0 +1,144 @@
+"""The torch-native backend: each optimizer's torch form (``Update.torch_update``), sync-free on
+any device.
+
+torch's ``_fused_adam(w)_`` / ``_fused_sgd_`` read ``found_inf`` on device and skip the whole
+update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they need params,
+grads and state of one dtype and they do not advance step counters. So this backend runs 16-bit
+params through fp32 working copies (state and math are fp32, the param is rounded once), which
+also routes around torch 2.13's CPU ``_fused_sgd_`` leaving bf16/fp16 params of 16 or more
+elements unchanged (``tests/test_torch_kernels.py`` shows it). Counters are each torch form's
+business.
+
+It never unscales in the update: on CPU an in-place unscale followed by the plain fused update
+is about twice as fast as torch's in-kernel ``grad_scale``.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import torch
+from torch import Tensor
+
+from ...kernels import ROUNDING_LISTS
+from ...scale import ScaleUpdate
+from ...torch_ops import stochastic_round_, unscale_in_place_
+from ..update import GradReduction, Group, TensorLists, Update
+from .base import Backend
+
+__all__ = ["TORCH_NATIVE", "TorchNativeBackend"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class TorchNativeBackend(Backend):
+    """Updates through ``Update.torch_update`` on fp32 working copies."""
+
+    name = "torch"
+    folds_unscale = False
+    applies_scale_update = False
+
+    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+        for grad in grads:
+            torch.maximum(found_inf, grad.isfinite().logical_not().any().float(), out=found_inf)
+
+    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> _TorchUnscale:
+        return _TorchUnscale()
+
+    def prepare(
+        self, update: Update, group: Group, lists: TensorLists, scratch: list[Tensor]
+    ) -> _TorchUpdate:
+        return _TorchUpdate(update, group, lists)
+
+    def prepare_reduction(
+        self, reduction: GradReduction, grad_lists: list[list[Tensor]]
+    ) -> _TorchReduction:
+        return _TorchReduction(reduction)
+
+    def prepare_epilogue(self, steps: list[Tensor]) -> _TorchEpilogue:
+        return _TorchEpilogue()
+
+
+class _TorchUnscale:
+    """Every grad unscaled in place (and so checked: ``checked`` saves nothing here)."""
+
+    def __call__(
+        self,
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int],
+        grad_lists: list[list[Tensor]],
+    ) -> None:
+        # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
+        # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
+        # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
+        for grads in grad_lists:
+            for i, grad in enumerate(grads):
+                if grad.dtype in _LOW_PRECISION:
+                    grads[i] = grad.float()
+        unscale_in_place_(list(chain.from_iterable(grad_lists)), found_inf, inv_scale)
+
+    def repoint(self, pointers: list[int]) -> None:
+        pass  # it holds no grads
+
+
+class _TorchUpdate:
+    """One group's torch form, on fp32 working copies of 16-bit params."""
+
+    def __init__(self, update: Update, group: Group, lists: TensorLists) -> None:
+        self.update = update
+        self.group = group
+        params, _, *state_lists, steps = lists
+        self.params, self.steps = params, steps
+        self.masters: list[Tensor] = []
+        self.seeds: list[Tensor] = []
+        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # Note [param rounding]
+            *state_lists, self.masters, self.seeds = state_lists
+        self.state_lists = state_lists
+
+    def __call__(
+        self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
+    ) -> None:
+        params, steps = self.params, self.steps
+        # Note [param rounding]: with masters the update runs on them in place.
+        work = self.masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
+        work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
+        self.update.torch_update(
+            self.group, [work, work_grads, *self.state_lists, steps], found_inf
+        )
+        if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
+            stochastic_round_(params, work, self.seeds, steps)
+            return
+        rounded = [(p, w) for p, w in zip(params, work) if p is not w]
+        if rounded:
+            torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
+
+    def repoint(self, pointers: list[int]) -> None:
+        pass  # it holds no grads
+
+
+class _TorchReduction:
+    """A reduction's torch form over the step's grads as the unscale left them."""
+
+    def __init__(self, reduction: GradReduction) -> None:
+        self.reduction = reduction
+
+    def __call__(
+        self, found_inf: Tensor | None, inv_scale: Tensor | None, grad_lists: list[list[Tensor]]
+    ) -> None:
+        self.reduction.out.zero_()
+        self.reduction.torch_form(list(chain.from_iterable(grad_lists)))
+
+    def repoint(self, pointers: list[int]) -> None:
+        pass  # it holds no grads
+
+
+class _TorchEpilogue:
+    """The torch forms advanced the counters; a scale update arrives only if deferred."""
+
+    def __call__(self, found_inf: Tensor | None, scale_update: ScaleUpdate | None) -> None:
+        if scale_update is not None:
+            scale_update.apply()
+
+
+TORCH_NATIVE = TorchNativeBackend()

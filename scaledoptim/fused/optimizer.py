@@ -1,0 +1,248 @@
+"""``FusedOptimizer``: the public base of optimizers whose update is one multi-tensor op that
+reads ``found_inf`` on device, so that skipping an overflowed step needs no host sync.
+
+A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol (its state, its
+kernel's arguments, its torch form); the engine (``plan.py``, ``backends/``) does the rest.
+"""
+
+from __future__ import annotations
+
+import abc
+import ctypes
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import torch
+
+from ..kernels import ROUNDING_LISTS, MultiTensorKernel
+from ..protocol import Optimizer
+from ..protocol.plans import PendingStep
+from .backends import select
+from .plan import FusedStepPlan, StepCache, plan_step
+from .rounding import check_rounding_options, check_rounding_params
+from .state import cast_loaded_state
+from .update import GradReduction, Group, TensorLists
+
+__all__ = ["FusedOptimizer", "check_hyperparameter", "hyperparameter", "reject_differentiable"]
+
+
+class FusedOptimizer(Optimizer, abc.ABC):
+    r"""Base of scaledoptim's fused optimizers, and of yours: subclass it, declare the state,
+    point it at a kernel.
+
+    A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol:
+
+    * ``kernel``: a :class:`scaledoptim.kernels.MultiTensorKernel` whose tensor lists are
+      ``(params, grads, *state lists, steps)``; see ``docs/kernels.md``.
+    * ``state_keys(group)``: the names of the per-param state tensors, in the order of the
+      kernel's state lists (``None`` for a list the group's options turn off). They are created
+      as float32 zeros shaped like the param; ``state["step"]`` (a 0-dim float32 tensor
+      counting taken steps) is added and advanced for every optimizer.
+    * ``check_options(options)``: validates hyper-parameters (a dict of them); called by the
+      constructor and on every param group before every step.
+    * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
+      (``found_inf``/``inv_scale`` are device pointers or ``None``).
+    * ``torch_update(group, tensor_lists, found_inf)``: the same update with torch ops, for the
+      torch-native backend (16-bit params arrive as fp32 working copies, grads unscaled, and it
+      must advance ``steps`` itself, on device).
+
+    Everything else (the loss-scaling protocol, validation before any change, backend choice,
+    state creation and checkpoints) is inherited, and so are two options of every group when the
+    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (see "Param
+    rounding" in the kernel-author guide):
+
+    * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
+      ``state["master_param"]``; the update reads and writes it and stores the param rounded
+      from it in the same pass. fp32 params ignore it.
+    * ``stochastic_rounding`` (default False, bfloat16 params only, exclusive with
+      ``master_weights``): the param is stored rounded stochastically, unbiased, from a hash of
+      ``state["sr_seed"]`` (an int32 per param), the step and the element index: reproducible,
+      resumed bit-exactly, identical on both backends and under CUDA-graph replay.
+    """
+
+    kernel: ClassVar[MultiTensorKernel]
+    #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
+    kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
+    #: The step ``unscale_and_step``/``step_after_unscale`` planned, for ``step()`` to commit.
+    _pending_step: tuple[FusedStepPlan, PendingStep] | None = None
+    #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
+    #: torch.optim pickles only its defaults, state and param groups.
+    _step_cache: StepCache | None = None
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        self.check_options(defaults)
+        check_rounding_options(defaults, self._takes_rounding_lists())
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            check_rounding_options(group, self._takes_rounding_lists())
+            check_rounding_params(group)
+
+    # ------------------------------------------------------------------ the Update a subclass defines
+    @abc.abstractmethod
+    def state_keys(self, group: Group) -> tuple[str | None, ...]:
+        """The per-param state names, in the order of the kernel's state lists."""
+
+    @abc.abstractmethod
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Raises ``ValueError``/``TypeError`` for invalid hyper-parameters."""
+
+    @abc.abstractmethod
+    def kernel_args(
+        self, group: Group, found_inf: int | None, inv_scale: int | None
+    ) -> ctypes.Structure:
+        """The kernel's argument struct for ``group``."""
+
+    @abc.abstractmethod
+    def torch_update(
+        self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None
+    ) -> None:
+        """The update with torch ops (see the class docs)."""
+
+    def scratch_lists(self, group: Group, params: list[torch.Tensor]) -> TensorLists:
+        """Per-param scratch lists of the kernel after the state lists (none by default)."""
+        return []
+
+    def grad_reduction(self, grads: list[torch.Tensor]) -> GradReduction | None:
+        """A reduction over every grad of the step before the updates (none by default)."""
+        return None
+
+    # ------------------------------------------------------------------ the inherited machinery
+    @torch.compiler.disable  # Note [compile boundary] in protocol/optimizer.py
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
+
+        Args:
+            closure: optional, re-evaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        planned = self._pending_step
+        if planned is None:
+            planned = (self._plan_step(), PendingStep(None))
+        plan, pending = planned
+        plan.commit(pending)
+        return loss
+
+    def _plan_step(self) -> FusedStepPlan:
+        self._check_param_groups()
+        for group in self.param_groups:
+            self.check_options(group)
+        plan, self._step_cache = plan_step(self, self._step_cache)
+        return plan
+
+    def _overlapped_check(
+        self, device: torch.device
+    ) -> Callable[[list[torch.Tensor], torch.Tensor], None] | None:
+        backend = select(device)
+        return backend.check_ if backend.folds_unscale else None
+
+    def _takes_rounding_lists(self) -> bool:
+        return self.kernel.lists[-3:-1] == ROUNDING_LISTS
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`scaledoptim.Optimizer.load_state_dict`, keeping state fp32 for 16-bit params.
+
+        torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
+        resume needs), so the per-param state is cast here instead: floating state to float32
+        (or the param's dtype if wider), everything on the param's device, every tensor a copy.
+        Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
+        may replace it), post-hooks once every param's state is in place.
+        """
+        # The step cache holds the state it validated: let the old state go with the load.
+        self._step_cache = None
+        hooks = self.__dict__
+        pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
+        post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]
+        for pre_hook in list(pre_hooks.values()):
+            replaced = pre_hook(self, state_dict)
+            if replaced is not None:
+                state_dict = replaced
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
+            raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
+        saved_groups = state_dict.get("param_groups")
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                "loaded state dict has a different number of parameter groups than the optimizer"
+            )
+        saved_ids = [i for g in saved_groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len(saved_ids) != len(params):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match")
+        by_id = dict(zip(saved_ids, params))
+        loaded = {
+            by_id[i]: {key: cast_loaded_state(by_id[i], key, value) for key, value in s.items()}
+            for i, s in state_dict["state"].items()
+            if i in by_id
+        }
+        # torch's loader gets no state (it would round 16-bit params' moments) and no hooks
+        # (they ran above, and run below once the state is in place).
+        hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
+        hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
+        try:
+            super().load_state_dict({**state_dict, "state": {}})
+        finally:
+            hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
+            hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks
+        self.state.update(loaded)
+        for post_hook in list(post_hooks.values()):
+            post_hook(self)
+
+    #: Options a checkpoint of an older version may lack, with the value that version behaved
+    #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
+    #: ``self.defaults``.
+    _legacy_options: ClassVar[dict[str, Any]] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # As torch.optim's classes do: groups saved by older versions lack newer options.
+        super().__setstate__(state)
+        self._fill_legacy_options()
+
+    def _fill_legacy_options(self) -> None:
+        for group in self.param_groups:
+            for key, value in {**self.defaults, **self._legacy_options}.items():
+                group.setdefault(key, value)
+
+
+def check_hyperparameter(
+    name: str, value: Any, low: float = 0.0, high: float | None = None
+) -> None:
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's style."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
+    if not (low <= value and (high is None or value < high)):
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+def hyperparameter(name: str, value: object) -> object:
+    """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
+    current value (torch.optim accepts tensor ``lr`` and ``betas``; a scheduler updates the tensor
+    in place, and reading a CPU tensor costs no device sync). Anything else is returned as is.
+
+    Raises:
+        ValueError: a tensor with more than one element (torch's message).
+        TypeError: a tensor on another device than the CPU: our kernels take hyper-parameters
+            by value at launch, so reading it would sync the device on every step.
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.numel() != 1:
+        raise ValueError(f"Tensor {name} must be 1-element")
+    if value.device.type != "cpu":
+        raise TypeError(
+            f"{name} is a tensor on {value.device}; scaledoptim's fused optimizers read "
+            "hyper-parameters on the host at each step, which would sync the device every step. "
+            f"Pass a float or a CPU tensor ({name}=torch.tensor(x)); schedulers update either."
+        )
+    return value.item()
+
+
+def reject_differentiable(differentiable: bool) -> None:
+    """fused updates are not differentiable: say what is."""
+    if differentiable:
+        raise ValueError(
+            "differentiable=True is not supported by scaledoptim's fused optimizers; use the "
+            "torch.optim class (scaledoptim.with_scaling(torch.optim.X) keeps the protocol)"
+        )

@@ -1,0 +1,454 @@
+"""A fused step's plan: every param, grad and state entry validated, new state built on the side,
+every update prepared (plan, then commit); and the plan kept for the next step (the step cache).
+
+Note [step cache]
+~~~~~~~~~~~~~~~~~
+A step's plan (every check, the state lists, the kernel tables) depends on what is stable from
+step to step: the params, their state, the options that shape the lists, the sizes, dtypes and
+layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
+backward allocates new ones. So :class:`StepCache` compares the params' data pointers and the
+identities of the state's values (list comparisons of ints, no per-tensor Python), checks every
+param's and grad's layout, validates the grads' dtype, shape and device when one moved, and then
+repoints the kept prepared updates to the new grads (our kernels rewrite the grad pointers of
+their tables in bulk; torch's ops get the grads when they run). Anything else that differs (a
+param swapped or moved, state replaced or loaded, a group added, an option that changes the
+lists, a grad of another layout, a sparse or missing grad, another backend) sends the step
+through the full plan, which validates it, raises the clear error if there is one, and builds a
+new cache.
+
+The cache keeps no grad alive (a freed grad's memory must return to the allocator): prepared
+updates hold none, only the kernels' tables their pointers. A grad at an unchanged pointer is trusted to keep its dtype, shape and device:
+autograd and the ``.grad`` setter check them, and assigning a grad's ``.data`` a tensor with
+other storage moves the pointer. (A ``.data`` view of a param's or grad's own storage with
+another shape and the same layout would be updated as the flat array it is; one with another
+layout is caught. A param replaced by another Parameter over the same storage keeps the old
+one's state.) The cache keeps the state tensors, which the optimizer keeps anyway, so that their
+ids cannot be reused while it holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from itertools import chain
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..kernels import ROUNDING_LISTS, launch_config
+from ..protocol.plans import PendingStep
+from ..protocol.validation import check_param_grads
+from ..torch_ops import refuse_during_capture
+from .backends import (
+    KERNELS_ENV,
+    TORCH_NATIVE,
+    Backend,
+    PreparedEpilogue,
+    PreparedReduction,
+    PreparedUnscale,
+    PreparedUpdate,
+    select,
+)
+from .rounding import check_rounding_options, check_rounding_params, stage_rounding_state
+from .state import check_param, stage_state
+from .update import Group, TensorLists, Update
+
+__all__ = ["FusedStepPlan", "Planned", "StepCache", "plan_step"]
+
+_GRAD = Tensor.grad.__get__
+_DATA_PTR = Tensor.data_ptr
+_IS_CONTIGUOUS = Tensor.is_contiguous
+_STRIDE = Tensor.stride
+_DTYPE = Tensor.dtype.__get__
+_IS_SAME_SIZE = Tensor.is_same_size
+_DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
+
+
+class Planned(Update, Protocol):
+    """What the plan needs of a fused optimizer: its update, its groups and state, its device, and
+    ``step()``, which commits the step left in :attr:`_pending_step`."""
+
+    param_groups: list[Group]
+    state: Any
+    _pending_step: tuple[FusedStepPlan, PendingStep] | None
+
+    def step(self, closure: Any = None) -> Any: ...
+
+    def _params_device(self) -> torch.device: ...
+
+
+def plan_step(
+    optimizer: Planned, cache: StepCache | None
+) -> tuple[FusedStepPlan, StepCache | None]:
+    """This step's plan (from ``cache`` when nothing it depends on changed) and the cache for the
+    next step."""
+    if cache is not None:
+        plan = cache.plan(optimizer)
+        if plan is not None:
+            return plan, cache
+    plan = _build_plan(optimizer)
+    return plan, StepCache.of(optimizer, plan)
+
+
+# ----------------------------------------------------------------------------------- the plan
+@dataclasses.dataclass
+class _Part:
+    """What one backend runs in a step: its group updates, the grads they read (per group, in
+    their params' layout), their step counters, the check (or unscale) of those grads, the
+    update's grad reduction if any, and the epilogue over the counters."""
+
+    updates: list[PreparedUpdate] = dataclasses.field(default_factory=list)
+    grad_lists: list[list[Tensor]] = dataclasses.field(default_factory=list)
+    steps: list[Tensor] = dataclasses.field(default_factory=list)
+    unscale: PreparedUnscale | None = None
+    reduction: PreparedReduction | None = None
+    epilogue: PreparedEpilogue | None = None
+
+
+@dataclasses.dataclass
+class _GroupLists:
+    """One group's part of a plan: the group, its params with a grad, its update's lists and the
+    tensors of its scratch lists."""
+
+    group: Group
+    params: list[Tensor]
+    lists: TensorLists
+    scratch: list[Tensor]
+
+
+class FusedStepPlan:
+    """A fused step, validated: the prepared updates and the state they will create.
+
+    ``params`` are the params with a grad and ``grads`` their grads as they are (the protocol's
+    :class:`~scaledoptim.protocol.plans.StepPlan`).
+    """
+
+    def __init__(self, optimizer: Planned, backend: Backend) -> None:
+        self.optimizer = optimizer
+        self.backend = backend
+        self.applies_scale_update = backend.applies_scale_update
+        self.new_state: dict[Tensor, dict[str, Any]] = {}
+        self.parts: dict[Backend, _Part] = {}
+        self.params: list[Tensor] = []
+        self.grads: list[Tensor] = []
+        self.groups: list[_GroupLists] = []
+        self.grads_copied = False  # a grad was copied into its param's layout
+        # Per backend, the inv_scale its updates must still apply once the grads are checked.
+        self.left: dict[Backend, Tensor | None] = {}
+
+    def part(self, backend: Backend) -> _Part:
+        return self.parts.setdefault(backend, _Part())
+
+    def unscale_grads_(
+        self, found_inf: Tensor, inv_scale: Tensor, checked: frozenset[int] = frozenset()
+    ) -> Tensor | None:
+        for backend, part in self.parts.items():
+            assert part.unscale is not None  # every part is prepared before the plan is returned
+            self.left[backend] = part.unscale(found_inf, inv_scale, checked, part.grad_lists)
+        return inv_scale
+
+    def step(self, pending: PendingStep) -> None:
+        """Commits through ``optimizer.step()``, so that hooks, schedulers and the profiler see a
+        step."""
+        optimizer = self.optimizer
+        optimizer._pending_step = (self, pending)
+        try:
+            optimizer.step()
+        finally:
+            optimizer._pending_step = None
+
+    def commit(self, pending: PendingStep) -> None:
+        """Installs the new state, runs every update and the epilogue: only device errors can
+        interrupt."""
+        found_inf = pending.found_inf
+        self.optimizer.state.update(self.new_state)
+        for backend, part in self.parts.items():
+            left = self.left.get(backend, pending.inv_scale)
+            if part.reduction is not None:
+                part.reduction(found_inf, left, part.grad_lists)
+            for update, grads in zip(part.updates, part.grad_lists):
+                update(found_inf, left, grads)
+        for backend, part in self.parts.items():
+            assert part.epilogue is not None
+            part.epilogue(found_inf, pending.scale_update if backend is self.backend else None)
+
+
+def _build_plan(optimizer: Planned) -> FusedStepPlan:
+    """The step's plan from scratch: every param, grad and state entry validated, new state
+    built on the side, every group's update, the grad reduction and the epilogue prepared."""
+    device = optimizer._params_device()
+    plan = FusedStepPlan(optimizer, select(device))
+    seed_index = _seed_index(optimizer)
+    rounds = optimizer.kernel.lists[-3:-1] == ROUNDING_LISTS
+    for group in optimizer.param_groups:
+        # Checked here, not at every step: what they depend on (the options' values and the
+        # params' dtypes) sends a step through the full plan when it changes.
+        check_rounding_options(group, rounds)
+        check_rounding_params(group)
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            plan.groups.append(_GroupLists(group, params, [], []))
+            continue
+        for param in params:
+            check_param(param)
+        check_param_grads(params, device)
+        plan.params += params
+        plan.grads += [p.grad for p in params]
+        # Updates walk param, grad and state storage in lockstep, so a grad whose strides
+        # differ from its param's is copied into the param's layout (torch 2.13's CPU fused
+        # AdamW silently mixes up the elements of a transposed grad).
+        grads = [
+            p.grad
+            if p.grad.stride() == p.stride()
+            else torch.empty_like(p, dtype=p.grad.dtype).copy_(p.grad)
+            for p in params
+        ]
+        plan.grads_copied |= any(g is not p.grad for g, p in zip(grads, params))
+        keys = optimizer.state_keys(group)
+        state_lists: TensorLists = [[] for key in keys if key is not None]
+        steps = []
+        for param in params:
+            tensors, step, replacement = stage_state(param, optimizer.state.get(param, {}), keys)
+            for state_list, tensor in zip(state_lists, tensors):
+                state_list.append(tensor)
+            steps.append(step)
+            if replacement is not None:
+                plan.new_state[param] = replacement
+        scratch = optimizer.scratch_lists(group, params)
+        rounding = _stage_rounding(optimizer, group, params, plan.new_state, seed_index)
+        filled = iter(state_lists)
+        state = [[] if key is None else next(filled) for key in keys]
+        lists = [params, grads, *state, *scratch, *rounding, steps]
+        plan.groups.append(_GroupLists(group, params, lists, list(chain.from_iterable(scratch))))
+        for part_backend, picked in _split_by_support(plan.backend, params):
+            chosen = (
+                lists
+                if len(picked) == len(params)
+                else [[t[i] for i in picked] if t else [] for t in lists]
+            )
+            part = plan.part(part_backend)
+            chosen_scratch = list(
+                chain.from_iterable(chosen[2 + len(keys) : 2 + len(keys) + len(scratch)])
+            )
+            part.updates.append(part_backend.prepare(optimizer, group, chosen, chosen_scratch))
+            part.grad_lists.append(chosen[1])
+            part.steps += chosen[-1]
+    if plan.new_state:
+        refuse_during_capture("Creating or converting optimizer state")
+    plan.part(plan.backend)  # the device's backend ends the step (and moves the scale) always
+    reduction = optimizer.grad_reduction(plan.grads) if plan.grads else None
+    if reduction is not None and len(plan.parts) > 1:
+        dtypes = sorted({str(p.dtype) for p in plan.params if not plan.backend.supports(p)})
+        raise ValueError(
+            f"{type(optimizer).__name__}'s update reduces over every grad of the step, but the "
+            f"{plan.backend.name} backend cannot update {', '.join(dtypes)} params; use float32, "
+            "float16 or bfloat16 params, or torch's ops for all of them (SCALEDOPTIM_KERNELS=torch)"
+        )
+    for part_backend, part in plan.parts.items():
+        part.unscale = part_backend.prepare_unscale(part.grad_lists)
+        if reduction is not None:
+            part.reduction = part_backend.prepare_reduction(reduction, part.grad_lists)
+        part.epilogue = part_backend.prepare_epilogue(part.steps)
+    return plan
+
+
+def _split_by_support(backend: Backend, params: list[Tensor]) -> list[tuple[Backend, list[int]]]:
+    """The indices of ``params`` per backend: ``backend``'s, and torch's ops for the rest (those
+    our kernels cannot take: torch.optim takes float64 params, so the fused optimizers do too)."""
+    ours = [i for i, p in enumerate(params) if backend.supports(p)]
+    others = [i for i, p in enumerate(params) if not backend.supports(p)]
+    return [(b, picked) for b, picked in ((backend, ours), (TORCH_NATIVE, others)) if picked]
+
+
+def _seed_index(optimizer: Planned) -> dict[Tensor, int]:
+    """Each param's index among all of the optimizer's, which seeds its stochastic rounding;
+    built only when a group asks for it."""
+    if not any(group.get("stochastic_rounding", False) for group in optimizer.param_groups):
+        return {}
+    return {p: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+
+
+def _stage_rounding(
+    optimizer: Planned,
+    group: Group,
+    params: list[Tensor],
+    new_state: dict[Tensor, dict[str, Any]],
+    seed_index: dict[Tensor, int],
+) -> TensorLists:
+    """The kernel's ``master_params`` and ``sr_seeds`` lists for ``params`` (none for a kernel
+    without them), recording created or dropped state entries in ``new_state``."""
+    if optimizer.kernel.lists[-3:-1] != ROUNDING_LISTS:
+        return []
+    masters: list[Tensor] = []
+    seeds: list[Tensor] = []
+    for param in params:
+        state = new_state.get(param, optimizer.state.get(param, {}))
+        master, seed, changes = stage_rounding_state(param, state, group, seed_index.get(param, -1))
+        if changes:
+            updated = {**state, **changes}
+            new_state[param] = {k: v for k, v in updated.items() if v is not None}
+        if master is not None:
+            masters.append(master)
+        if seed is not None:
+            seeds.append(seed.view(torch.float32))  # the kernel reads its bits
+    return [masters, seeds]
+
+
+def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
+    """What, besides the params and their state, decides a group's tensor lists (the value's type
+    too: ``1`` is no valid ``master_weights`` though it equals ``True``)."""
+    master, stochastic = group.get("master_weights", False), group.get("stochastic_rounding", False)
+    return (optimizer.state_keys(group), type(master), master, type(stochastic), stochastic)
+
+
+# ----------------------------------------------------------------------------- the step cache
+class _GroupEntry:
+    """One param group's part of a cached step (Note [step cache]): what was validated, its
+    tensor lists without the grads, and its prepared update."""
+
+    def __init__(
+        self, optimizer: Planned, lists: _GroupLists, update: PreparedUpdate | None
+    ) -> None:
+        params = lists.params
+        all_params = lists.group["params"]
+        self.group = lists.group
+        self.lists_key = lists_key(optimizer, lists.group)
+        with_grad = {id(p) for p in params}
+        self.without_grad = [i for i, p in enumerate(all_params) if id(p) not in with_grad]
+        self.params = params
+        self.param_ptrs = list(map(_DATA_PTR, params))
+        self.contiguous = all(map(_IS_CONTIGUOUS, params))
+        self.strides = None if self.contiguous else list(map(_STRIDE, params))
+        self.dtypes = list(map(_DTYPE, params))
+        self.devices = list(map(_DEVICE_INDEX, params))
+        self.grad_ptrs = list(map(_DATA_PTR, (p.grad for p in params)))
+        self.update = update
+
+    def current(self, optimizer: Planned, group: Group) -> tuple[list[Tensor], list[Tensor]] | None:
+        """``(params, grads)``: the group's params with a grad and their grads, if the cached
+        update still holds for them (now bound to where the grads live), else ``None``. A
+        surprise may raise instead: the caller's ``None``."""
+        if group is not self.group or lists_key(optimizer, group) != self.lists_key:
+            return None
+        params = group["params"]
+        grads = list(map(_GRAD, params))
+        if self.without_grad:
+            if [i for i, g in enumerate(grads) if g is None] != self.without_grad:
+                return None
+            params = [p for p, g in zip(params, grads) if g is not None]
+            grads = [g for g in grads if g is not None]
+        # (A grad that turned None fails below with a TypeError: the caller's None.) A param
+        # replaced, added, dropped or moved to other storage changes the pointers.
+        if list(map(_DATA_PTR, params)) != self.param_ptrs:
+            return None
+        # Params and grads keep the validated layout (``p.data = p.data.t()`` keeps the
+        # pointer). Grads first: a sparse grad fails here, before data_ptr() could raise.
+        if self.contiguous:
+            if not (all(map(_IS_CONTIGUOUS, grads)) and all(map(_IS_CONTIGUOUS, params))):
+                return None
+        elif (
+            list(map(_STRIDE, grads)) != self.strides or list(map(_STRIDE, params)) != self.strides
+        ):
+            return None
+        pointers = list(map(_DATA_PTR, grads))
+        if pointers != self.grad_ptrs:
+            # New storage: autograd and the .grad setter check dtype, shape and device, but
+            # assigning a grad's .data bypasses them, and the tables rely on them.
+            # (is_same_size compares in C++; .shape would build a torch.Size per grad.)
+            if (
+                list(map(_DTYPE, grads)) != self.dtypes
+                or not all(map(_IS_SAME_SIZE, grads, params))
+                or list(map(_DEVICE_INDEX, grads)) != self.devices
+            ):
+                return None
+            if self.update is not None:
+                self.update.repoint(pointers)
+            self.grad_ptrs = pointers
+        return params, grads
+
+
+class StepCache:
+    """A fused optimizer's last step plan, reusable while nothing it depends on changed (Note
+    [step cache])."""
+
+    def __init__(self, optimizer: Planned, plan: FusedStepPlan) -> None:
+        (part,) = plan.parts.values()
+        self.backend = plan.backend
+        self.mode = os.environ.get(KERNELS_ENV)
+        self.device = optimizer._params_device()
+        self.chunk_size = launch_config.chunk_size
+        updates = iter(part.updates)  # one per group with grads, in order
+        self.groups = [
+            _GroupEntry(optimizer, lists, next(updates) if lists.params else None)
+            for lists in plan.groups
+        ]
+        self.unscale = part.unscale
+        self.reduction = part.reduction
+        # The state, compared by the identity of every value in order (walking the dicts, not
+        # looking params up: a tensor key's hash is a Python call). State moved to another
+        # param, replaced, added or dropped changes that sequence.
+        self.state_values = _state_values(optimizer.state)
+        self.state_ids = list(map(id, self.state_values))
+        self.steps = part.steps
+        self.epilogue = part.epilogue
+
+    @staticmethod
+    def of(optimizer: Planned, plan: FusedStepPlan) -> StepCache | None:
+        """The cache of ``plan``, or ``None`` when the next step may not be planned the same way:
+        state still to create, params on two backends, or grads copied into their param's
+        layout."""
+        if plan.new_state or plan.grads_copied or len(plan.parts) != 1:
+            return None
+        return StepCache(optimizer, plan)
+
+    def plan(self, optimizer: Planned) -> FusedStepPlan | None:
+        """This step's plan from the cache, or ``None`` when anything it depends on changed."""
+        if (
+            os.environ.get(KERNELS_ENV) != self.mode
+            or launch_config.chunk_size != self.chunk_size
+            or len(optimizer.param_groups) != len(self.groups)
+        ):
+            return None
+        param_lists, grad_lists = [], []
+        try:
+            if optimizer._params_device() != self.device:
+                return None
+            if list(map(id, _state_values(optimizer.state))) != self.state_ids:
+                return None
+            for entry, group in zip(self.groups, optimizer.param_groups):
+                current = entry.current(optimizer, group)
+                if current is None:
+                    return None
+                params, grads = current
+                if grads:
+                    param_lists.append(params)
+                    grad_lists.append(grads)
+        except (RuntimeError, TypeError, AttributeError, KeyError):
+            return None
+        # The check's pointers from every group's, each step: a step that repointed one group
+        # and then fell back to the full plan (an error in a later group) left the check behind.
+        pointers = (
+            self.groups[0].grad_ptrs
+            if len(self.groups) == 1
+            else list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
+        )
+        plan = FusedStepPlan(optimizer, self.backend)
+        plan.params = list(chain.from_iterable(param_lists))
+        plan.grads = list(chain.from_iterable(grad_lists))
+        part = plan.part(self.backend)
+        part.updates = [entry.update for entry in self.groups if entry.update is not None]
+        part.grad_lists = grad_lists
+        part.steps = self.steps
+        part.unscale, part.reduction, part.epilogue = self.unscale, self.reduction, self.epilogue
+        assert part.unscale is not None
+        part.unscale.repoint(pointers)
+        if part.reduction is not None:
+            part.reduction.repoint(pointers)
+        return plan
+
+
+def _state_values(state: dict[Tensor, dict[str, Any]]) -> list[Any]:
+    """Every value of every param's state, in order (``TypeError`` for a state that is not a
+    dict)."""
+    return list(chain.from_iterable(map(dict.values, state.values())))

@@ -1,0 +1,82 @@
+"""The seam between a fused optimizer and what runs its update: the :class:`Update` protocol.
+
+A backend sees an optimizer only through this protocol: the state it declares, what its kernel
+needs, and its torch form. :class:`~scaledoptim.FusedOptimizer` subclasses implement it (one
+file each in ``scaledoptim/optim/``); nothing here knows an optimizer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, ClassVar, Protocol
+
+from torch import Tensor
+
+from ..kernels import MultiTensorKernel
+
+__all__ = ["Group", "GradReduction", "TensorLists", "Update"]
+
+#: A param group: ``"params"`` and the optimizer's options.
+Group = dict[str, Any]
+#: An update's tensor lists in its kernel's order: ``[params, grads, *state lists, *scratch
+#: lists, (master_params, sr_seeds,) steps]``; a list an option turns off is empty.
+TensorLists = list[list[Tensor]]
+
+
+class GradReduction(Protocol):
+    """A reduction over every grad of a step into :attr:`out`, run once before any group's update
+    (LAMB's global grad norm). :attr:`out` is zeroed first."""
+
+    kernel: MultiTensorKernel  # over one list, the step's grads (scaled: it applies inv_scale)
+    out: Tensor  # 0-dim float32 on the grads' device
+
+    def kernel_args(self, found_inf: int | None, inv_scale: int | None) -> ctypes.Structure:
+        """The kernel's argument struct, with device pointers (``None``: null)."""
+        ...
+
+    def torch_form(self, grads: list[Tensor]) -> None:
+        """The same with torch ops, on unscaled grads."""
+        ...
+
+
+class Update(Protocol):
+    """One fused optimizer's update, as the engine and its backends see it.
+
+    The update reads ``found_inf`` on device and changes nothing when it is non-zero (Note
+    [found_inf contract] in ``cuda/common.cuh``); step counters are advanced by the step's
+    epilogue on our kernels, by :meth:`torch_update` on torch's ops.
+    """
+
+    #: The update kernel; its lists are :data:`TensorLists`.
+    kernel: ClassVar[MultiTensorKernel]
+    #: Kernels launched before :attr:`kernel`, over the same lists with the same arguments
+    #: (LAMB's moments and norms); usually none.
+    kernels_before: ClassVar[tuple[MultiTensorKernel, ...]]
+
+    def state_keys(self, group: Group) -> tuple[str | None, ...]:
+        """The per-param state names, in the order of the kernel's state lists (``None`` for a
+        list the group's options turn off). They are created as float32 zeros shaped like the
+        param (``state["step"]``, a float32 counter, exists for every optimizer)."""
+        ...
+
+    def scratch_lists(self, group: Group, params: list[Tensor]) -> TensorLists:
+        """Per-param float32 scratch lists between the state and the rounding lists, zeroed
+        before each update on our kernels (LAMB's per-tensor norms); usually none."""
+        ...
+
+    def grad_reduction(self, grads: list[Tensor]) -> GradReduction | None:
+        """A reduction over all of the step's ``grads`` before the updates, or ``None``."""
+        ...
+
+    def kernel_args(
+        self, group: Group, found_inf: int | None, inv_scale: int | None
+    ) -> ctypes.Structure:
+        """The kernel's argument struct for ``group`` (read at every step: a scheduler may have
+        moved ``lr``), with the device pointers of ``found_inf`` and ``inv_scale`` (``None``:
+        null: always step / grads not scaled)."""
+        ...
+
+    def torch_update(self, group: Group, lists: TensorLists, found_inf: Tensor | None) -> None:
+        """The same update with torch ops: 16-bit params arrive as fp32 working copies, grads
+        unscaled; it must skip on ``found_inf`` and advance ``steps`` itself, on device."""
+        ...

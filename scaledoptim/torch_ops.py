@@ -1,0 +1,157 @@
+"""Torch-op helpers every layer shares; this module imports only torch.
+
+* :func:`unscale_in_place_`: ``g *= inv_scale`` with the inf/nan check, on device.
+* :func:`advance_steps_`: step counters advanced unless the step is skipped, on device.
+* :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
+* :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
+  rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
+  [stochastic rounding]), so both backends round to the same bits.
+* :func:`capturing` and :func:`refuse_during_capture`: CUDA-graph capture guards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "advance_steps_",
+    "capturing",
+    "copy_unless_skipped_",
+    "initial_seed",
+    "refuse_during_capture",
+    "stochastic_round_",
+    "storage_flat",
+    "unscale_in_place_",
+]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_MASK32 = 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------------------- the skip on device
+def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+    """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan (torch's op, grouped
+    by dtype as it requires).
+
+    torch checks the grads before multiplying, so 16-bit grads are checked again after: at a
+    scale below 1 an unscaled fp16 value can exceed the dtype's range, and that is an overflow.
+    """
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for dtype, same_dtype in by_dtype.items():
+        torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
+        if dtype in _LOW_PRECISION:
+            one = torch.ones((), dtype=torch.float32, device=found_inf.device)
+            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, one)
+
+
+def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
+    """Adds 1 to every step counter, or nothing when ``found_inf`` is set (on device)."""
+    if steps:
+        torch._foreach_add_(steps, 1 if found_inf is None else 1 - found_inf)
+
+
+def copy_unless_skipped_(
+    dst: Sequence[Tensor], src: Sequence[Tensor], found_inf: Tensor | None
+) -> None:
+    """``dst[i] = src[i]``, or nothing when ``found_inf`` is set (on device, no host read)."""
+    if found_inf is None:
+        torch._foreach_copy_(list(dst), list(src))
+        return
+    skip = found_inf > 0
+    for d, s in zip(dst, src):
+        d.copy_(torch.where(skip, d, s))
+
+
+# ------------------------------------------------------------------------- stochastic rounding
+def initial_seed(index: int) -> Tensor:
+    """The stochastic-rounding seed of the ``index``-th param of an optimizer: a fixed mix of
+    the index, so runs are reproducible without drawing from (and shifting) torch's global
+    generator."""
+    return torch.tensor(
+        _to_int32(_fmix32_int((index * 0x9E3779B9 + 0x7F4A7C15) & _MASK32)), dtype=torch.int32
+    )
+
+
+def stochastic_round_(
+    params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]
+) -> None:
+    r"""``params[i] = round_stochastic(values[i])`` for bf16 params, on device, as the kernels do.
+
+    ``steps[i]`` is the taken-step count including this step; a value exactly representable in
+    bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
+    """
+    for param, value, seed, step in zip(params, values, seeds, steps):
+        flat_value = storage_flat(value)
+        key = _sr_key(
+            seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32
+        )
+        index = torch.arange(flat_value.numel(), device=param.device, dtype=torch.int64)
+        noise = _fmix32(index ^ key) >> 16
+        bits = flat_value.view(torch.int32).to(torch.int64) & _MASK32
+        rounded = (bits + noise) >> 16
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        rounded = torch.where(is_nan, (bits >> 16) | 0x40, rounded)
+        # int64 -> int16 keeps the low 16 bits (two's complement wrap), i.e. the bf16 pattern.
+        storage_flat(param).view(torch.int16).copy_(_wrap_int16(rounded))
+
+
+def storage_flat(t: Tensor) -> Tensor:
+    """A dense tensor's elements in storage order, as the kernels walk them."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
+
+
+def _mul32(x: Tensor, constant: int) -> Tensor:
+    """``x * constant mod 2**32`` for int64 tensors holding uint32, without int64 overflow."""
+    lo, hi = constant & 0xFFFF, constant >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _sr_key(seed: Tensor, step: Tensor) -> Tensor:
+    return _fmix32(seed ^ _fmix32(step))
+
+
+def _fmix32_int(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def _to_int32(u: int) -> int:
+    return u - (1 << 32) if u >= 1 << 31 else u
+
+
+def _wrap_int16(x: Tensor) -> Tensor:
+    x = x & 0xFFFF
+    return torch.where(x >= 0x8000, x - 0x10000, x).to(torch.int16)
+
+
+# --------------------------------------------------------------------------- CUDA-graph capture
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_during_capture(what: str) -> None:
+    """Raises if a CUDA graph is being captured: ``what`` would be recorded once and replayed
+    wrong, or would sync."""
+    if capturing():
+        raise RuntimeError(
+            f"{what} cannot happen inside CUDA graph capture. Take one eager step first (it "
+            "creates the optimizer state and compiles the kernels), pass opt.scale (or a Python "
+            "float) as the scale, then capture."
+        )
