@@ -1,0 +1,1 @@
+"""Test support that ships with the package: the optimizer table (``optim_db``)."""
