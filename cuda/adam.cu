@@ -3,7 +3,7 @@
 // (Note [param rounding]).
 #include "multi_tensor_apply.cuh"
 
-// Mirrored by AdamArgs in scaledoptim/kernels/builtin.py. The host precomputes every scalar
+// Mirrored by AdamArgs in scaledoptim/optim/adam.py. The host precomputes every scalar
 // that does not depend on the (device-side) step.
 struct AdamArgs {
   const float* found_inf;  // Note [found_inf contract]; may be null
@@ -70,31 +70,10 @@ __device__ __forceinline__ void adam_update(float& p, float g, float& m, float& 
 
 template <typename P, typename G>
 __global__ void adam_kernel(TensorTable<kAdamLists> table, AdamArgs args) {
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
-  const Chunk c = this_blocks_chunk(table);
-  P* p = chunk_data<P>(table, kAdamParam, c);
-  const G* g = chunk_data<const G>(table, kAdamGrad, c);
-  float* m = chunk_data<float>(table, kAdamExpAvg, c);
-  float* v = chunk_data<float>(table, kAdamExpAvgSq, c);
-  float* v_max = args.amsgrad ? chunk_data<float>(table, kAdamMaxExpAvgSq, c) : nullptr;
-  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
-  // Note [step counters]: the counter is advanced after this launch; use the new value.
-  const float step = *tensor_scalar<const float>(table, kAdamStep, c) + 1.0f;
-  const AdamStepScalars s = adam_step_scalars(args, step);
-  const ParamRounding pr = param_rounding(table, kAdamMaster, kAdamSeed, c, step);
-
-  for_each_lanes(c.size, all_aligned(p, g, m, v, v_max, pr.master), [&](const Lanes& l) {
-    float rp[kILP], rg[kILP], rm[kILP], rv[kILP], rv_max[kILP] = {};
-    load_param(rp, p, pr, l);
-    load(rg, g, l);
-    load(rm, m, l);
-    load(rv, v, l);
-    if (v_max) load(rv_max, v_max, l);
-#pragma unroll
-    for (int k = 0; k < kILP; ++k) adam_update(rp[k], rg[k] * inv_scale, rm[k], rv[k], rv_max[k], args, s);
-    store_param(p, rp, pr, l);
-    store(m, rm, l);
-    store(v, rv, l);
-    if (v_max) store(v_max, rv_max, l);
+  update_each<P, G, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq>(table, args, [&](StepCount step) {
+    const AdamStepScalars s = adam_step_scalars(args, step.number);
+    return [&, s](float& p, float g, float& m, float& v, float& v_max) {
+      adam_update(p, g, m, v, v_max, args, s);
+    };
   });
 }

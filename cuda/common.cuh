@@ -12,22 +12,23 @@
 // never reads it (a read would be a host sync and would break CUDA-graph capture).
 //  * Producers (non_finite_check.cu, unscale.cu) only ever store 1.0f into it and never 0.0f:
 //    the caller zeroes it before the first producer, so producers compose in any order.
-//  * Consumers (every update kernel: adam.cu, sgd.cu, step_epilogue.cu) return before touching
-//    memory when `found_inf != nullptr && *found_inf != 0` -- "!= 0", not "== 1", so a flag that
-//    was summed or max-reduced across ranks still skips. Params, optimizer state and step counters
-//    are then bit-for-bit unchanged.
+//  * Consumers (every update kernel: update_each in multi_tensor_apply.cuh, lamb.cu,
+//    step_epilogue.cu) return before touching memory when `found_inf != nullptr &&
+//    *found_inf != 0` -- "!= 0", not "== 1", so a flag that was summed or max-reduced across
+//    ranks still skips. Params, optimizer state and step counters are then bit-for-bit unchanged.
 //  * `inv_scale` (may be null: grads not scaled) is applied to the gradient in registers by
 //    update kernels; gradient memory is never written by them. Only unscale.cu writes grads.
 //  * Step counters: see Note [step counters].
-// The Python side of the contract is scaledoptim/backends/ (kernels.py, torch_native.py).
+// The Python side of the contract is scaledoptim/fused/backends/ (kernels.py, torch_native.py).
 
 // Note [step counters]
 // ~~~~~~~~~~~~~~~~~~~~
 // Each parameter has a 0-dim float32 `step` tensor on the device counting *taken* steps.
-// Update kernels only read it (as `*step + 1` for Adam's bias correction, `*step == 0` for SGD's
-// first momentum step): the blocks of one tensor run concurrently, so none of them may write it.
-// The launcher then runs step_epilogue_kernel, gated on found_inf like any update, as the last
-// launch of the step on the same stream. No host read, so a whole step can be graph-captured.
+// Update kernels only read it (StepCount: `*step + 1` for Adam's bias correction, `*step == 0`
+// for SGD's first momentum step): the blocks of one tensor run concurrently, so none of them may
+// write it. The launcher then runs step_epilogue_kernel, gated on found_inf like any update, as
+// the last launch of the step on the same stream. No host read, so a whole step can be
+// graph-captured.
 
 typedef unsigned long long so_uintptr;
 

@@ -9,7 +9,7 @@
 // bits on a GPU.
 #include "multi_tensor_apply.cuh"
 
-// Mirrored by LambArgs in scaledoptim/kernels/lamb.py.
+// Mirrored by LambArgs in scaledoptim/optim/lamb.py.
 struct LambArgs {
   const float* found_inf;     // Note [found_inf contract]; may be null
   const float* inv_scale;     // may be null: grads are not scaled
@@ -59,7 +59,7 @@ __global__ void lamb_grad_norm_kernel(TensorTable<1> table, LambNormArgs args) {
   if (step_is_skipped(args.found_inf)) return;
   const Chunk c = this_blocks_chunk(table);
   const G* g = chunk_data<const G>(table, 0, c);
-  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  const float inv_scale = read_inv_scale(args.inv_scale);
   float sum = 0.0f;
   for_each_lanes(c.size, all_aligned(g), [&](const Lanes& l) {
     float rg[kILP];
@@ -107,29 +107,27 @@ template <typename P, typename G>
 __global__ void lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) {
   __shared__ float partial[1024];
   if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
-  const Chunk c = this_blocks_chunk(table);
+  const UpdateChunk u = update_chunk(table, args);
+  const Chunk& c = u.chunk;
   const P* p = chunk_data<const P>(table, kLambParam, c);
   const G* g = chunk_data<const G>(table, kLambGrad, c);
   float* m = chunk_data<float>(table, kLambExpAvg, c);
   float* v = chunk_data<float>(table, kLambExpAvgSq, c);
-  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
-  const float step = *tensor_scalar<const float>(table, kLambStep, c) + 1.0f;  // Note [step counters]
-  const LambStepScalars s = lamb_step_scalars(args, step);
-  const ParamRounding pr = param_rounding(table, kLambMaster, kLambSeed, c, step);
+  const LambStepScalars s = lamb_step_scalars(args, u.step.number);
   float p_sq = 0.0f, u_sq = 0.0f;
-  for_each_lanes(c.size, all_aligned(p, g, m, v, pr.master), [&](const Lanes& l) {
+  for_each_lanes(c.size, all_aligned(p, g, m, v, u.rounding.master), [&](const Lanes& l) {
     float rp[kILP], rg[kILP], rm[kILP], rv[kILP];
-    load_param(rp, p, pr, l);
+    load_param(rp, p, u.rounding, l);
     load(rg, g, l);
     load(rm, m, l);
     load(rv, v, l);
 #pragma unroll
     for (int k = 0; k < kILP; ++k) {
       if (!l.active(k)) continue;
-      lamb_moments(rp[k], rg[k] * inv_scale, rm[k], rv[k], args, s);
-      const float u = lamb_direction(rp[k], rm[k], rv[k], args, s);
+      lamb_moments(rp[k], rg[k] * u.inv_scale, rm[k], rv[k], args, s);
+      const float d = lamb_direction(rp[k], rm[k], rv[k], args, s);
       p_sq += rp[k] * rp[k];
-      u_sq += u * u;
+      u_sq += d * d;
     }
     store(m, rm, l);
     store(v, rv, l);
@@ -145,24 +143,23 @@ __global__ void lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) 
 template <typename P, typename G>
 __global__ void lamb_kernel(TensorTable<kLambLists> table, LambArgs args) {
   if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
-  const Chunk c = this_blocks_chunk(table);
+  const UpdateChunk u = update_chunk(table, args);
+  const Chunk& c = u.chunk;
   P* p = chunk_data<P>(table, kLambParam, c);
   const float* m = chunk_data<const float>(table, kLambExpAvg, c);
   const float* v = chunk_data<const float>(table, kLambExpAvgSq, c);
-  const float step = *tensor_scalar<const float>(table, kLambStep, c) + 1.0f;  // Note [step counters]
-  const LambStepScalars s = lamb_step_scalars(args, step);
-  const ParamRounding pr = param_rounding(table, kLambMaster, kLambSeed, c, step);
+  const LambStepScalars s = lamb_step_scalars(args, u.step.number);
   const float p_norm = sqrtf(*tensor_scalar<const float>(table, kLambParamNormSq, c));
   const float u_norm = sqrtf(*tensor_scalar<const float>(table, kLambUpdateNormSq, c));
   const float ratio = args.trust_ratio && p_norm > 0.0f && u_norm > 0.0f ? p_norm / u_norm : 1.0f;
   const float step_size = args.lr * ratio;
-  for_each_lanes(c.size, all_aligned(p, m, v, pr.master), [&](const Lanes& l) {
+  for_each_lanes(c.size, all_aligned(p, m, v, u.rounding.master), [&](const Lanes& l) {
     float rp[kILP], rm[kILP], rv[kILP];
-    load_param(rp, p, pr, l);
+    load_param(rp, p, u.rounding, l);
     load(rm, m, l);
     load(rv, v, l);
 #pragma unroll
     for (int k = 0; k < kILP; ++k) rp[k] -= step_size * lamb_direction(rp[k], rm[k], rv[k], args, s);
-    store_param(p, rp, pr, l);
+    store_param(p, rp, u.rounding, l);
   });
 }

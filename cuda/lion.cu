@@ -3,7 +3,7 @@
 // (Note [param rounding]).
 #include "multi_tensor_apply.cuh"
 
-// Mirrored by LionArgs in scaledoptim/kernels/lion.py.
+// Mirrored by LionArgs in scaledoptim/optim/lion.py.
 struct LionArgs {
   const float* found_inf;  // Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
@@ -29,24 +29,7 @@ __device__ __forceinline__ void lion_update(float& p, float g, float& m, const L
 
 template <typename P, typename G>
 __global__ void lion_kernel(TensorTable<kLionLists> table, LionArgs args) {
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
-  const Chunk c = this_blocks_chunk(table);
-  P* p = chunk_data<P>(table, kLionParam, c);
-  const G* g = chunk_data<const G>(table, kLionGrad, c);
-  float* m = chunk_data<float>(table, kLionExpAvg, c);
-  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
-  // Note [step counters]: the counter is advanced after this launch.
-  const ParamRounding pr = param_rounding(table, kLionMaster, kLionSeed, c,
-                                          *tensor_scalar<const float>(table, kLionStep, c) + 1.0f);
-
-  for_each_lanes(c.size, all_aligned(p, g, m, pr.master), [&](const Lanes& l) {
-    float rp[kILP], rg[kILP], rm[kILP];
-    load_param(rp, p, pr, l);
-    load(rg, g, l);
-    load(rm, m, l);
-#pragma unroll
-    for (int k = 0; k < kILP; ++k) lion_update(rp[k], rg[k] * inv_scale, rm[k], args);
-    store_param(p, rp, pr, l);
-    store(m, rm, l);
+  update_each<P, G, kLionExpAvg>(table, args, [&](StepCount) {
+    return [&](float& p, float g, float& m) { lion_update(p, g, m, args); };
   });
 }

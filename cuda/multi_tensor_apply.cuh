@@ -56,6 +56,13 @@ __device__ __forceinline__ T* chunk_data(const TensorTable<N>& table, int list, 
   return static_cast<T*>(table.ptrs[list][c.tensor]) + c.start;
 }
 
+// As chunk_data, or null for a list the host left null.
+template <typename T, int N>
+__device__ __forceinline__ T* optional_chunk_data(const TensorTable<N>& table, int list,
+                                                  const Chunk& c) {
+  return table.ptrs[list][c.tensor] ? chunk_data<T>(table, list, c) : nullptr;
+}
+
 // The single element of a per-tensor list (e.g. the step counter).
 template <typename T, int N>
 __device__ __forceinline__ T* tensor_scalar(const TensorTable<N>& table, int list, const Chunk& c) {
@@ -156,7 +163,7 @@ __device__ __forceinline__ ParamRounding param_rounding(const TensorTable<N>& ta
                                                        int seed_list, const Chunk& c,
                                                        float taken_steps) {
   ParamRounding r;
-  r.master = table.ptrs[master_list][c.tensor] ? chunk_data<float>(table, master_list, c) : nullptr;
+  r.master = optional_chunk_data<float>(table, master_list, c);
   const float* seed = static_cast<const float*>(table.ptrs[seed_list][c.tensor]);
   r.stochastic = seed != nullptr;
   r.key = seed ? so_sr_key(so_float_bits(*seed), static_cast<unsigned>(taken_steps)) : 0u;
@@ -203,4 +210,106 @@ __device__ __forceinline__ void store_param(P* p, const float (&r)[kILP], const 
   } else {
     store(p, r, l);
   }
+}
+
+// Note [update kernel lists]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An update kernel's table holds params, grads, its state lists (and any scratch lists), then
+// master_params, sr_seeds (Note [param rounding]) and the step counters: the order in which the
+// fused engine builds them (it finds the rounding lists at kernel.lists[-3:-1]). update_chunk
+// and update_each find params, grads, rounding lists and steps there, so a kernel names only its
+// state lists.
+constexpr int kParamList = 0;
+constexpr int kGradList = 1;
+
+// Note [step counters]: an update reads its tensor's counter once, before the step advances it.
+struct StepCount {
+  float taken;   // steps taken before this one: the counter as stored
+  float number;  // this step's number, taken + 1: bias corrections and rounding keys count it
+};
+
+// 1 when the grads are not scaled (null inv_scale).
+__device__ __forceinline__ float read_inv_scale(const float* inv_scale) {
+  return inv_scale ? *inv_scale : 1.0f;
+}
+
+// What an update kernel reads once per block, after its skip check (Note [found_inf contract]).
+struct UpdateChunk {
+  Chunk chunk;
+  float inv_scale;
+  StepCount step;
+  ParamRounding rounding;
+};
+
+template <int N, typename Args>
+__device__ __forceinline__ UpdateChunk update_chunk(const TensorTable<N>& table, const Args& args) {
+  UpdateChunk u;
+  u.chunk = this_blocks_chunk(table);
+  u.inv_scale = read_inv_scale(args.inv_scale);
+  // Note [update kernel lists]: the counters last, the rounding lists just before them.
+  u.step.taken = *tensor_scalar<const float>(table, N - 1, u.chunk);
+  u.step.number = u.step.taken + 1.0f;
+  u.rounding = param_rounding(table, N - 3, N - 2, u.chunk, u.step.number);
+  return u;
+}
+
+// One state list's lanes in registers; a list the host left null (an option that turns it
+// off, e.g. max_exp_avg_sq without amsgrad) is neither read nor written and reads as 0.
+struct StateLanes {
+  float* data;
+  float r[kILP];
+
+  __device__ __forceinline__ void load(const Lanes& l) {
+    if (data) ::load(r, data, l);
+  }
+  __device__ __forceinline__ void store(const Lanes& l) const {
+    if (data) ::store(data, r, l);
+  }
+};
+
+// C++ has no pack of local variables: each state list's lanes are one parameter of the pack.
+template <typename P, typename G, typename Math, typename... State>
+__device__ __forceinline__ void update_lanes(P* p, const G* g, const UpdateChunk& u,
+                                             const Math& math, const Lanes& l, State... state) {
+  float rp[kILP], rg[kILP];
+  load_param(rp, p, u.rounding, l);
+  load(rg, g, l);
+  (state.load(l), ...);
+#pragma unroll
+  for (int k = 0; k < kILP; ++k) math(rp[k], rg[k] * u.inv_scale, state.r[k]...);
+  store_param(p, rp, u.rounding, l);
+  (state.store(l), ...);
+}
+
+template <typename P, typename G, int N, typename Math, typename... State>
+__device__ __forceinline__ void update_chunk_lanes(const TensorTable<N>& table,
+                                                   const UpdateChunk& u, const Math& math,
+                                                   State*... state) {
+  P* p = chunk_data<P>(table, kParamList, u.chunk);
+  const G* g = chunk_data<const G>(table, kGradList, u.chunk);
+  for_each_lanes(u.chunk.size, all_aligned(p, g, state..., u.rounding.master), [&](const Lanes& l) {
+    update_lanes(p, g, u, math, l, StateLanes{state, {}}...);
+  });
+}
+
+// The whole block of an update kernel whose lists follow Note [update kernel lists]:
+//   update_each<P, G, kStateList...>(table, args, [&](StepCount step) {
+//     const Scalars s = ...;  // once per block, from the step
+//     return [&, s](float& p, float g, float& state...) { ... };  // once per element
+//   });
+// The element math gets the param in fp32 (from its master when there is one, stored back
+// rounded per Note [param rounding]), the grad multiplied by inv_scale, and one float& per
+// listed state list, in order. A skipped step reads and writes nothing
+// (Note [found_inf contract]). `args` needs the fields `found_inf` and `inv_scale`. A kernel
+// whose blocks do more (LAMB's norm reductions) checks the skip itself, then reads the rest
+// with update_chunk.
+template <typename P, typename G, int... StateLists, int N, typename Args, typename PerChunk>
+__device__ __forceinline__ void update_each(const TensorTable<N>& table, const Args& args,
+                                            const PerChunk& per_chunk) {
+  static_assert(((StateLists > kGradList && StateLists < N - 3) && ...),
+                "state lists lie between grads and master_params (Note [update kernel lists])");
+  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  const UpdateChunk u = update_chunk(table, args);
+  update_chunk_lanes<P, G>(table, u, per_chunk(u.step),
+                           optional_chunk_data<float>(table, StateLists, u.chunk)...);
 }

@@ -3,7 +3,7 @@
 // (Note [found_inf contract]) and the param rounding options (Note [param rounding]).
 #include "multi_tensor_apply.cuh"
 
-// Mirrored by SgdArgs in scaledoptim/kernels/builtin.py.
+// Mirrored by SgdArgs in scaledoptim/optim/sgd.py.
 struct SgdArgs {
   const float* found_inf;  // Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
@@ -38,25 +38,10 @@ __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool f
 
 template <typename P, typename G>
 __global__ void sgd_kernel(TensorTable<kSgdLists> table, SgdArgs args) {
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
-  const Chunk c = this_blocks_chunk(table);
-  P* p = chunk_data<P>(table, kSgdParam, c);
-  const G* g = chunk_data<const G>(table, kSgdGrad, c);
-  float* buf = args.momentum != 0.0f ? chunk_data<float>(table, kSgdMomentumBuffer, c) : nullptr;
-  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
-  // Note [step counters]: still the count before this step.
-  const float taken = *tensor_scalar<const float>(table, kSgdStep, c);
-  const bool first_step = taken == 0.0f;
-  const ParamRounding pr = param_rounding(table, kSgdMaster, kSgdSeed, c, taken + 1.0f);
-
-  for_each_lanes(c.size, all_aligned(p, g, buf, pr.master), [&](const Lanes& l) {
-    float rp[kILP], rg[kILP], rbuf[kILP] = {};
-    load_param(rp, p, pr, l);
-    load(rg, g, l);
-    if (buf) load(rbuf, buf, l);
-#pragma unroll
-    for (int k = 0; k < kILP; ++k) sgd_update(rp[k], rg[k] * inv_scale, rbuf[k], first_step, args);
-    store_param(p, rp, pr, l);
-    if (buf) store(buf, rbuf, l);
+  update_each<P, G, kSgdMomentumBuffer>(table, args, [&](StepCount step) {
+    const bool first_step = step.taken == 0.0f;
+    return [&, first_step](float& p, float g, float& buf) {
+      sgd_update(p, g, buf, first_step, args);
+    };
   });
 }

@@ -11,7 +11,8 @@ from torch import Tensor
 
 __all__ = ["ROUNDING_LISTS", "rounding_lists"]
 
-#: The names of the rounding lists, just before ``steps`` in an optimizer kernel's lists.
+#: The names of the rounding lists, just before ``steps`` in an optimizer kernel's lists
+#: (Note [update kernel lists] in cuda/multi_tensor_apply.cuh).
 ROUNDING_LISTS = ("master_params", "sr_seeds")
 
 
