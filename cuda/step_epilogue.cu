@@ -19,7 +19,7 @@ struct StepEpilogueArgs {
   int force_backoff;  // closure replay: every overflow backs off
 };
 
-// Note [scale update] (scaledoptim/scaling.py, LossScale.update_, holds the same rules): back off
+// Note [scale update] (scaledoptim/scale/loss_scale.py, LossScale.update_, holds the same rules): back off
 // by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen, or at
 // once when forced; grow by growth_factor (not above max_scale, never to inf) after
 // growth_interval clean steps. `scaled_by * factor` is computed in double and rounded once, as
