@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from itertools import chain
 from typing import Any, Protocol
 
@@ -56,11 +57,12 @@ from .update import Group, TensorLists, Update
 
 __all__ = ["FusedStepPlan", "Planned", "StepCache", "plan_step"]
 
-_GRAD = Tensor.grad.__get__
+# The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
+_GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
 _DATA_PTR = Tensor.data_ptr
 _IS_CONTIGUOUS = Tensor.is_contiguous
 _STRIDE = Tensor.stride
-_DTYPE = Tensor.dtype.__get__
+_DTYPE: Callable[[Tensor], torch.dtype] = vars(torch._C.TensorBase)["dtype"].__get__
 _IS_SAME_SIZE = Tensor.is_same_size
 _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
 
@@ -322,7 +324,7 @@ class _GroupEntry:
         self.strides = None if self.contiguous else list(map(_STRIDE, params))
         self.dtypes = list(map(_DTYPE, params))
         self.devices = list(map(_DEVICE_INDEX, params))
-        self.grad_ptrs = list(map(_DATA_PTR, (p.grad for p in params)))
+        self.grad_ptrs = list(map(_DATA_PTR, map(_GRAD, params)))
         self.update = update
 
     def current(self, optimizer: Planned, group: Group) -> tuple[list[Tensor], list[Tensor]] | None:

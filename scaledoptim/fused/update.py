@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..kernels import MultiTensorKernel
 
-__all__ = ["Group", "GradReduction", "TensorLists", "Update"]
+__all__ = ["GradReduction", "Group", "TensorLists", "Update"]
 
 #: A param group: ``"params"`` and the optimizer's options.
 Group = dict[str, Any]

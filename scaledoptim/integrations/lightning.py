@@ -29,8 +29,7 @@ from typing import Any, Literal
 import torch
 
 from ..amp import autocast
-from ..protocol import Optimizer
-from ..protocol import scale_outputs
+from ..protocol import Optimizer, scale_outputs
 
 try:
     import lightning.pytorch as pl
@@ -140,7 +139,7 @@ class ScaledMixedPrecision(Precision):
         if optimizer is not None:
             return _require_scaling(optimizer).scale
         # Manual optimization: Lightning does not say which optimizer this backward is for.
-        scales = {id(_require_scaling(o).scale): o.scale for o in model.trainer.optimizers}
+        scales = {id(s): s for s in (_require_scaling(o).scale for o in model.trainer.optimizers)}
         if len(scales) != 1:
             raise RuntimeError(
                 "manual_backward() with several optimizers that have scales of their own: "

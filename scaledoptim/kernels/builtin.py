@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from .launcher import PreparedLaunch, launch, prepare_launch, scalar_pointer
+from .launcher import launch, scalar_pointer
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 

@@ -22,12 +22,13 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .sources import CUDA_SOURCE_DIR, sources_fingerprint
 from .spec import MultiTensorKernel, c_symbol
 from .table import MAX_CHUNKS, max_tensors, table_type
 
-__all__ = ["emulator_library", "EmulatorLibrary", "cache_dir"]
+__all__ = ["EmulatorLibrary", "cache_dir", "emulator_library"]
 
 _BASE_FLAGS = (
     "-std=c++20",
@@ -82,7 +83,7 @@ def _glue_source(kernel: MultiTensorKernel) -> str:
         f"{table}::kMaxTensors",
         "kMaxChunks",
         f"sizeof({table})",
-        *(f"offsetof({table}, {name})" for name, _ in table_type(kernel.n_lists)._fields_),
+        *(f"offsetof({table}, {name})" for name, *_ in table_type(kernel.n_lists)._fields_),
         f"sizeof({args})",
         *(
             value
@@ -111,7 +112,7 @@ def expected_abi_layout(kernel: MultiTensorKernel) -> list[int]:
         max_tensors(kernel.n_lists),
         MAX_CHUNKS,
         ctypes.sizeof(table),
-        *(getattr(table, name).offset for name, _ in table._fields_),
+        *(getattr(table, name).offset for name, *_ in table._fields_),
         ctypes.sizeof(args),
         *(
             value
@@ -128,9 +129,9 @@ class EmulatorLibrary:
         self.kernel = kernel
         self.path = path
         self._library = ctypes.CDLL(str(path))
-        self._entries: dict[str, ctypes._CFuncPtr] = {}
+        self._entries: dict[str, Any] = {}  # ctypes function pointers
 
-    def entry(self, instantiation: str) -> ctypes._CFuncPtr:
+    def entry(self, instantiation: str) -> Any:
         """``entry(params, grid, block)`` runs ``instantiation<<<grid, block>>>(*params)``."""
         function = self._entries.get(instantiation)
         if function is None:
@@ -173,7 +174,7 @@ class EmulatorLibrary:
                 "make the ctypes mirror list the C++ fields in the same order and types"
             )
 
-    def function(self, name: str) -> ctypes._CFuncPtr:
+    def function(self, name: str) -> Any:
         """Any other exported function, e.g. the 16-bit conversions of ``emulator_launch.h``."""
         return getattr(self._library, name)
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter, reject_differentiable
+from ..fused.state import state_dtype
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -18,7 +19,6 @@ from ..kernels import (
     rounding_lists,
 )
 from ..torch_ops import advance_steps_
-from ..fused.state import state_dtype
 
 __all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "adagrad_", "adagrad_args"]
 
@@ -172,7 +172,7 @@ def adagrad_(
     inv_scale: Tensor | None,
     master_params: Sequence[Tensor] = (),
     sr_seeds: Sequence[Tensor] = (),
-    **options: float | bool,
+    **options: Any,
 ) -> None:
     r"""One fused Adagrad step over all tensors (``torch.optim.Adagrad``, ``foreach=False`` math).
 

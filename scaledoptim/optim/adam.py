@@ -170,7 +170,7 @@ class Adam(FusedOptimizer):
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
         options = _adam_options(group)
-        fused = torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
+        fused: Any = torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
         fused(*tensors, steps, **options, found_inf=found_inf)
 
 
@@ -240,7 +240,7 @@ def adam_(
     inv_scale: Tensor | None,
     master_params: Sequence[Tensor] = (),
     sr_seeds: Sequence[Tensor] = (),
-    **options: float | bool,
+    **options: Any,
 ) -> None:
     r"""One fused Adam (``decoupled_weight_decay=False``) or AdamW step over all tensors.
 

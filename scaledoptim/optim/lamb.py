@@ -219,10 +219,10 @@ class LAMB(FusedOptimizer):
         advance_steps_(steps, found_inf)  # the moments' bias corrections read the new count
         norm = self._grad_norm_sq(params[0].device).sqrt()
         if o["max_grad_norm"] > 0:
-            grads = torch._foreach_div(grads, torch.clamp(norm / o["max_grad_norm"], min=1.0))
+            grads = list(torch._foreach_div(grads, torch.clamp(norm / o["max_grad_norm"], min=1.0)))
         wd = o["weight_decay"]
         if not o["adam_w_mode"] and wd != 0:
-            grads = torch._foreach_add(grads, params, alpha=wd)
+            grads = list(torch._foreach_add(grads, params, alpha=wd))
         m = torch._foreach_mul(exp_avgs, o["beta1"])
         torch._foreach_add_(m, grads, alpha=1 - o["beta1"] if o["grad_averaging"] else 1.0)
         v = torch._foreach_mul(exp_avg_sqs, o["beta2"])
@@ -297,7 +297,7 @@ def lamb_(
     master_params: Sequence[Tensor] = (),
     sr_seeds: Sequence[Tensor] = (),
     norms_sq: tuple[Sequence[Tensor], Sequence[Tensor]] | None = None,
-    **options: float | bool,
+    **options: Any,
 ) -> None:
     r"""One fused LAMB step over all tensors (Apex FusedLAMB's semantics), with no host sync.
 

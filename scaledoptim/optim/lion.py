@@ -142,7 +142,7 @@ class Lion(FusedOptimizer):
         params, grads, exp_avgs, steps = tensor_lists
         o = _lion_options(group)
         if o["maximize"]:
-            grads = torch._foreach_neg(grads)
+            grads = list(torch._foreach_neg(grads))
         c = torch._foreach_mul(exp_avgs, o["beta1"])
         torch._foreach_add_(c, torch._foreach_mul(grads, 1 - o["beta1"]))
         new_params = torch._foreach_mul(params, 1 - o["lr"] * o["weight_decay"])
@@ -170,7 +170,7 @@ def lion_(
     inv_scale: Tensor | None,
     master_params: Sequence[Tensor] = (),
     sr_seeds: Sequence[Tensor] = (),
-    **options: float | bool,
+    **options: Any,
 ) -> None:
     r"""One fused Lion step over all tensors, in fp32 whatever the param and grad dtypes.
 

@@ -186,7 +186,7 @@ def sgd_(
     inv_scale: Tensor | None,
     master_params: Sequence[Tensor] = (),
     sr_seeds: Sequence[Tensor] = (),
-    **options: float | bool,
+    **options: Any,
 ) -> None:
     r"""One fused SGD step over all tensors (``torch.optim.SGD``, ``foreach=False`` math).
 

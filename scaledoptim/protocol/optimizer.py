@@ -124,7 +124,7 @@ class Optimizer(ScaleOwner):
         self._check_can_unscale()
         step = self._plan_step()  # the step it prepares must be possible too
         plan = self._plan_unscale(grads_scaled_by, step)
-        if plan.scale is not None:
+        if plan.inv_scale is not None:
             unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
         found_inf, scale, _ = self._record_unscale(plan)
         return found_inf, scale
@@ -217,7 +217,7 @@ class Optimizer(ScaleOwner):
             if grads_scaled_by is None:
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
                 unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
-                loss = self.step(unscaled)
+                loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
                 return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
             replay.check_takes_scale(closure, "unscale_and_step")
             return replay.step_replaying(
@@ -227,8 +227,8 @@ class Optimizer(ScaleOwner):
         self._check_can_unscale()
         step = self._plan_step()
         plan = self._plan_unscale(grads_scaled_by, step)
-        scaled = plan.scale is not None
-        left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked) if scaled else None
+        scaled = plan.inv_scale is not None
+        left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked) if plan.inv_scale is not None else None
         found_inf, scale, scale_update = self._record_unscale(plan, step.applies_scale_update)
         step.step(PendingStep(found_inf if scaled else None, left, scale_update))
         self._scaling().found_inf = None

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["scale_outputs", "backward", "grad"]
+__all__ = ["backward", "grad", "scale_outputs"]
 
 _T = TypeVar("_T")
 
@@ -37,11 +37,12 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
             if value.device not in moved:
                 moved[value.device] = scale.to(device=value.device, non_blocking=True)
             return value * moved[value.device]
+        container: Any = type(value)  # rebuilt as the user's own container type
         if isinstance(value, Mapping):
-            return type(value)((k, scaled(v)) for k, v in value.items())
+            return container((k, scaled(v)) for k, v in value.items())
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
             items = [scaled(v) for v in value]
-            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+            return container(*items) if hasattr(value, "_fields") else container(items)
         raise TypeError(
             f"scale_outputs() takes tensors, None, and lists/tuples/dicts of them; got "
             f"{type(value).__name__}"

@@ -75,7 +75,7 @@ class GenericStepPlan:
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
         self.optimizer = optimizer
         self.params = params
-        self.grads = [p.grad for p in params]
+        self.grads = [p.grad for p in params if p.grad is not None]  # every one has a grad
 
     def unscale_grads_(
         self,

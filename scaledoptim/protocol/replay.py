@@ -17,8 +17,12 @@ import torch
 from .ownership import ScalingState
 
 __all__ = [
-    "ClosureReplayError", "check_callable", "checked_result", "step_replaying", "takes_scale",
+    "ClosureReplayError",
+    "check_callable",
     "check_takes_scale",
+    "checked_result",
+    "step_replaying",
+    "takes_scale",
 ]  # fmt: skip
 
 Evaluation = tuple[Any, torch.Tensor, "torch.Tensor | None"]
@@ -67,7 +71,9 @@ def step_replaying(
 
     def replaying_closure() -> Any:
         scale = outcome.get("scale", first_scale)
-        for attempt in range(max_replays + 1):
+        tries = 0
+        while tries <= max_replays:
+            tries += 1
             state.found_inf = None
             tried = None if scale is None else float(scale)  # the scale updates in place
             loss, found_inf, next_scale = evaluate(scale)
@@ -79,7 +85,7 @@ def step_replaying(
                 break
             scale = next_scale
         raise ClosureReplayError(
-            f"The closure produced inf/nan grads on all {attempt + 1} tries (the scale backed "
+            f"The closure produced inf/nan grads on all {tries} tries (the scale backed "
             f"off to {next_value:g}): the loss itself is probably non-finite (check the data "
             "and the forward), or raise configure_scaling(max_replays=...) / lower "
             "min_scale. Params, optimizer state and the loss scale were restored."

@@ -14,6 +14,7 @@ def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> N
     ``device``, or not shaped like their param. One pass: it runs on every step."""
     for param in params:
         grad = param.grad
+        assert grad is not None  # the caller passes the params that have a grad
         if grad.is_complex() or param.is_complex():
             raise TypeError(
                 f"A param or grad has dtype {grad.dtype}: scaledoptim does not support complex "

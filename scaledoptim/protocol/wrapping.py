@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
 from .optimizer import Optimizer
 
-__all__ = ["with_scaling", "patch_optimizer", "LBFGS"]
+__all__ = ["LBFGS", "patch_optimizer", "with_scaling"]
 
 _O = TypeVar("_O", bound=torch.optim.Optimizer)
 
 
-@functools.cache
 def with_scaling(optimizer_class: type[_O]) -> type[_O]:
     r"""Returns a subclass of ``optimizer_class`` that also is a :class:`scaledoptim.Optimizer`.
 
@@ -32,11 +30,19 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
         raise TypeError(f"with_scaling() takes a torch.optim.Optimizer subclass, got {optimizer_class!r}")
     if issubclass(optimizer_class, Optimizer):
         return optimizer_class
-    return type(  # type: ignore[return-value]
-        optimizer_class.__name__,
-        (optimizer_class, Optimizer),
-        {"__module__": __name__, "__doc__": optimizer_class.__doc__, "__reduce_ex__": _reduce_ex},
-    )
+    scaled = _scaled_classes.get(optimizer_class)
+    if scaled is None:
+        scaled = _scaled_classes[optimizer_class] = type(
+            optimizer_class.__name__,
+            (optimizer_class, Optimizer),
+            {"__module__": __name__, "__doc__": optimizer_class.__doc__, "__reduce_ex__": _reduce_ex},
+        )
+    return scaled
+
+
+#: with_scaling's classes, so that the same argument gives the same class (and isinstance works
+#: across calls).
+_scaled_classes: dict[type[Any], type[Any]] = {}
 
 
 def _reduce_ex(self: Optimizer, protocol: int) -> tuple[Any, ...]:
@@ -48,8 +54,7 @@ def _reduce_ex(self: Optimizer, protocol: int) -> tuple[Any, ...]:
 
 def _new_scaled(optimizer_class: type[torch.optim.Optimizer]) -> Optimizer:
     """An empty instance of ``with_scaling(optimizer_class)`` for unpickling to fill."""
-    cls = with_scaling(optimizer_class)
-    return cls.__new__(cls)
+    return cast(Optimizer, object.__new__(with_scaling(optimizer_class)))  # torch.optim has no __new__
 
 
 def patch_optimizer(optimizer: _O) -> _O:

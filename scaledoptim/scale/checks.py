@@ -44,9 +44,9 @@ def as_scale_tensor(
         raise TypeError(
             f"grads_scaled_by must be a tensor, a float or None, got {type(scale).__name__}"
         )
-    as_float32 = _to_float32(float(scale))
-    _check_scale_value(as_float32, float(scale))
-    return torch.full((), as_float32, dtype=torch.float32, device=device)
+    rounded = _to_float32(float(scale))
+    _check_scale_value(rounded, float(scale))
+    return torch.full((), rounded, dtype=torch.float32, device=device)
 
 
 def _to_float32(value: float) -> float:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["check_process_group", "agree_on_found_inf"]
+__all__ = ["agree_on_found_inf", "check_process_group"]
 
 
 def check_process_group(process_group: Any) -> None:

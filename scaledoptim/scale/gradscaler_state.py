@@ -25,7 +25,7 @@ import torch
 from .config import ScalingConfig
 from .loss_scale import LossScale
 
-__all__ = ["loss_scale_from_gradscaler_state", "gradscaler_state_from_loss_scale"]
+__all__ = ["gradscaler_state_from_loss_scale", "loss_scale_from_gradscaler_state"]
 
 _FLOAT_KEYS = ("scale", "growth_factor", "backoff_factor")
 _INT_KEYS = ("growth_interval", "_growth_tracker")

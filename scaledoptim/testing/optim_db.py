@@ -109,14 +109,16 @@ class OptimInfo:
     @property
     def kernels(self) -> tuple[MultiTensorKernel, ...]:
         """Its update's kernels, in launch order (none for a generic optimizer)."""
-        if not issubclass(self.cls, FusedOptimizer):
+        cls = self.cls
+        if not issubclass(cls, FusedOptimizer):
             return ()
-        return (*self.cls.kernels_before, self.cls.kernel)
+        return (*cls.kernels_before, cls.kernel)
 
     @property
     def rounding(self) -> bool:
         """Whether it takes ``master_weights`` and ``stochastic_rounding``."""
-        return bool(self.kernels) and self.cls.kernel.lists[-3:-1] == ("master_params", "sr_seeds")
+        kernels = self.kernels
+        return bool(kernels) and kernels[-1].lists[-3:-1] == ("master_params", "sr_seeds")
 
     @property
     def default(self) -> Config:
@@ -164,10 +166,11 @@ def grid(
     return tuple(configs)
 
 
-def _adam_configs(lr: float, **fixed: Any) -> tuple[Config, ...]:
-    return grid(
-        amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,)
-    ) + (Config("betas-0.8-0.99", dict(lr=lr, betas=(0.8, 0.99), **fixed)),)
+def _adam_configs(lr: float) -> tuple[Config, ...]:
+    return (
+        *grid(amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,)),
+        Config("betas-0.8-0.99", dict(lr=lr, betas=(0.8, 0.99))),
+    )
 
 
 _ADAM_ERRORS = (
