@@ -6,11 +6,19 @@ A fused step on our kernels reads each grad twice: once for the read-only inf/na
 in the update (32 B/param for fp32 AdamW; GradScaler + torch's fused AdamW read and write the
 grads to check them and read them again: 36). With this option a post-accumulate-grad hook
 folds each grad into this iteration's ``found_inf`` as backward produces it, while it is still
-in cache, and records the grad (object, data pointer, version counter). The step then checks
-only grads that were not recorded, or changed since (set outside backward, modified in place,
-accumulated by another backward): 28 B/param when none did. ``found_inf`` is still agreed
-across the process group before anything uses it. On torch's ops the step unscales, and so
-checks, every grad in place anyway: there the hooks do nothing.
+in cache, and records the grad (a weak reference, its data pointer and version counter: the
+hooks keep no grad alive). The step then checks only grads that were not recorded, or changed
+since (set outside backward, modified in place, accumulated by another backward): 28 B/param
+when none did. ``found_inf`` is still agreed across the process group before anything uses it.
+On torch's ops the step unscales, and so checks, every grad in place anyway: there the hooks
+do nothing.
+
+What was folded belongs to the grads it was folded from, so it is dropped with them: by the
+optimizer's ``zero_grad``; by a hook that finds its param's recorded grad gone or written since
+other than by accumulating onto it (one version step: ``model.zero_grad()``, grads set to
+``None`` by hand, a discarded backward); and by the step when any recorded grad is no longer its
+param's as recorded. The step then checks every grad itself: a probe backward that overflowed
+and was thrown away cannot skip the next step.
 
 Once ``torch.distributed`` is initialized the hooks do nothing either. A hook sees the rank's
 local grad, and the step uses the reduced one; a collective writes a tensor in place without
@@ -24,6 +32,7 @@ grad again anyway: there the hooks only added a read.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +60,8 @@ class BackwardCheck:
     ) -> None:
         self._check_for = check_for
         self._found_inf: Tensor | None = None
-        self._checked: dict[int, tuple[Tensor, int, int]] = {}
+        # id(param) -> (its grad, the grad's data pointer and version counter when folded)
+        self._checked: dict[int, tuple[weakref.ref[Tensor], int, int]] = {}
         self._handles = [
             param.register_post_accumulate_grad_hook(self._fold)
             for group in param_groups
@@ -68,26 +78,37 @@ class BackwardCheck:
         check = self._check_for(grad.device)
         if check is None:
             return  # its step unscales every grad in place, checking it: nothing to save
+        seen = self._checked.get(id(param))
+        if seen is not None and not (seen[0]() is grad and seen[2] + 1 == grad._version):
+            # Not this backward accumulating onto the grad folded before (that moves its
+            # version by one): that grad was dropped or rewritten, so what was folded may
+            # count values no step will read.
+            self.reset()
         if self._found_inf is None:
             self._found_inf = torch.zeros((), dtype=torch.float32, device=grad.device)
         check([grad], self._found_inf)
-        self._checked[id(param)] = (grad, grad.data_ptr(), grad._version)
+        self._checked[id(param)] = (weakref.ref(grad), grad.data_ptr(), grad._version)
+
+    def reset(self) -> None:
+        """Forgets what was folded (the grads were zeroed or dropped)."""
+        self._found_inf, self._checked = None, {}
 
     def take(self, params: list[Tensor], device: torch.device) -> tuple[Tensor, frozenset[int]]:
-        """This iteration's ``found_inf`` (zeros if no hook ran) and the ids of the grads it
-        covers as they are now; starts the next iteration."""
+        """This iteration's ``found_inf`` and the ids of the grads it covers as they are now, or
+        zeros and none when a folded grad is no longer its param's as it was folded (the step
+        then checks every grad); starts the next iteration."""
         found_inf, checked = self._found_inf, self._checked
-        self._found_inf, self._checked = None, {}
-        if found_inf is None:
-            found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        self.reset()
         covered = frozenset(
             id(p.grad)
             for p in params
             if (seen := checked.get(id(p))) is not None
-            and seen[0] is p.grad
+            and seen[0]() is p.grad
             and seen[1] == p.grad.data_ptr()
             and seen[2] == p.grad._version
         )
+        if found_inf is None or len(covered) != len(checked):
+            return torch.zeros((), dtype=torch.float32, device=device), frozenset()
         return found_inf, covered
 
     def remove(self) -> None:

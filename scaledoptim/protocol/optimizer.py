@@ -325,8 +325,11 @@ class Optimizer(ScaleOwner):
 
     # ------------------------------------------------------------------ torch.optim overrides
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As :meth:`torch.optim.Optimizer.zero_grad`; also forgets an unconsumed :meth:`unscale`."""
+        """As :meth:`torch.optim.Optimizer.zero_grad`; also forgets an unconsumed :meth:`unscale`
+        and what ``check_during_backward`` folded from the grads it drops."""
         super().zero_grad(set_to_none)
         state = self._scaledoptim_scaling
         if state is not None:
             state.found_inf = None
+        if self._scaledoptim_backward_check is not None:
+            self._scaledoptim_backward_check.reset()
