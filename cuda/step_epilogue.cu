@@ -14,23 +14,28 @@ struct StepEpilogueArgs {
   double backoff_factor;
   float min_scale;
   float max_scale;
-  int growth_interval;
-  int hysteresis;
-  int force_backoff;  // closure replay: every overflow backs off
+  long long growth_interval;  // 64 bits: "never grow" is an interval no int32 tracker reaches
+  int hysteresis;             // at most the int32 tracker's maximum (ScalingConfig clamps it)
+  int force_backoff;          // closure replay: every overflow backs off
 };
+
+// The growth tracker counts clean steps in an int32 and stops at its maximum instead of wrapping
+// (a wrapped count would grow the scale early); only an interval above it is ever that far.
+constexpr int kMaxTrackedSteps = 2147483647;
 
 // Note [scale update] (scaledoptim/scale/loss_scale.py, LossScale.update_, holds the same rules): back off
 // by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen, or at
 // once when forced; grow by growth_factor (not above max_scale, never to inf) after
-// growth_interval clean steps. `scaled_by * factor` is computed in double and rounded once, as
-// torch._amp_update_scale_ does. With hysteresis 1 the hysteresis tracker is left alone.
+// growth_interval clean steps (compared in 64 bits: an interval of 2**31 or more never comes).
+// `scaled_by * factor` is computed in double and rounded once, as torch._amp_update_scale_
+// does. With hysteresis 1 the hysteresis tracker is left alone.
 __device__ __forceinline__ void update_scale(const StepEpilogueArgs& a) {
   const bool overflow = *a.scale_found_inf != 0.0f;
   const float scaled_by = *a.scaled_by;
   const int tolerated = *a.hysteresis_tracker - 1;
   const int hysteresis_left = overflow ? (tolerated > 0 ? tolerated : 0) : a.hysteresis;
   const bool back_off = overflow && (a.force_backoff || hysteresis_left <= 0);
-  const int clean_steps = *a.growth_tracker + 1;
+  const long long clean_steps = static_cast<long long>(*a.growth_tracker) + 1;
   const bool grow = !overflow && clean_steps >= a.growth_interval;
   float next = scaled_by;
   if (back_off) {
@@ -41,7 +46,9 @@ __device__ __forceinline__ void update_scale(const StepEpilogueArgs& a) {
     if (is_finite(grown)) next = grown < a.max_scale ? grown : a.max_scale;
   }
   *a.scale = next;
-  *a.growth_tracker = (overflow || grow) ? 0 : clean_steps;
+  *a.growth_tracker = (overflow || grow)               ? 0
+                      : clean_steps < kMaxTrackedSteps ? static_cast<int>(clean_steps)
+                                                       : kMaxTrackedSteps;
   if (a.hysteresis > 1) *a.hysteresis_tracker = hysteresis_left;
 }
 

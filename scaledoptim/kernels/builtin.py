@@ -41,7 +41,7 @@ class StepEpilogueArgs(ctypes.Structure):
         ("backoff_factor", ctypes.c_double),
         ("min_scale", ctypes.c_float),
         ("max_scale", ctypes.c_float),
-        ("growth_interval", ctypes.c_int),
+        ("growth_interval", ctypes.c_int64),
         ("hysteresis", ctypes.c_int),
         ("force_backoff", ctypes.c_int),
     ]

@@ -12,6 +12,9 @@ from .checks import is_float32_scale
 __all__ = ["ScalingConfig"]
 
 _FLOAT32 = torch.finfo(torch.float32)
+# The trackers are int32 tensors, as GradScaler's growth tracker is.
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +30,13 @@ class ScalingConfig:
         init_scale: the scale before the first step.
         growth_factor: multiplies the scale after ``growth_interval`` clean steps (> 1).
         backoff_factor: multiplies the scale when an overflow is not tolerated (in (0, 1)).
-        growth_interval: consecutive clean steps before the scale grows.
+        growth_interval: consecutive clean steps before the scale grows; ``2**31`` or more
+            (``sys.maxsize``, GradScaler's idiom) never grows it: the growth tracker is an int32,
+            as GradScaler's, and stops at its maximum.
         hysteresis: consecutive overflows needed before the scale backs off; ``N`` tolerates
             ``N - 1`` (DeepSpeed/Megatron semantics). Any clean step restores the allowance.
+            The int32 hysteresis tracker holds at most ``2**31 - 1``: a larger value tolerates
+            as many overflows in a row, which is to say all of them.
         min_scale: the scale never backs off below this.
         max_scale: the scale never grows above this.
         max_replays: how many times a closure may be replayed with a smaller scale in one step
@@ -84,3 +91,14 @@ class ScalingConfig:
                 f"Invalid scale bounds: need min_scale <= init_scale <= max_scale, got "
                 f"{self.min_scale} <= {self.init_scale} <= {self.max_scale}"
             )
+
+    @property
+    def tracked_growth_interval(self) -> int:
+        """``growth_interval`` as an int64 (the epilogue's and torch's argument); beyond it, as
+        beyond 2**31, the int32 growth tracker never gets there."""
+        return min(self.growth_interval, _INT64_MAX)
+
+    @property
+    def tracked_hysteresis(self) -> int:
+        """``hysteresis`` as the int32 hysteresis tracker holds it."""
+        return min(self.hysteresis, _INT32_MAX)

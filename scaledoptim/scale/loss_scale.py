@@ -32,7 +32,9 @@ class LossScale:
         self.config = config
         self.scale = torch.full((), config.init_scale, dtype=torch.float32, device=device)
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
-        self.hysteresis_tracker = torch.full((), config.hysteresis, dtype=torch.int32, device=device)
+        self.hysteresis_tracker = torch.full(
+            (), config.tracked_hysteresis, dtype=torch.int32, device=device
+        )
         self.sharers = 1
         self._round: set[int] = set()
         # Sharers that called zero_grad() since the current round began (see end_round).
@@ -127,24 +129,28 @@ class LossScale:
                 self.scale.copy_(scaled_by)
             torch._amp_update_scale_(
                 self.scale, self.growth_tracker, found_inf,
-                c.growth_factor, c.backoff_factor, c.growth_interval,
+                c.growth_factor, c.backoff_factor, c.tracked_growth_interval,
             )  # fmt: skip
             self.scale.clamp_(min=c.min_scale)
             return
         overflow = found_inf > 0
         hysteresis_left = torch.where(
-            overflow, (self.hysteresis_tracker - 1).clamp_(min=0), c.hysteresis
+            overflow, (self.hysteresis_tracker - 1).clamp_(min=0), c.tracked_hysteresis
         ).to(torch.int32)
         back_off = overflow if force_backoff else overflow & (hysteresis_left <= 0)
-        clean_steps = self.growth_tracker + 1
-        grow = ~overflow & (clean_steps >= c.growth_interval)
+        # In 64 bits: torch would cast the interval to the int32 tracker's dtype (sys.maxsize
+        # to -1: growth at every step). The tracker stops at its maximum, as in the epilogue.
+        clean_steps = self.growth_tracker.long() + 1
+        grow = ~overflow & (clean_steps >= c.tracked_growth_interval)
         wide = scaled_by.double()
         grown = (wide * c.growth_factor).float()
         grown = torch.where(torch.isfinite(grown), grown.clamp(max=c.max_scale), scaled_by)
         backed_off = (wide * c.backoff_factor).float().clamp_(min=c.min_scale)
         new_scale = torch.where(back_off, backed_off, torch.where(grow, grown, scaled_by))
         self.scale.copy_(new_scale)
-        self.growth_tracker.copy_(torch.where(overflow | grow, 0, clean_steps))
+        self.growth_tracker.copy_(
+            torch.where(overflow | grow, 0, clean_steps.clamp(max=torch.iinfo(torch.int32).max))
+        )
         if c.hysteresis > 1:
             self.hysteresis_tracker.copy_(hysteresis_left)
 

@@ -196,8 +196,8 @@ def _epilogue_args(found_inf: int | None, update: ScaleUpdate) -> StepEpilogueAr
         backoff_factor=config.backoff_factor,
         min_scale=config.min_scale,
         max_scale=config.max_scale,
-        growth_interval=config.growth_interval,
-        hysteresis=config.hysteresis,
+        growth_interval=config.tracked_growth_interval,
+        hysteresis=config.tracked_hysteresis,
         force_backoff=update.force_backoff,
     )
 
