@@ -18,7 +18,7 @@ from ..kernels import ROUNDING_LISTS, MultiTensorKernel
 from ..protocol import Optimizer
 from ..protocol.plans import PendingStep
 from .backends import select
-from .plan import FusedStepPlan, StepCache, plan_step
+from .plan import FusedStepPlan, MasterWatch, StepCache, plan_step
 from .rounding import check_rounding_options, check_rounding_params
 from .state import cast_loaded_state
 from .update import GradReduction, Group, TensorLists
@@ -53,7 +53,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
       ``state["master_param"]``; the update reads and writes it and stores the param rounded
-      from it in the same pass. fp32 params ignore it.
+      from it in the same pass. fp32 params ignore it. An edit of the param between steps
+      (clipping, re-init, ``model.load_state_dict``, an outer optimizer's step) is kept: the
+      next step first copies every element the edit changed into the master (seen through the
+      param's version counter and data pointer, so not for edits through ``p.data``; Note
+      [param edits under master weights] in ``fused/rounding.py``).
     * ``stochastic_rounding`` (default False, bfloat16 params only, exclusive with
       ``master_weights``): the param is stored rounded stochastically, unbiased, from a hash of
       ``state["sr_seed"]`` (an int32 per param), the step and the element index: reproducible,
@@ -68,6 +72,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
     #: torch.optim pickles only its defaults, state and param groups.
     _step_cache: StepCache | None = None
+    #: The params with an fp32 master as the last step left them (Note [param edits under
+    #: master weights] in rounding.py); not pickled either: a copy trusts its masters.
+    _master_watch: MasterWatch | None = None
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self.check_options(defaults)
@@ -151,8 +158,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
         Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
         may replace it), post-hooks once every param's state is in place.
         """
-        # The step cache holds the state it validated: let the old state go with the load.
+        # The step cache holds the state it validated: let the old state go with the load. The
+        # loaded masters are the truth, whatever was written to the params before.
         self._step_cache = None
+        self._master_watch = None
         hooks = self.__dict__
         pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
         post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]

@@ -6,24 +6,34 @@ Note [step cache]
 A step's plan (every check, the state lists, the kernel tables) depends on what is stable from
 step to step: the params, their state, the options that shape the lists, the sizes, dtypes and
 layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
-backward allocates new ones. So :class:`StepCache` compares the params' data pointers and the
-identities of the state's values (list comparisons of ints, no per-tensor Python), checks every
-param's and grad's layout, validates the grads' dtype, shape and device when one moved, and then
-repoints the kept prepared updates to the new grads (our kernels rewrite the grad pointers of
-their tables in bulk; torch's ops get the grads when they run). Anything else that differs (a
-param swapped or moved, state replaced or loaded, a group added, an option that changes the
-lists, a grad of another layout, a sparse or missing grad, another backend) sends the step
-through the full plan, which validates it, raises the clear error if there is one, and builds a
-new cache.
+backward allocates new ones. So :class:`StepCache` keeps the plan and re-verifies, at every step,
+each fact it reuses, in list comparisons done in C (``map`` of a getter over the tensors, no
+per-tensor Python); a cache is never the only thing between a user's change and a wrong value:
+
+* params: the objects, their data pointer, dtype, shape and strides (``p.data = p.data[:k]``
+  or ``p.data = p.data.view(torch.int32)`` keep the pointer), and the device;
+* grads: which params have one, their layout, and, once they moved (new storage), their dtype,
+  shape and device against the validated ones, not their param's (a param pruned together with
+  its grad keeps them equal); the kept tables are then repointed to them (our kernels rewrite the
+  grad pointers of their tables in bulk; torch's ops get the grads when they run);
+* state: the data pointer of every value of every param's state, in order (walking the dicts, not
+  looking params up: a tensor key's hash is a Python call): a value replaced, added or dropped,
+  or a tensor given other storage (``state[k].data = new``, ``state[k].set_(...)``, a
+  ``resize_`` that reallocates) changes that sequence;
+* options: the group objects, the options that decide the lists (``lists_key``) and the
+  backend choice (``SCALEDOPTIM_KERNELS``, the chunk size, the params' device); every option is
+  validated and every hyper-parameter read at every step anyway.
+
+Anything that differs sends the step through the full plan, which validates it, raises the clear
+error if there is one, and builds a new cache. What is not re-verified, because a check per
+tensor would cost as much again as the whole cached step: a grad or state tensor reinterpreted
+in place at an unchanged data pointer (``.data =`` a view of its own storage with another shape
+or dtype, or an in-place ``t_()``/``as_strided_()``/shrinking ``resize_()``). That cannot reach
+outside the storage the plan validated (a view never shrinks its storage), and grads from
+autograd or the ``.grad`` setter always match their (verified) param.
 
 The cache keeps no grad alive (a freed grad's memory must return to the allocator): prepared
-updates hold none, only the kernels' tables their pointers. A grad at an unchanged pointer is trusted to keep its dtype, shape and device:
-autograd and the ``.grad`` setter check them, and assigning a grad's ``.data`` a tensor with
-other storage moves the pointer. (A ``.data`` view of a param's or grad's own storage with
-another shape and the same layout would be updated as the flat array it is; one with another
-layout is caught. A param replaced by another Parameter over the same storage keeps the old
-one's state.) The cache keeps the state tensors, which the optimizer keeps anyway, so that their
-ids cannot be reused while it holds them.
+updates hold none, only the kernels' tables their pointers.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from itertools import chain
+from operator import is_
 from typing import Any, Protocol
 
 import torch
@@ -51,11 +62,18 @@ from .backends import (
     PreparedUpdate,
     select,
 )
-from .rounding import check_rounding_options, check_rounding_params, stage_rounding_state
+from .rounding import (
+    MASTER_KEY,
+    check_rounding_options,
+    check_rounding_params,
+    is_master_of,
+    resync_masters_,
+    stage_rounding_state,
+)
 from .state import check_param, stage_state
 from .update import Group, TensorLists, Update
 
-__all__ = ["FusedStepPlan", "Planned", "StepCache", "plan_step"]
+__all__ = ["FusedStepPlan", "MasterWatch", "Planned", "StepCache", "plan_step"]
 
 # The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
 _GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
@@ -63,7 +81,8 @@ _DATA_PTR = Tensor.data_ptr
 _IS_CONTIGUOUS = Tensor.is_contiguous
 _STRIDE = Tensor.stride
 _DTYPE: Callable[[Tensor], torch.dtype] = vars(torch._C.TensorBase)["dtype"].__get__
-_IS_SAME_SIZE = Tensor.is_same_size
+_SIZE = Tensor.size
+_VERSION: Callable[[Tensor], int] = vars(torch._C.TensorBase)["_version"].__get__
 _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
 
 
@@ -74,6 +93,7 @@ class Planned(Update, Protocol):
     param_groups: list[Group]
     state: Any
     _pending_step: tuple[FusedStepPlan, PendingStep] | None
+    _master_watch: MasterWatch | None
 
     def step(self, closure: Any = None) -> Any: ...
 
@@ -138,6 +158,9 @@ class FusedStepPlan:
         self.grads_copied = False  # a grad was copied into its param's layout
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, Tensor | None] = {}
+        # Note [param edits under master weights]: the masters, and those to resync first.
+        self.masters: MasterWatch | None = None
+        self.edited_masters: list[int] = []
 
     def part(self, backend: Backend) -> _Part:
         return self.parts.setdefault(backend, _Part())
@@ -165,6 +188,12 @@ class FusedStepPlan:
         interrupt."""
         found_inf = pending.found_inf
         self.optimizer.state.update(self.new_state)
+        masters = self.masters
+        if masters is not None and self.edited_masters:
+            resync_masters_(
+                [masters.params[i] for i in self.edited_masters],
+                [masters.masters[i] for i in self.edited_masters],
+            )
         for backend, part in self.parts.items():
             left = self.left.get(backend, pending.inv_scale)
             if part.reduction is not None:
@@ -174,6 +203,8 @@ class FusedStepPlan:
         for backend, part in self.parts.items():
             assert part.epilogue is not None
             part.epilogue(found_inf, pending.scale_update if backend is self.backend else None)
+        if masters is not None:
+            masters.record(self.optimizer)
 
 
 def _build_plan(optimizer: Planned) -> FusedStepPlan:
@@ -252,6 +283,9 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
         if reduction is not None:
             part.reduction = part_backend.prepare_reduction(reduction, part.grad_lists)
         part.epilogue = part_backend.prepare_epilogue(part.steps)
+    plan.masters = MasterWatch.of(optimizer, plan.new_state)
+    if plan.masters is not None:
+        plan.edited_masters = plan.masters.edited(optimizer)
     return plan
 
 
@@ -304,6 +338,63 @@ def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
     return (optimizer.state_keys(group), type(master), master, type(stochastic), stochastic)
 
 
+class MasterWatch:
+    """The 16-bit params of ``master_weights`` groups that have an fp32 master, their masters,
+    and (once a step committed) each param's version counter and data pointer after it: Note
+    [param edits under master weights] in rounding.py."""
+
+    def __init__(self, params: list[Tensor], masters: list[Tensor]) -> None:
+        self.params = params
+        self.masters = masters
+        self.versions: list[int] | None = None
+        self.pointers: list[int] | None = None
+
+    @staticmethod
+    def of(optimizer: Planned, new_state: dict[Tensor, dict[str, Any]]) -> MasterWatch | None:
+        """Every param with a master after the step ``new_state`` creates, with or without a
+        grad (an edit is followed whether or not the param is stepped)."""
+        params, masters = [], []
+        for group in optimizer.param_groups:
+            if group.get("master_weights", False) is not True:
+                continue
+            for param in group["params"]:
+                state = new_state.get(param) or optimizer.state.get(param, {})
+                master = state.get(MASTER_KEY) if isinstance(state, dict) else None
+                if is_master_of(master, param):
+                    params.append(param)
+                    masters.append(master)
+        return MasterWatch(params, masters) if params else None
+
+    def edited(self, optimizer: Planned) -> list[int]:
+        """The indices of the params written by someone else since the optimizer's last step
+        (their version counter or data pointer moved); none for a param it never recorded (a
+        loaded or copied state: its master is the truth)."""
+        last = optimizer._master_watch
+        if last is None or last.versions is None or last.pointers is None:
+            return []
+        versions = list(map(_VERSION, self.params))
+        pointers = list(map(_DATA_PTR, self.params))
+        recorded: list[tuple[int, int] | None]
+        if last is self:  # the steady state: the same params, compared in C
+            if versions == last.versions and pointers == last.pointers:
+                return []
+            recorded = list(zip(last.versions, last.pointers))
+        else:  # the previous plan watched other params (the holder keeps their ids unique)
+            known = dict(zip(map(id, last.params), zip(last.versions, last.pointers)))
+            recorded = [known.get(id(p)) for p in self.params]
+        return [
+            i
+            for i, (now, then) in enumerate(zip(zip(versions, pointers), recorded))
+            if then is not None and now != then
+        ]
+
+    def record(self, optimizer: Planned) -> None:
+        """Records the params as the step that just committed left them."""
+        self.versions = list(map(_VERSION, self.params))
+        self.pointers = list(map(_DATA_PTR, self.params))
+        optimizer._master_watch = self
+
+
 # ----------------------------------------------------------------------------- the step cache
 class _GroupEntry:
     """One param group's part of a cached step (Note [step cache]): what was validated, its
@@ -320,11 +411,14 @@ class _GroupEntry:
         self.without_grad = [i for i, p in enumerate(all_params) if id(p) not in with_grad]
         self.params = params
         self.param_ptrs = list(map(_DATA_PTR, params))
+        self.dtypes = list(map(_DTYPE, params))
+        self.sizes = list(map(_SIZE, params))
         self.contiguous = all(map(_IS_CONTIGUOUS, params))
         self.strides = None if self.contiguous else list(map(_STRIDE, params))
-        self.dtypes = list(map(_DTYPE, params))
         self.devices = list(map(_DEVICE_INDEX, params))
-        self.grad_ptrs = list(map(_DATA_PTR, map(_GRAD, params)))
+        grads = list(map(_GRAD, params))
+        self.grad_ptrs = list(map(_DATA_PTR, grads))
+        self.grad_dtypes = list(map(_DTYPE, grads))
         self.update = update
 
     def current(self, optimizer: Planned, group: Group) -> tuple[list[Tensor], list[Tensor]] | None:
@@ -340,9 +434,17 @@ class _GroupEntry:
                 return None
             params = [p for p, g in zip(params, grads) if g is not None]
             grads = [g for g in grads if g is not None]
-        # (A grad that turned None fails below with a TypeError: the caller's None.) A param
-        # replaced, added, dropped or moved to other storage changes the pointers.
-        if list(map(_DATA_PTR, params)) != self.param_ptrs:
+        # (A grad that turned None fails below with a TypeError: the caller's None.) The same
+        # param objects (one replaced by another over the same storage has no state yet; the
+        # entry keeps the validated ones, so their ids stay theirs), at the same pointers (moved
+        # to other storage), with the same dtype and shape (a view of its own storage,
+        # ``p.data = p.data[:k]`` or ``.view(torch.int32)``, keeps the pointer).
+        if (
+            list(map(_DATA_PTR, params)) != self.param_ptrs
+            or not all(map(is_, params, self.params))
+            or list(map(_DTYPE, params)) != self.dtypes
+            or list(map(_SIZE, params)) != self.sizes
+        ):
             return None
         # Params and grads keep the validated layout (``p.data = p.data.t()`` keeps the
         # pointer). Grads first: a sparse grad fails here, before data_ptr() could raise.
@@ -355,12 +457,13 @@ class _GroupEntry:
             return None
         pointers = list(map(_DATA_PTR, grads))
         if pointers != self.grad_ptrs:
-            # New storage: autograd and the .grad setter check dtype, shape and device, but
-            # assigning a grad's .data bypasses them, and the tables rely on them.
-            # (is_same_size compares in C++; .shape would build a torch.Size per grad.)
+            # New storage: autograd and the .grad setter check dtype, shape and device against
+            # the param, but assigning a grad's .data bypasses them, and the tables rely on the
+            # validated ones (a param pruned with its grad still matches it: compare with those).
+            # (Size objects compare in C; is_same_size would parse arguments per grad.)
             if (
-                list(map(_DTYPE, grads)) != self.dtypes
-                or not all(map(_IS_SAME_SIZE, grads, params))
+                list(map(_DTYPE, grads)) != self.grad_dtypes
+                or list(map(_SIZE, grads)) != self.sizes
                 or list(map(_DEVICE_INDEX, grads)) != self.devices
             ):
                 return None
@@ -387,13 +490,12 @@ class StepCache:
         ]
         self.unscale = part.unscale
         self.reduction = part.reduction
-        # The state, compared by the identity of every value in order (walking the dicts, not
-        # looking params up: a tensor key's hash is a Python call). State moved to another
-        # param, replaced, added or dropped changes that sequence.
-        self.state_values = _state_values(optimizer.state)
-        self.state_ids = list(map(id, self.state_values))
+        # Where every state value lives, in order: state moved to another param, replaced,
+        # added, dropped or given other storage changes that sequence.
+        self.state_ptrs = _state_pointers(optimizer.state)
         self.steps = part.steps
         self.epilogue = part.epilogue
+        self.masters = plan.masters
 
     @staticmethod
     def of(optimizer: Planned, plan: FusedStepPlan) -> StepCache | None:
@@ -416,7 +518,7 @@ class StepCache:
         try:
             if optimizer._params_device() != self.device:
                 return None
-            if list(map(id, _state_values(optimizer.state))) != self.state_ids:
+            if _state_pointers(optimizer.state) != self.state_ptrs:
                 return None
             for entry, group in zip(self.groups, optimizer.param_groups):
                 current = entry.current(optimizer, group)
@@ -426,6 +528,7 @@ class StepCache:
                 if grads:
                     param_lists.append(params)
                     grad_lists.append(grads)
+            edited = self.masters.edited(optimizer) if self.masters is not None else []
         except (RuntimeError, TypeError, AttributeError, KeyError):
             return None
         # The check's pointers from every group's, each step: a step that repointed one group
@@ -438,6 +541,7 @@ class StepCache:
         plan = FusedStepPlan(optimizer, self.backend)
         plan.params = list(chain.from_iterable(param_lists))
         plan.grads = list(chain.from_iterable(grad_lists))
+        plan.masters, plan.edited_masters = self.masters, edited
         part = plan.part(self.backend)
         part.updates = [entry.update for entry in self.groups if entry.update is not None]
         part.grad_lists = grad_lists
@@ -450,7 +554,14 @@ class StepCache:
         return plan
 
 
-def _state_values(state: dict[Tensor, dict[str, Any]]) -> list[Any]:
-    """Every value of every param's state, in order (``TypeError`` for a state that is not a
-    dict)."""
-    return list(chain.from_iterable(map(dict.values, state.values())))
+def _state_pointers(state: dict[Tensor, dict[str, Any]]) -> list[int]:
+    """The data pointer of every value of every param's state, in order (``TypeError`` for a
+    state that is not a dict)."""
+    values = chain.from_iterable(map(dict.values, state.values()))
+    try:
+        return list(map(_DATA_PTR, values))
+    except TypeError:  # an entry a user added that is no tensor: no step reads it
+        return [
+            v.data_ptr() if isinstance(v, Tensor) else id(v)
+            for v in chain.from_iterable(map(dict.values, state.values()))
+        ]

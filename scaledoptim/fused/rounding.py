@@ -2,11 +2,31 @@
 of each 16-bit param in state) and ``stochastic_rounding`` (bf16 params rounded stochastically
 from a counter-based hash), validated, and their state (Note [param rounding] in cuda/; the
 torch form of the rounding is ``scaledoptim.torch_ops.stochastic_round_``).
+
+Note [param edits under master weights]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With ``master_weights`` the update reads the fp32 master and stores the param rounded from it, so
+an edit of the param between steps (weight clipping, max-norm, a Lookahead or DiLoCo outer step,
+re-initialising a layer, ``model.load_state_dict``) would be undone by the next step. A careful
+user expects the param they wrote to be the one trained, as with any torch optimizer, so the
+master follows the param: after each step the plan records every such param's version counter
+and data pointer (``MasterWatch`` in plan.py; two list passes in C, only for these params); the
+next step, finding either moved (an in-place edit through the param, ``p.copy_``, ``p.set_``,
+``p.data = t``, ``model.load_state_dict``), first copies into the master each element whose
+param differs from the master rounded to the param's dtype (``resync_masters_``), so the master
+keeps its extra bits wherever the edit changed nothing. On device, no host sync, before the
+update; a skipped step still takes the edit.
+
+Not seen: edits through ``p.data`` in place (``p.data.clamp_()``), which bypass the version
+counter as they bypass autograd: edit the param itself under ``torch.no_grad()``, or delete
+``opt.state[p]["master_param"]`` to restart the master from the param. A master loaded by
+``load_state_dict`` or copied with the optimizer is the truth until the first step records its
+param.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor
@@ -18,6 +38,8 @@ __all__ = [
     "SEED_KEY",
     "check_rounding_options",
     "check_rounding_params",
+    "is_master_of",
+    "resync_masters_",
     "stage_rounding_state",
 ]
 
@@ -78,12 +100,13 @@ def stage_rounding_state(
         master = state.get(MASTER_KEY)
         if param.dtype in (torch.float32, torch.float64):
             master = param
-        elif not _is_master_of(master, param):
+        elif not is_master_of(master, param):
             # Created from the param on its first step; a loaded one keeps its bits in the
-            # param's layout and device.
+            # param's layout and device. Detached: the plan may run with grad mode on, and state
+            # must not record (or keep alive) the param's autograd graph.
             _check_master(master, param)
             master = torch.empty_like(param, dtype=torch.float32).copy_(
-                param if master is None else master
+                param.detach() if master is None else master.detach()
             )
             changes[MASTER_KEY] = master
     elif MASTER_KEY in state:
@@ -101,14 +124,24 @@ def stage_rounding_state(
     return master, seed, changes
 
 
-def _is_master_of(master: Any, param: Tensor) -> bool:
+def is_master_of(master: Any, param: Tensor) -> TypeGuard[Tensor]:
+    """Whether ``master`` can serve as the fp32 master of the 16-bit ``param`` as it is."""
     return (
-        isinstance(master, Tensor)
+        param.dtype in (torch.float16, torch.bfloat16)
+        and isinstance(master, Tensor)
         and master.dtype == torch.float32
         and master.shape == param.shape
         and master.stride() == param.stride()
         and master.device == param.device
     )
+
+
+def resync_masters_(params: list[Tensor], masters: list[Tensor]) -> None:
+    """Copies into each master every element of its param that differs from the master rounded
+    to the param's dtype (Note [param edits under master weights]); on device, sync-free."""
+    for param, master in zip(params, masters):
+        edited = param.detach()
+        master.copy_(torch.where(master.to(param.dtype) == edited, master, edited.float()))
 
 
 def _check_master(master: Any, param: Tensor) -> None:
