@@ -100,12 +100,13 @@ class BackwardCheck:
         found_inf, checked = self._found_inf, self._checked
         self.reset()
         covered = frozenset(
-            id(p.grad)
+            id(grad)
             for p in params
-            if (seen := checked.get(id(p))) is not None
-            and seen[0]() is p.grad
-            and seen[1] == p.grad.data_ptr()
-            and seen[2] == p.grad._version
+            if (grad := p.grad) is not None
+            and (seen := checked.get(id(p))) is not None
+            and seen[0]() is grad
+            and seen[1] == grad.data_ptr()
+            and seen[2] == grad._version
         )
         if found_inf is None or len(covered) != len(checked):
             return torch.zeros((), dtype=torch.float32, device=device), frozenset()
