@@ -35,7 +35,12 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
         scaled = _scaled_classes[optimizer_class] = type(
             optimizer_class.__name__,
             (optimizer_class, Optimizer),
-            {"__module__": __name__, "__doc__": optimizer_class.__doc__, "__reduce_ex__": _reduce_ex},
+            {
+                "__module__": __name__,
+                "__doc__": optimizer_class.__doc__,
+                "__reduce_ex__": _reduce_ex,
+                **_REPAIRS.get(optimizer_class, {}),
+            },
         )
     return scaled
 
@@ -50,6 +55,19 @@ def _reduce_ex(self: Optimizer, protocol: int) -> tuple[Any, ...]:
     # instances from the class it was made from: with_scaling() returns the same class again.
     base = type(self).__mro__[1]
     return _new_scaled, (base,), self.__getstate__()
+
+
+def _lbfgs_setstate(self: Optimizer, state: dict[str, Any]) -> None:
+    Optimizer.__setstate__(self, state)
+    # torch.optim.LBFGS keeps its params list (and a numel cache) outside what torch.optim
+    # pickles, so a copy of torch's own class fails on its first step; rebuild them as its
+    # __init__ does.
+    self._params = self.param_groups[0]["params"]  # type: ignore[attr-defined]
+    self._numel_cache = None  # type: ignore[attr-defined]
+
+
+#: Methods a generated class adds for a torch class that does not survive a copy by itself.
+_REPAIRS: dict[type[Any], dict[str, Any]] = {torch.optim.LBFGS: {"__setstate__": _lbfgs_setstate}}
 
 
 def _new_scaled(optimizer_class: type[torch.optim.Optimizer]) -> Optimizer:
