@@ -348,6 +348,8 @@ class MasterWatch:
         self.masters = masters
         self.versions: list[int] | None = None
         self.pointers: list[int] | None = None
+        # Where the params were when this step was planned: a commit does not move them.
+        self._planned_pointers: list[int] | None = None
 
     @staticmethod
     def of(optimizer: Planned, new_state: dict[Tensor, dict[str, Any]]) -> MasterWatch | None:
@@ -369,11 +371,11 @@ class MasterWatch:
         """The indices of the params written by someone else since the optimizer's last step
         (their version counter or data pointer moved); none for a param it never recorded (a
         loaded or copied state: its master is the truth)."""
+        pointers = self._planned_pointers = list(map(_DATA_PTR, self.params))
         last = optimizer._master_watch
         if last is None or last.versions is None or last.pointers is None:
             return []
         versions = list(map(_VERSION, self.params))
-        pointers = list(map(_DATA_PTR, self.params))
         recorded: list[tuple[int, int] | None]
         if last is self:  # the steady state: the same params, compared in C
             if versions == last.versions and pointers == last.pointers:
@@ -389,9 +391,10 @@ class MasterWatch:
         ]
 
     def record(self, optimizer: Planned) -> None:
-        """Records the params as the step that just committed left them."""
+        """Records the params as the step that just committed left them (torch's ops move
+        their version counters; our kernels write through pointers and do not)."""
         self.versions = list(map(_VERSION, self.params))
-        self.pointers = list(map(_DATA_PTR, self.params))
+        self.pointers = self._planned_pointers or list(map(_DATA_PTR, self.params))
         optimizer._master_watch = self
 
 
