@@ -12,7 +12,7 @@ _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from scaledoptim import amp  # noqa: E402
+from scaledoptim import amp
 
 
 @pytest.fixture(autouse=True)
