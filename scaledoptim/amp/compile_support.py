@@ -58,6 +58,7 @@ def note_trace_depends_on_policies(trace_regions: regions.Regions) -> None:
     if context is None:
         return
     expected = trace_regions.entry_signature
+    assert expected is not None  # a trace's records are copied with the signature at entry
     guard = Guard(GlobalStateSource(), functools.partial(_make_guard, expected))
     context.guards_context.dynamo_guards.add(guard)
     from torch._dynamo.symbolic_convert import tls

@@ -107,7 +107,7 @@ class autocast:
         self._entered.append(region)
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         self._entered.pop().__exit__(*exc_info)
 
     def __call__(self, func: F) -> F:

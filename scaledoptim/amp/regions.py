@@ -168,7 +168,7 @@ def current_nesting() -> int:
 
 
 def _entry_frame() -> Any:
-    frame = sys._getframe(2)
+    frame: Any = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_OWN_MODULES):
         frame = frame.f_back
     return frame
@@ -277,7 +277,7 @@ def signature() -> tuple[Any, ...]:
     with the version of the edits it applies (-1: the current ones).
     """
     regions = thread_regions()
-    devices = []
+    devices: list[int | None] = []
     for device_type in DEVICE_TYPES:
         entry = regions.governing(device_type)
         if entry is None:
@@ -356,6 +356,6 @@ def _install_torch_autocast_hooks() -> None:
         __enter__.__wrapped__ = torch_enter  # type: ignore[attr-defined]
         __exit__.__wrapped__ = torch_exit  # type: ignore[attr-defined]
         __enter__.__doc__, __exit__.__doc__ = torch_enter.__doc__, torch_exit.__doc__
-        mode_class.__enter__ = __enter__
-        mode_class.__exit__ = __exit__
+        mode_class.__enter__ = __enter__  # type: ignore[method-assign]
+        mode_class.__exit__ = __exit__  # type: ignore[method-assign]
         _hooks_installed = True

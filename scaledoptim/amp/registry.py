@@ -121,7 +121,10 @@ def _set_edit(slot: PolicySlot, edit: tuple[str | None, Any] | None) -> None:
     # Under _lock. Compiled code is guarded on the version (Note [policy version]), which
     # moves only when the policy does: setting the same policy again recompiles nothing.
     before, slot.edit = slot.edit, edit
-    if (before is None) != (edit is None) or (before is not None and before[0] != edit[0]):
+    if before is None or edit is None:
+        if before is not edit:  # set or reset, not None both times
+            edits.bump()
+    elif before[0] != edit[0]:
         edits.bump()
 
 

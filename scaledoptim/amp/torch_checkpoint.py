@@ -55,7 +55,7 @@ def refuse_torch_checkpoint(entry: Entry, op_name: str) -> None:
     if not hooks_pushed and not (entry.grad_enabled and not torch.is_grad_enabled()):
         return
     checkpoint_code, reentrant_forward_code = _checkpoint_codes()
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     reentrant_ctx = None
     while frame is not None and frame is not entry.frame:
         code = frame.f_code

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
-import scaledoptim
 from scaledoptim.fused import FusedOptimizer
 from scaledoptim.kernels import MultiTensorKernel
+from scaledoptim.optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion
+from scaledoptim.protocol import LBFGS
 
 __all__ = ["Config", "ErrorInput", "OptimInfo", "Tolerance", "grid", "optim_db", "row", "rows"]
 
@@ -186,7 +187,7 @@ _ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps"
 optim_db: tuple[OptimInfo, ...] = (
     OptimInfo(
         "AdamW",
-        scaledoptim.AdamW,
+        AdamW,
         torch.optim.AdamW,
         (Config("default", dict(lr=1e-2, weight_decay=0.1)), *_adam_configs(1e-2)),
         _ADAM_ERRORS,
@@ -194,7 +195,7 @@ optim_db: tuple[OptimInfo, ...] = (
     ),
     OptimInfo(
         "Adam",
-        scaledoptim.Adam,
+        Adam,
         torch.optim.Adam,
         (Config("default", dict(lr=1e-2, weight_decay=0.1)), *_adam_configs(1e-2)),
         _ADAM_ERRORS,
@@ -202,7 +203,7 @@ optim_db: tuple[OptimInfo, ...] = (
     ),
     OptimInfo(
         "SGD",
-        scaledoptim.SGD,
+        SGD,
         torch.optim.SGD,
         (
             Config(
@@ -230,7 +231,7 @@ optim_db: tuple[OptimInfo, ...] = (
     ),
     OptimInfo(
         "Adagrad",
-        scaledoptim.Adagrad,
+        Adagrad,
         torch.optim.Adagrad,
         (
             Config("lr_decay-wd", dict(lr=0.1, lr_decay=0.01, weight_decay=0.01)),
@@ -261,7 +262,7 @@ optim_db: tuple[OptimInfo, ...] = (
     ),
     OptimInfo(
         "Lion",
-        scaledoptim.Lion,
+        Lion,
         None,
         (
             Config("default", dict(lr=1e-3)),
@@ -279,7 +280,7 @@ optim_db: tuple[OptimInfo, ...] = (
     ),
     OptimInfo(
         "LAMB",
-        scaledoptim.LAMB,
+        LAMB,
         None,
         (
             Config("default", dict(lr=1e-2)),
@@ -320,7 +321,7 @@ optim_db: tuple[OptimInfo, ...] = (
     ),
     OptimInfo(
         "LBFGS",
-        scaledoptim.LBFGS,
+        LBFGS,
         torch.optim.LBFGS,
         (
             Config("default", dict(lr=1.0)),
