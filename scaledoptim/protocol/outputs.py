@@ -24,18 +24,22 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
     Scaling by an optimizer's :attr:`~scaledoptim.Optimizer.scale` also tells the optimizer that
     its grads will be scaled: a plain ``opt.step()`` after the backward then unscales (and skips
     on overflow) as ``opt.unscale_and_step(grads_scaled_by=opt.scale)`` would, instead of
-    stepping on scaled grads.
+    stepping on scaled grads. A scale tensor that is no longer any optimizer's scale (another
+    optimizer's before :func:`~scaledoptim.share_scale`, say) is refused.
 
     Example::
 
         >>> scaledoptim.scale_outputs(loss, opt.scale).backward()
         >>> torch.autograd.backward(scaledoptim.scale_outputs((out0, out1), S))
     """
+    handle = handle_state(scale) if isinstance(scale, torch.Tensor) else None
+    if handle is not None and handle["retired"] is not None:
+        # Scaled by a stale handle, the backward could not be told to the optimizer whose
+        # grads it makes (Note [scale handles]): refuse it at its first use.
+        raise RuntimeError(f"This scale tensor is no longer in use. {handle['retired']}")
     scaled = _scaled(outputs, scale)
-    if isinstance(scale, torch.Tensor):
-        handle = handle_state(scale)
-        if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
-            handle["scaled"] = True
+    if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
+        handle["scaled"] = True
     return scaled
 
 

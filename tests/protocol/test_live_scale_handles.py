@@ -109,7 +109,9 @@ def test_share_scale_keeps_the_first_handle_and_refuses_the_others() -> None:
     S = scaledoptim.share_scale(opt_a, opt_b)
     assert S is S_a is opt_a.scale is opt_b.scale
     opt_b.zero_grad()
-    _backward(model_b, S_b, 0)
+    with pytest.raises(RuntimeError, match="share_scale"):
+        _backward(model_b, S_b, 0)  # refused at its first use
+    _backward(model_b, S_b.item(), 0)
     before = _state(model_b, opt_b)
     with pytest.raises(RuntimeError, match="share_scale"):
         opt_b.unscale_and_step(grads_scaled_by=S_b)
