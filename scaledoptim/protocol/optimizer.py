@@ -351,7 +351,11 @@ class Optimizer(ScaleOwner):
         self._check_told_unscaled(grads_scaled_by)
         request = StepRequest(unscale=True, scaled_by=grads_scaled_by)
         self._run_step(request)
-        assert request.found is not None  # the step that ran carried the request out
+        if request.found is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.step() did not run the step unscale_and_step() asked "
+                "for: a subclass of FusedOptimizer that overrides step() must call super().step()"
+            )
         return None, request.found, request.scale
 
     # ------------------------------------------------------------------ plan, then commit
