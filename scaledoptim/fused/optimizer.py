@@ -63,7 +63,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
     kernel: ClassVar[MultiTensorKernel]
     #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
-    #: The step ``unscale_and_step``/``step_after_unscale`` planned, for ``step()`` to commit.
+    #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
+    _plans_in_step: ClassVar[bool] = True
+    #: Unused since the protocol hands ``step()`` a request instead (Note [step requests]);
+    #: kept because ``fused.plan.Planned`` still names it.
     _pending_step: tuple[FusedStepPlan, PendingStep] | None = None
     #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
     #: torch.optim pickles only its defaults, state and param groups.
@@ -110,7 +113,13 @@ class FusedOptimizer(Optimizer, abc.ABC):
     @torch.compiler.disable  # Note [compile boundary] in protocol/optimizer.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
+        """Performs a single optimization step.
+
+        After :meth:`~scaledoptim.Optimizer.unscale` it skips where ``found_inf`` is set, as
+        :meth:`~scaledoptim.Optimizer.step_after_unscale`; after a backward scaled by
+        :attr:`~scaledoptim.Optimizer.scale` it unscales and skips on overflow, as
+        :meth:`~scaledoptim.Optimizer.unscale_and_step`; otherwise it steps as torch.optim's.
+        Never reads the host.
 
         Args:
             closure: optional, re-evaluates the model and returns the loss.
@@ -119,11 +128,15 @@ class FusedOptimizer(Optimizer, abc.ABC):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        planned = self._pending_step
-        if planned is None:
-            planned = (self._plan_step(), PendingStep(None))
-        plan, pending = planned
-        plan.commit(pending)
+        # Note [step requests]: what the protocol asks of this step is planned here, after the
+        # step pre-hooks, so that what they did to the grads is what is checked and used.
+        request, self._scaledoptim_request = self._scaledoptim_request, None
+        if request is None:
+            request = self._implicit_request(closure is not None)
+        if request is None:
+            self._plan_step().commit(PendingStep(None))
+        else:
+            self._execute(request)
         return loss
 
     def _plan_step(self) -> FusedStepPlan:
