@@ -275,9 +275,13 @@ def _tables(printed: str) -> dict[str, dict]:
 def test_the_readme_claims_hold_in_what_the_main_command_prints(capsys) -> None:
     # The README's main command on a CPU (the plot aside), and its claims checked against the
     # printed tables, not against the results' fields.
+    text = README.read_text()
+    command = text.split("<!-- main-command -->")[1].split("<!-- /main-command -->")[0]
+    demo = "python -m scaledoptim.examples.demo --compare --lbfgs --plot compare.png"
+    assert command.strip().strip("`").strip().endswith(demo), command
     main(["--compare", "--lbfgs", "--no-progress", "--device", "cpu"])
     tables = _tables(capsys.readouterr().out)
-    readme = " ".join(README.read_text().split())
+    readme = " ".join(text.split())
     for claim in (*LOSS_CLAIMS, *OTHER_CLAIMS):
         assert claim in readme, f"the README no longer says {claim!r}: update this test"
     for claim, (task, pairs, bound) in LOSS_CLAIMS.items():
