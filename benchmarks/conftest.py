@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
 TITLE = "scaledoptim vs torch: ratios of medians from this run"
 LEGEND = (
     "ratio = this case's median / its group's baseline (torch's way of doing the same thing, "
-    "marked *); lower is better, below 1.00x scaledoptim is faster"
+    "marked *): lower is better; a scaledoptim case below 1.00x is faster than torch's"
 )
 
 
