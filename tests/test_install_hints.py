@@ -32,7 +32,7 @@ def test_every_wheel_form_hint_has_the_checkout_form_beside_it() -> None:
                 line = text.count("\n", 0, match.start()) + 1
                 missing.append(f"{file.relative_to(ROOT)}:{line}: {match.group(0)}")
     assert found >= 8, found  # the scan sees the hints (messages, docs, the README)
-    assert not missing, "hints without pip install -e \".[extra]\" nearby:\n" + "\n".join(missing)
+    assert not missing, 'hints without pip install -e ".[extra]" nearby:\n' + "\n".join(missing)
 
 
 def test_no_hint_says_pip_install_scaledoptim_as_if_it_were_on_pypi_alone() -> None:
