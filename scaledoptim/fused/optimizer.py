@@ -32,8 +32,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol:
 
-    * ``kernel``: a :class:`scaledoptim.kernels.MultiTensorKernel` whose tensor lists are
-      ``(params, grads, *state lists, steps)``; see ``docs/kernels.md``.
+    * ``kernel``: a ``scaledoptim.kernels.MultiTensorKernel`` whose tensor lists are
+      ``(params, grads, *state lists, steps)``; the docs' kernel-author guide, *Writing a fused
+      kernel* (``docs/kernels.md``), builds one.
     * ``state_keys(group)``: the names of the per-param state tensors, in the order of the
       kernel's state lists (``None`` for a list the group's options turn off). They are created
       as float32 zeros shaped like the param; ``state["step"]`` (a 0-dim float32 tensor
@@ -48,8 +49,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
     state creation and checkpoints) is inherited, and so are two options of every group when the
-    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (see "Param
-    rounding" in the kernel-author guide):
+    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (the docs' recipe
+    *Pure bf16 training* shows both at work):
 
     * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
       ``state["master_param"]``; the update reads and writes it and stores the param rounded

@@ -94,10 +94,10 @@ class ScaleOwner(torch.optim.Optimizer):
             check_during_backward: fold each grad into ``found_inf`` as backward produces it
                 (a post-accumulate-grad hook per param), so that the step reads each grad once
                 instead of twice on our kernels; grads set or changed after backward are checked
-                in the step as usual (Note [overlapped overflow check]). Does nothing once
-                torch.distributed is initialized: collectives rewrite grads without moving
-                their version counters. Not kept in the ``state_dict`` or in copies: configure
-                it again after loading or copying.
+                in the step as usual (the docs' *Concepts* page explains when it helps). Does
+                nothing once torch.distributed is initialized: collectives rewrite grads without
+                moving their version counters. Not kept in the ``state_dict`` or in copies:
+                configure it again after loading or copying.
 
         Returns:
             the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.
