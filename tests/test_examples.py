@@ -107,8 +107,8 @@ def test_lbfgs_host_reads_are_lbfgs_own_plus_the_replays_and_the_table_says_whos
     reference, ours = lbfgs["fp32-lbfgs"], lbfgs["scaledoptim-lbfgs"]
     assert set(reference.host_reads_by_module) == {"torch.optim.lbfgs"}
     assert reference.host_reads_by_module["torch.optim.lbfgs"] > 10
-    assert set(ours.host_reads_by_module) == {"torch.optim.lbfgs", "scaledoptim.replay"}
-    replay = ours.host_reads_by_module["scaledoptim.replay"]
+    assert set(ours.host_reads_by_module) == {"torch.optim.lbfgs", "scaledoptim.protocol.replay"}
+    replay = ours.host_reads_by_module["scaledoptim.protocol.replay"]
     assert 2 * ours.evaluations_per_step <= replay <= 3 * ours.evaluations_per_step
     assert sum(ours.host_reads_by_module.values()) == pytest.approx(ours.host_reads_per_step)
     note = " ".join(format_table(list(lbfgs.values())).split())

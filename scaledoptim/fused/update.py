@@ -24,8 +24,8 @@ TensorLists = list[list[Tensor]]
 
 
 class GradReduction(Protocol):
-    """A reduction over every grad of a step into :attr:`out`, run once before any group's update
-    (LAMB's global grad norm). :attr:`out` is zeroed first."""
+    """A reduction over every grad of a step into ``out``, run once before any group's update
+    (LAMB's global grad norm). ``out`` is zeroed first."""
 
     kernel: MultiTensorKernel  # over one list, the step's grads (scaled: it applies inv_scale)
     out: Tensor  # 0-dim float32 on the grads' device
@@ -47,7 +47,7 @@ class Update(Protocol):
     epilogue on our kernels, by :meth:`torch_update` on torch's ops.
     """
 
-    #: The update kernel; its lists are :data:`TensorLists`.
+    #: The update kernel; its lists are ``TensorLists``.
     kernel: ClassVar[MultiTensorKernel]
     #: Kernels launched before :attr:`kernel`, over the same lists with the same arguments
     #: (LAMB's moments and norms); usually none.
