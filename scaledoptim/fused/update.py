@@ -42,8 +42,8 @@ class GradReduction(Protocol):
 class Update(Protocol):
     """One fused optimizer's update, as the engine and its backends see it.
 
-    The update reads ``found_inf`` on device and changes nothing when it is non-zero (Note
-    [found_inf contract] in ``cuda/common.cuh``); step counters are advanced by the step's
+    The update reads ``found_inf`` on device and changes nothing when it is non-zero (the
+    ``found_inf`` contract of the kernel-author guide); step counters are advanced by the step's
     epilogue on our kernels, by :meth:`torch_update` on torch's ops.
     """
 
