@@ -133,7 +133,8 @@ class Optimizer(ScaleOwner):
     _scaledoptim_warned_torch_scaler: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Wraps a subclass's own ``step`` in the protocol's guard (Note [step requests]), and
+        """Wraps a subclass's own ``step`` in the protocol's guard (so that a plain ``step()``
+        never applies scaled grads or steps past an overflow), and
         in torch's step hooks and profiler record, so that instances given the class by
         :func:`~scaledoptim.patch_optimizer` (whose ``__init__`` has run) get them too."""
         super().__init_subclass__(**kwargs)
