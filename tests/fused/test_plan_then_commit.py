@@ -5,6 +5,9 @@ the failure applies to, and must (a) raise an error whose message names the prob
 fix, (b) leave params, optimizer state, grads, the scale, its trackers and the stage
 bit-identical, and (c) leave the optimizer usable: once the input is repaired, the same call
 steps normally.
+
+Every failure runs on the default config of every fused row of optim_db through
+``unscale_and_step``; the other entry points (which share the plan) on AdamW's and SGD's.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Any
 
 import pytest
 import torch
-from optimizer_table import (
-    CASES,
+
+import scaledoptim
+from scaledoptim.testing.optim_db import rows
+from tests.support.training import (
     assert_bit_identical,
     loss_of,
     make_model,
@@ -24,12 +29,17 @@ from optimizer_table import (
     snapshot,
 )
 
-import scaledoptim
-
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
-OPTIMIZERS = [CASES[0], CASES[5]]  # adamw, sgd-momentum-wd: both have per-param state
 FORMS = ("unscale_and_step", "unscale", "step_after_unscale")
+#: (row, form): every row through unscale_and_step, every form for the rows named here.
+EVERY_FORM = ("AdamW", "SGD")
+CASES = [
+    pytest.param(info, form, id=f"{info.name}-{form}")
+    for info in rows(fused=True)
+    for form in FORMS
+    if form == "unscale_and_step" or info.name in EVERY_FORM
+]
 Hook = Callable[[torch.nn.Module, scaledoptim.Optimizer], Any]
 
 
@@ -52,7 +62,8 @@ def _state_of_first_weight(model, opt) -> dict[str, Any]:
 
 
 def _state_key(opt) -> str:
-    return "exp_avg" if isinstance(opt, scaledoptim.Adam) else "momentum_buffer"
+    """The optimizer's first state entry (every default config has per-param state)."""
+    return next(key for key in opt.state_keys(opt.param_groups[0]) if key is not None)
 
 
 def _swap_state(value: Callable[[torch.Tensor], Any]) -> tuple[Hook, Hook]:
@@ -188,7 +199,7 @@ FAILURES = [
     Failure("state entry that is not a tensor", *_swap_state(lambda t: 3.0), TypeError, "is a float, not a tensor", CLEAR_STATE),
     Failure("integer state tensor", *_swap_state(lambda t: t.long()), ValueError, "torch.int64 tensor", CLEAR_STATE),
     Failure("state on another device", *_swap_state(lambda t: t.to("meta")), RuntimeError, "is on meta but its param is on cpu", "load_state_dict"),
-    Failure("state entry missing", *_drop_state_key(), ValueError, "but no '(exp_avg|momentum_buffer)'", CLEAR_STATE),
+    Failure("state entry missing", *_drop_state_key(), ValueError, "but no '{state_key}'", CLEAR_STATE),
     Failure("step counter of the wrong type", *_swap_step("seven"), TypeError, "'step'.*'seven'", CLEAR_STATE),
     Failure("param group missing a key", *_swap_group("lr", _DELETE), ValueError, r"param_groups\[0\] has no \['lr'\]", "add_param_group"),
     Failure("negative learning rate in a group", *_swap_group("lr", -0.1), ValueError, "Invalid learning rate: -0.1", "Invalid"),
@@ -203,8 +214,8 @@ FAILURES = [
 ]  # fmt: skip
 
 
-def _ready(case):
-    return ready_with_pending_backward(case, growth_interval=3)
+def _ready(info):
+    return ready_with_pending_backward(info, growth_interval=3)
 
 
 def _everything(model, opt) -> tuple[list[torch.Tensor], Any]:
@@ -225,17 +236,17 @@ def test_the_failure_table_is_large_enough() -> None:
     assert len(FAILURES) >= 15 and len({f.name for f in FAILURES}) == len(FAILURES)
 
 
-@pytest.mark.parametrize("case", OPTIMIZERS, ids=str)
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(("info", "form"), CASES)
 @pytest.mark.parametrize("failure", FAILURES, ids=str)
-def test_a_failure_changes_nothing_and_names_the_fix(case, form, failure: Failure) -> None:
-    model, opt = _ready(case)
+def test_a_failure_changes_nothing_and_names_the_fix(info, form, failure: Failure) -> None:
+    model, opt = _ready(info)
     if form == "step_after_unscale":
         opt.unscale(grads_scaled_by=opt.scale)
     failure.break_it(model, opt)
     tensors, stage = _everything(model, opt)
+    problem = failure.problem.replace("{state_key}", _state_key(opt))
     try:
-        with pytest.raises(failure.error, match=failure.problem) as raised:
+        with pytest.raises(failure.error, match=problem) as raised:
             _call(form, opt)
         assert _fix_named(failure.fix, str(raised.value)), f"no fix in: {raised.value}"
         after, after_stage = _everything(model, opt)

@@ -1,69 +1,53 @@
-"""One row per (optimizer, options): the generic tests run over every row (torch's OptimizerInfo idea)."""
+"""A small model, its batches and loss, and bit-level snapshots of an optimizer: what the
+optimizer-level tests share."""
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 import torch
 
 import scaledoptim
+from scaledoptim.testing.optim_db import Config, OptimInfo
+
+__all__ = [
+    "assert_bit_identical",
+    "batch",
+    "loss_of",
+    "make_model",
+    "ready_with_pending_backward",
+    "snapshot",
+]
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerCase:
-    name: str
-    ours: type[torch.optim.Optimizer]
-    reference: type[torch.optim.Optimizer]
-    kwargs: dict[str, Any]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-CASES = [
-    OptimizerCase("adamw", scaledoptim.AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
-    OptimizerCase("adamw-amsgrad-maximize", scaledoptim.AdamW, torch.optim.AdamW,
-                  dict(lr=1e-2, amsgrad=True, maximize=True)),
-    OptimizerCase("adam", scaledoptim.Adam, torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1)),
-    OptimizerCase("adam-amsgrad", scaledoptim.Adam, torch.optim.Adam,
-                  dict(lr=1e-2, amsgrad=True, betas=(0.8, 0.99))),
-    OptimizerCase("sgd", scaledoptim.SGD, torch.optim.SGD, dict(lr=0.05)),
-    OptimizerCase("sgd-momentum-wd", scaledoptim.SGD, torch.optim.SGD,
-                  dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
-    OptimizerCase("sgd-nesterov", scaledoptim.SGD, torch.optim.SGD,
-                  dict(lr=0.05, momentum=0.9, nesterov=True)),
-    OptimizerCase("sgd-dampening-maximize", scaledoptim.SGD, torch.optim.SGD,
-                  dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01, maximize=True)),
-    OptimizerCase("adagrad", scaledoptim.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),
-    OptimizerCase("adagrad-every-option", scaledoptim.Adagrad, torch.optim.Adagrad,
-                  dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2,
-                       eps=1e-3, maximize=True)),
-]  # fmt: skip
-
-
-def make_model(dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
+def make_model(dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Sequential:
+    """Linear(6, 17), Tanh, Linear(17, 3): two weights and two biases, the same for a seed."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 17), torch.nn.Tanh(), torch.nn.Linear(17, 3)).to(dtype)
+    return torch.nn.Sequential(torch.nn.Linear(6, 17), torch.nn.Tanh(), torch.nn.Linear(17, 3)).to(
+        dtype
+    )
 
 
 def batch(step: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs and targets of ``step`` (the same for every run)."""
     gen = torch.Generator().manual_seed(1000 + step)
     return torch.randn(16, 6, generator=gen).to(dtype), torch.randn(16, 3, generator=gen).to(dtype)
 
 
 def loss_of(model: torch.nn.Module, step: int) -> torch.Tensor:
+    """The fp32 mean squared error of ``model`` on ``batch(step)``."""
     dtype = next(model.parameters()).dtype
     x, y = batch(step, dtype)
     return torch.nn.functional.mse_loss(model(x).float(), y.float())
 
 
-def ready_with_pending_backward(case: OptimizerCase, growth_interval: int = 5):
-    """A model and optimizer (hysteresis 2) two steps in, with a scaled backward pending."""
+def ready_with_pending_backward(
+    info: OptimInfo, config: Config | None = None, growth_interval: int = 5
+) -> tuple[torch.nn.Sequential, scaledoptim.Optimizer]:
+    """A model and the row's optimizer (``config``, or the default; hysteresis 2) two steps in,
+    with a scaled backward pending."""
     model = make_model()
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(
-        hysteresis=2, growth_interval=growth_interval
-    )
+    opt = info.make(model.parameters(), config)
+    assert isinstance(opt, scaledoptim.Optimizer)
+    opt.configure_scaling(hysteresis=2, growth_interval=growth_interval)
     for step in range(3):
         opt.zero_grad()
         scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
@@ -73,7 +57,8 @@ def ready_with_pending_backward(case: OptimizerCase, growth_interval: int = 5):
 
 
 def snapshot(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Every tensor the optimizer owns or updates: params, per-param state, the loss scale.
+    """Every tensor the optimizer owns or updates: params, per-param state, the loss scale (its
+    last three tensors: scale, growth and hysteresis trackers).
 
     Meta tensors (which stand in for a second device) hold no values and are left out.
     """
@@ -88,6 +73,7 @@ def snapshot(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def assert_bit_identical(before: list[torch.Tensor], after: list[torch.Tensor]) -> None:
+    """Same count, dtypes, shapes and bytes."""
     assert len(before) == len(after)
     for b, a in zip(before, after):
         assert b.dtype == a.dtype and b.shape == a.shape
