@@ -222,8 +222,7 @@ def sweep(*configs: Config) -> tuple[Config, ...]:
 
 def _adam_sweep(lr: float) -> tuple[Config, ...]:
     return sweep(
-        *grid(amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,)),
-        Config("betas-0.8-0.99", dict(lr=lr, betas=(0.8, 0.99))),
+        *grid(amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,))
     )
 
 
@@ -333,9 +332,6 @@ optim_db: tuple[OptimInfo, ...] = (
                 dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01, maximize=True),
             ),
             *sweep(
-                Config(
-                    "nesterov-maximize", dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True)
-                ),
                 *(
                     config
                     for config in grid(
