@@ -41,11 +41,6 @@ __device__ __forceinline__ AdamStepScalars adam_step_scalars(const AdamArgs& a, 
   return s;
 }
 
-// torch.lerp's formula, so exp_avg matches torch to the last bit where possible.
-__device__ __forceinline__ float torch_lerp(float start, float end, float weight) {
-  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
-}
-
 // torch.maximum: NaN in either operand propagates.
 __device__ __forceinline__ float nan_propagating_max(float a, float b) {
   return (a < b || b != b) ? b : a;

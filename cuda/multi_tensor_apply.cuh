@@ -212,6 +212,13 @@ __device__ __forceinline__ void store_param(P* p, const float (&r)[kILP], const 
   }
 }
 
+// torch.lerp's formula (start + weight * (end - start), from the far end when weight >= 0.5), so
+// a running average updated with lerp_ (Adam's exp_avg, RMSprop's grad_avg) matches torch to
+// the last bit where possible.
+__device__ __forceinline__ float torch_lerp(float start, float end, float weight) {
+  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+}
+
 // Note [update kernel lists]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // An update kernel's table holds params, grads, its state lists (and any scratch lists), then

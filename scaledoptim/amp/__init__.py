@@ -3,11 +3,13 @@
 ``scaledoptim.amp.autocast`` is :class:`torch.autocast` plus per-op policies that can be
 changed for any aten op or custom ``torch.library`` op. Ops keep torch's own C++ autocast
 kernels unless their policy is edited; plain ``torch.autocast`` regions are never affected.
-See ``docs/autocast.md``.
+Edited policies hold in code compiled with ``torch.compile`` and, through ``checkpoint``, in
+the recomputation of checkpointed functions. See ``docs/autocast.md``.
 """
 
 from __future__ import annotations
 
+from .activation_checkpoint import checkpoint
 from .cache import cache_stats
 from .context import autocast
 from .decorators import custom_bwd, custom_fwd, float32
@@ -19,6 +21,7 @@ __all__ = [
     "POLICY_NAMES",
     "autocast",
     "cache_stats",
+    "checkpoint",
     "custom_bwd",
     "custom_fwd",
     "edited_policies",

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from . import policies
+from . import edits, policies
 from .cache import CastCache, thread_cache
 from .op_names import dispatcher_name
-from .regions import in_scaledoptim_region
+from .regions import governing
 from .running_stats import RunningStats
+from .torch_checkpoint import refuse_torch_checkpoint
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -272,19 +273,31 @@ def make_autocast_kernel(op: OpOverload, device_type: str, slot: PolicySlot) -> 
     registering it. The kernel takes the dispatch keyset first (``with_keyset=True``).
     """
     torchs = _torchs_kernel(op, device_type)
+    name = dispatcher_name(op)
     below_autocast = torch._C.DispatchKeySet(
         getattr(torch._C.DispatchKey, policies.AUTOCAST_DISPATCH_KEYS[device_type])
     )
     exclude_autocast = torch._C._ExcludeDispatchKeyGuard
 
     def autocast_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        edit = slot.edit  # one read: set_policy on another thread swaps it whole
-        if edit is None or not in_scaledoptim_region(device_type):
+        entry, regions = governing(device_type)
+        if entry is None:
             return torchs(keyset, *args, **kwargs)
+        edit = slot.edit  # one read: set_policy on another thread swaps it whole
+        snapshot = entry.snapshot
+        if snapshot is not None and snapshot.version != edits.version:
+            edit = snapshot.edits.get(slot)  # a checkpoint's recomputation: the forward's edits
+        if edit is None:
+            return torchs(keyset, *args, **kwargs)
+        if regions.traced:
+            cache = None  # casts of fake tensors must not reach the thread's cache
+        else:
+            if entry.frame is not None:
+                refuse_torch_checkpoint(entry, name)
+            cache = thread_cache()
         with exclude_autocast(below_autocast):
-            target, args, kwargs = edit[1](args, kwargs, thread_cache())
+            target, args, kwargs = edit[1](args, kwargs, cache)
             return target(*args, **kwargs)
 
-    name = dispatcher_name(op)
     autocast_kernel.__name__ = f"scaledoptim_autocast_{name.replace('::', '_').replace('.', '_')}"
     return autocast_kernel

@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from . import policies
-from .regions import enter_region, exit_region
+# compile_support, for its side effect: the region functions become nodes of dynamo's graph.
+from . import compile_support, policies  # noqa: F401
+from .regions import enter_region, exit_region, install
 from .tensor_tree import cast_floating
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
 def _region(
-    device_type: str, dtype: torch.dtype | None, enabled: bool, cache_enabled: bool
+    device_type: str,
+    dtype: torch.dtype | None,
+    enabled: bool,
+    cache_enabled: bool,
+    snapshot_version: int | None = None,
 ) -> Iterator[None]:
     # torch.autocast sets the thread-local state that turns the Autocast key on; the
     # region record tells our kernels this region is ours (Note [telling regions apart]).
+    install()
     with torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled):
-        enter_region(device_type)
+        enter_region(device_type, snapshot_version)
         try:
             yield
         finally:
@@ -86,7 +95,7 @@ class autocast:
     def _new_region(self) -> contextlib.AbstractContextManager[None]:
         return _region(self.device_type, self.dtype, self.enabled, self.cache_enabled)
 
-    def __enter__(self) -> autocast:
+    def __enter__(self) -> Self:
         if self.cast_outputs is not None:
             raise RuntimeError(
                 "autocast(cast_outputs=...) casts a decorated function's outputs; a with "

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 #: What the policy functions accept as an op.
-OpLike = Union[OpOverload, OpOverloadPacket, str]
+OpLike = OpOverload | OpOverloadPacket | str
 
 
 def dispatcher_name(overload: OpOverload) -> str:

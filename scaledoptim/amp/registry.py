@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import threading
 import warnings
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
-from . import policies
+from . import edits, policies
 from .cast_kernels import PolicySlot, make_autocast_kernel, make_preparer
 from .op_names import OpLike, dispatcher_name, resolve_overloads
 
@@ -104,6 +105,66 @@ def _install(op: OpOverload, device_type: str) -> PolicySlot:
     return slot
 
 
+def _forget_compiled_code() -> None:
+    # Code compiled before an op had a kernel of ours was traced through torch's kernel (or
+    # none), and carries no guard on scaledoptim's state (Note [regions under
+    # torch.compile]): drop it, so it is traced again, like code traced under other
+    # torch.autocast state. It happens once per op and device type. Not under _lock: it
+    # waits for compilations in progress, which may take _lock (keep_snapshot).
+    from torch._dynamo import convert_frame, reset_code_caches
+
+    if convert_frame.input_codes.seen or convert_frame.output_codes.seen:
+        reset_code_caches()
+
+
+def _set_edit(slot: PolicySlot, edit: tuple[str | None, Any] | None) -> None:
+    # Under _lock. Compiled code is guarded on the version (Note [policy version]), which
+    # moves only when the policy does: setting the same policy again recompiles nothing.
+    before, slot.edit = slot.edit, edit
+    if before is None or edit is None:
+        if before is not edit:  # set or reset, not None both times
+            edits.bump()
+    elif before[0] != edit[0]:
+        edits.bump()
+
+
+# Snapshots of recent policy versions, for checkpoints' recomputations (Note [policy
+# version]); a recomputation normally runs before the policies change again.
+_KEPT_SNAPSHOTS = 64
+_kept: dict[int, edits.Snapshot] = {}
+
+
+def keep_snapshot() -> int:
+    """Freeze the edits in force now and return their version (see ``kept_snapshot``)."""
+    with _lock:
+        version = edits.version
+        if version not in _kept:
+            _kept[version] = edits.Snapshot(
+                version, {slot: slot.edit for slot in _slots.values()}
+            )
+            while len(_kept) > _KEPT_SNAPSHOTS:
+                del _kept[next(iter(_kept))]  # the oldest version
+        return version
+
+
+def kept_snapshot(version: int) -> edits.Snapshot:
+    """Return the edits frozen by ``keep_snapshot`` at ``version``.
+
+    Raises:
+        RuntimeError: checkpointed functions ran under 64 other policy versions since (the
+            snapshot was dropped), before this checkpointed forward was recomputed.
+    """
+    snapshot = _kept.get(version)
+    if snapshot is None:
+        raise RuntimeError(
+            f"The autocast policies in force when this checkpointed function ran (version "
+            f"{version}) are no longer kept: checkpointed functions ran under "
+            f"{_KEPT_SNAPSHOTS} other policy versions before backward recomputed it. Edit "
+            "policies between iterations, not between a forward pass and its backward"
+        )
+    return snapshot
+
+
 def set_policy(op: OpLike, policy: str | None, device_type: str) -> None:
     """Set the autocast policy of ``op`` inside ``scaledoptim.amp.autocast`` regions.
 
@@ -113,7 +174,8 @@ def set_policy(op: OpLike, policy: str | None, device_type: str) -> None:
     edits only swap the policy that kernel reads. Setting an op back to torch's default
     policy makes the kernel call torch's own kernel (about 4-9 us more per call on CPU
     than an op never edited, in plain ``torch.autocast`` regions too; the kernel stays for
-    the life of the process; see ``docs/autocast.md``).
+    the life of the process; see ``docs/autocast.md``). Code compiled with
+    ``torch.compile`` follows edits: it is traced again at its next call.
 
     Args:
         op: an op overload (``torch.ops.aten.softmax.int``), a packet
@@ -147,20 +209,24 @@ def set_policy(op: OpLike, policy: str | None, device_type: str) -> None:
     for overload in overloads:
         _check_not_mutating(overload)
     # Build every preparer before touching any slot, so a schema error changes nothing.
-    edits = [
+    changes = [
         (overload, None)
         if policy == policies.default_policy(dispatcher_name(overload), device_type)
         else (overload, (policy, make_preparer(overload, device_type, policy)))
         for overload in overloads
     ]
+    installed = False
     with _lock:
-        for overload, edit in edits:
+        for overload, edit in changes:
             slot = _slots.get((dispatcher_name(overload), device_type))
             if edit is None:
                 if slot is not None:  # an op never edited keeps torch's kernel untouched
-                    slot.edit = None
+                    _set_edit(slot, None)
             else:
-                _install(overload, device_type).edit = edit
+                installed |= slot is None
+                _set_edit(_install(overload, device_type), edit)
+    if installed:
+        _forget_compiled_code()
 
 
 def get_policy(op: OpLike, device_type: str) -> str | None:
@@ -207,11 +273,11 @@ def reset_policy(op: OpLike | None = None, device_type: str | None = None) -> No
     with _lock:
         for key, slot in _slots.items():
             if (names is None or key[0] in names) and device_type in (None, key[1]):
-                slot.edit = None
+                _set_edit(slot, None)
 
 
 def edited_policies() -> dict[tuple[str, str], str | None]:
     """Return ``{(dispatcher name, device type): policy}`` for every edited op."""
     with _lock:
-        edits = [(key, slot.edit) for key, slot in _slots.items()]
-    return {key: edit[0] for key, edit in edits if edit is not None}
+        current = [(key, slot.edit) for key, slot in _slots.items()]
+    return {key: edit[0] for key, edit in current if edit is not None}

@@ -1,18 +1,12 @@
-"""Fixtures for the scaledoptim.amp tests: import path and global policy state."""
+"""Fixtures for the scaledoptim.amp tests: the global policy state (tests/conftest.py puts the
+repository on the import path)."""
 
 from __future__ import annotations
-
-import pathlib
-import sys
 
 import pytest
 import torch
 
-_REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
-
-from scaledoptim import amp  # noqa: E402
+from scaledoptim import amp
 
 
 @pytest.fixture(autouse=True)

@@ -6,13 +6,20 @@ import doctest
 
 import pytest
 
+import scaledoptim.amp.activation_checkpoint
 import scaledoptim.amp.context
 import scaledoptim.amp.decorators
 import scaledoptim.amp.registry
 
 
 @pytest.mark.parametrize(
-    "module", [scaledoptim.amp.context, scaledoptim.amp.decorators, scaledoptim.amp.registry]
+    "module",
+    [
+        scaledoptim.amp.activation_checkpoint,
+        scaledoptim.amp.context,
+        scaledoptim.amp.decorators,
+        scaledoptim.amp.registry,
+    ],
 )
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -19,24 +19,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaledoptim import amp
-from scaledoptim.amp import policies
+from scaledoptim.amp import policies, registry
 from scaledoptim.amp.cast_kernels import PolicySlot, make_autocast_kernel, make_preparer
 from scaledoptim.amp.op_names import resolve_overloads
 
 
 @contextlib.contextmanager
 def python_kernels(op_names: list[str], device_type: str = "cpu") -> Iterator[None]:
-    """Register scaledoptim's kernel with torch's own policy forced on (set_policy would not).
+    """Run scaledoptim's kernel with torch's own policy forced on (set_policy would not).
 
-    The kernel is destroyed afterwards, which is only safe because no other thread runs
-    ops here (see Note [policy slots]).
+    An op that scaledoptim already has a kernel for gets the forced policy in that kernel's
+    slot. Otherwise a kernel is registered and destroyed afterwards, which is only safe
+    because no other thread runs ops here (see Note [policy slots]). (Never one registered
+    over scaledoptim's and destroyed: torch's tracing would keep calling the destroyed one,
+    and later tests compile these ops.)
     """
     libraries = []
+    restore = []
     try:
         for name in op_names:
             (overload,) = resolve_overloads(name)
             policy = policies.default_policy(name, device_type)
-            slot = PolicySlot((policy, make_preparer(overload, device_type, policy)))
+            edit = (policy, make_preparer(overload, device_type, policy))
+            installed = registry._slots.get((name, device_type))
+            if installed is not None:
+                restore.append((installed, installed.edit))
+                installed.edit = edit
+                continue
+            slot = PolicySlot(edit)
             kernel = make_autocast_kernel(overload, device_type, slot)
             namespace, _, op = name.partition("::")
             library = torch.library.Library(namespace, "IMPL")
@@ -49,6 +59,8 @@ def python_kernels(op_names: list[str], device_type: str = "cpu") -> Iterator[No
     finally:
         for library in libraries:
             library._destroy()
+        for installed, edit in restore:
+            installed.edit = edit
 
 
 Shapes = st.integers(min_value=1, max_value=4)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -27,7 +29,7 @@ def test_float32_disables_autocast_and_casts_inputs_up(low, n):
 
 
 class _Scale(torch.autograd.Function):
-    record: dict = {}
+    record: ClassVar[dict] = {}
 
     @staticmethod
     @amp.custom_fwd(device_type="cpu")

@@ -116,7 +116,7 @@ def test_get_policy_reads_defaults_and_edits():
 
 def test_get_policy_of_packet_with_differing_overloads_names_them():
     amp.set_policy("aten::pow.Scalar", "fp32", "cpu")
-    with pytest.raises(ValueError, match="pow.Tensor_Tensor"):
+    with pytest.raises(ValueError, match=r"pow\.Tensor_Tensor"):
         amp.get_policy("aten::pow", "cpu")
 
 

@@ -37,9 +37,8 @@ def test_nesting_disable_and_redtype(outer, inner):
 
 
 def test_region_state_is_restored_after_an_exception():
-    with pytest.raises(ZeroDivisionError):
-        with amp.autocast("cpu"):
-            1 / 0
+    with pytest.raises(ZeroDivisionError), amp.autocast("cpu"):
+        _ = 1 / 0
     assert not torch.is_autocast_enabled("cpu")
     assert not in_scaledoptim_region("cpu")
 
@@ -92,9 +91,9 @@ def test_cast_outputs_makes_a_self_cleaning_region():
 
 
 def test_cast_outputs_in_a_with_block_is_an_error():
-    with pytest.raises(RuntimeError, match="decorated function"):
-        with amp.autocast("cpu", cast_outputs=torch.float32):
-            pass
+    refused = pytest.raises(RuntimeError, match="decorated function")
+    with refused, amp.autocast("cpu", cast_outputs=torch.float32):
+        pass
 
 
 def test_decorating_a_non_callable_is_an_error():

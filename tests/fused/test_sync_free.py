@@ -1,0 +1,50 @@
+"""The no-closure unscale_and_step never reads a tensor on the host (patched to raise), for every
+generic config of every fused row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scaledoptim
+from scaledoptim.doctor.sync_free import HostRead, no_host_reads
+from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.training import loss_of, make_model
+
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
+CONFIGS = [
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
+    for info in rows(fused=True)
+    for config in info.generic_configs
+]
+
+
+def test_the_patch_catches_host_reads() -> None:
+    with no_host_reads(), pytest.raises(HostRead, match=r"Tensor\.__bool__"):
+        bool(torch.ones(()))
+
+
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
+@pytest.mark.parametrize("overflow", [False, True])
+def test_unscale_and_step_performs_no_host_read(info: OptimInfo, config: Config, overflow: bool) -> None:
+    model = make_model()
+    opt = info.make(model.parameters(), config)
+    S = opt.scale
+    for step in range(3):
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), S).backward()
+        if overflow:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")
+        with no_host_reads():
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+            found_inf, S = (found_inf, S)
+    assert found_inf.item() == float(overflow)
+
+
+def test_python_float_scale_is_sync_free_too() -> None:
+    model = make_model()
+    opt = scaledoptim.AdamW(model.parameters())
+    scaledoptim.scale_outputs(loss_of(model, 0), 1024.0).backward()
+    with no_host_reads():
+        opt.unscale_and_step(grads_scaled_by=1024.0)
