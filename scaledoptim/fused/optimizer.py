@@ -242,7 +242,7 @@ def check_hyperparameter(
         raise ValueError(f"Invalid {name}: {value}")
 
 
-def hyperparameter(name: str, value: object) -> object:
+def hyperparameter(name: str, value: Any) -> Any:
     """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
     current value (torch.optim accepts tensor ``lr``, ``betas``, SGD's ``weight_decay``; a
     scheduler updates the tensor in place, and reading a CPU tensor costs no device sync). A

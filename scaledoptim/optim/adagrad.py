@@ -12,7 +12,6 @@ from torch.optim.adagrad import adagrad as torch_adagrad
 
 from ..fused import (
     FusedOptimizer,
-    check_hyperparameter,
     check_tensor_hyperparameter,
     hyperparameter,
 )
@@ -128,7 +127,7 @@ class Adagrad(FusedOptimizer):
         torch.optim.Adagrad does in its constructor."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        init = group["initial_accumulator_value"]
+        init = hyperparameter("initial_accumulator_value", group["initial_accumulator_value"])
         for param in group["params"]:
             if param not in self.state or not self.state[param]:
                 self.state[param] = {
@@ -139,12 +138,13 @@ class Adagrad(FusedOptimizer):
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
-        check_hyperparameter("lr_decay value", options["lr_decay"])
-        check_hyperparameter("weight_decay value", options["weight_decay"])
-        check_hyperparameter(
-            "initial_accumulator_value value", options["initial_accumulator_value"]
-        )
-        check_hyperparameter("epsilon value", options["eps"])
+        for label, name in (
+            ("lr_decay value", "lr_decay"),
+            ("weight_decay value", "weight_decay"),
+            ("initial_accumulator_value value", "initial_accumulator_value"),
+            ("epsilon value", "eps"),
+        ):
+            check_tensor_hyperparameter(label, name, options[name])
 
     def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
         if group["weight_decay"] != 0 and any(
@@ -196,8 +196,9 @@ class Adagrad(FusedOptimizer):
 
 
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(lr=hyperparameter("lr", group["lr"]), lr_decay=group["lr_decay"], weight_decay=group["weight_decay"],
-                eps=group["eps"], maximize=group["maximize"])  # fmt: skip
+    return dict(lr=hyperparameter("lr", group["lr"]), lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
+                weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+                eps=hyperparameter("eps", group["eps"]), maximize=group["maximize"])  # fmt: skip
 
 
 def adagrad_(

@@ -13,7 +13,6 @@ from torch.optim.adam import adam as torch_adam
 
 from ..fused import (
     FusedOptimizer,
-    check_hyperparameter,
     check_tensor_hyperparameter,
     hyperparameter,
 )
@@ -158,10 +157,10 @@ class Adam(FusedOptimizer):
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
-        check_hyperparameter("epsilon value", options["eps"])
+        check_tensor_hyperparameter("epsilon value", "eps", options["eps"])
         for i, beta in enumerate(options["betas"]):
             check_tensor_hyperparameter(f"beta parameter at index {i}", f"betas[{i}]", beta, high=1.0)
-        check_hyperparameter("weight_decay value", options["weight_decay"])
+        check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
         if (
             isinstance(options["lr"], Tensor)
             and options["foreach"]
@@ -294,8 +293,9 @@ def _check_tensor_options(
 def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = (hyperparameter("betas", beta) for beta in group["betas"])
     return dict(
-        lr=hyperparameter("lr", group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
-        weight_decay=group["weight_decay"], decoupled_weight_decay=group["decoupled_weight_decay"],
+        lr=hyperparameter("lr", group["lr"]), beta1=beta1, beta2=beta2,
+        eps=hyperparameter("eps", group["eps"]),
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]), decoupled_weight_decay=group["decoupled_weight_decay"],
         amsgrad=group["amsgrad"], maximize=group["maximize"],
     )  # fmt: skip
 

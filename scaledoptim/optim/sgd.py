@@ -12,7 +12,6 @@ from torch.optim.sgd import sgd as torch_sgd
 
 from ..fused import (
     FusedOptimizer,
-    check_hyperparameter,
     check_tensor_hyperparameter,
     hyperparameter,
 )
@@ -139,9 +138,11 @@ class SGD(FusedOptimizer):
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
-        check_hyperparameter("momentum value", options["momentum"])
+        check_tensor_hyperparameter("momentum value", "momentum", options["momentum"])
         check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
-        if options["nesterov"] and (options["momentum"] <= 0 or options["dampening"] != 0):
+        momentum = hyperparameter("momentum", options["momentum"])
+        dampening = hyperparameter("dampening", options["dampening"])
+        if options["nesterov"] and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
@@ -156,7 +157,7 @@ class SGD(FusedOptimizer):
             )
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
-        return ("momentum_buffer" if group["momentum"] != 0 else None,)
+        return ("momentum_buffer" if hyperparameter("momentum", group["momentum"]) != 0 else None,)
 
     def kernel_args(
         self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
@@ -242,7 +243,8 @@ def _start_buffers_(
 
 def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        lr=hyperparameter("lr", group["lr"]), momentum=group["momentum"], dampening=group["dampening"],
+        lr=hyperparameter("lr", group["lr"]), momentum=hyperparameter("momentum", group["momentum"]),
+        dampening=hyperparameter("dampening", group["dampening"]),
         nesterov=group["nesterov"], weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
         maximize=group["maximize"],
     )  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.testing._internal.common_optimizers import (
@@ -40,7 +40,7 @@ class TorchConfig:
 
     @property
     def torch_class(self) -> type[torch.optim.Optimizer]:
-        return self.info.optim_cls
+        return cast(type[torch.optim.Optimizer], self.info.optim_cls)  # torch annotates an instance
 
     @property
     def differentiable(self) -> bool:

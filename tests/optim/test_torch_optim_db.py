@@ -15,6 +15,7 @@ protocol on them, and for every error input.
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -233,6 +234,34 @@ def test_every_error_input_raises_as_torch_optim(info, error_input) -> None:
         opt = cls(optim_input.params, **optim_input.kwargs)
         with pytest.raises(error, match=regex):
             opt.step()
+
+
+def _tensor_option_cases() -> Iterator[Any]:
+    """Every config of a fused drop-in with one float option (``betas`` both) as a 0-dim tensor,
+    which torch.optim takes for all of them."""
+    for case in BASE_CASES:
+        if not issubclass(_ours(case), scaledoptim.FusedOptimizer):
+            continue
+        signature = inspect.signature(case.torch_class.__init__).parameters
+        for name, parameter in signature.items():
+            default = case.kwargs.get(name, parameter.default)
+            if name == "betas" or (
+                isinstance(default, (int, float)) and not isinstance(default, bool)
+            ):
+                value = (
+                    tuple(map(torch.tensor, default))
+                    if name == "betas"
+                    else torch.tensor(float(default))
+                )
+                kwargs = {**case.kwargs, name: value}
+                yield pytest.param(TorchConfig(case.info, case.desc, kwargs), id=f"{case}-{name}")
+
+
+@pytest.mark.parametrize("case", list(_tensor_option_cases()))
+def test_every_float_option_may_be_a_tensor_as_in_torch_optim(
+    case: TorchConfig, kernel_backend
+) -> None:
+    _side_by_side(case, torch.float32)
 
 
 @pytest.mark.parametrize(
