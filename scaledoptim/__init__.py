@@ -7,6 +7,7 @@ from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion
 from .protocol import (
     LBFGS,
     ClosureReplayError,
+    GradScaler,
     Optimizer,
     backward,
     grad,
@@ -28,6 +29,7 @@ __all__ = [
     "AdamW",
     "ClosureReplayError",
     "FusedOptimizer",
+    "GradScaler",
     "Lion",
     "Optimizer",
     "ScalingConfig",

@@ -5,6 +5,7 @@ page links every page of the nav."""
 
 from __future__ import annotations
 
+import builtins
 import html
 import os
 import pathlib
@@ -85,6 +86,39 @@ def test_cross_references_link_to_rendered_objects(api_html):
     assert len(internal) > 20 and set(internal) <= ids
     # torch objects have no inventory offline: plain code, never a broken link.
     assert "<code>torch.optim.Optimizer</code>" in api_html
+
+
+RAW_LINK = re.compile(r"\[[^\[\]]+\]\[[^\[\]]*\]")  # [title][identifier] left as text
+
+
+def _prose(page: str) -> str:
+    """The page's text outside code spans and blocks (code may hold brackets, as in
+    ``DEFAULT_POLICIES["cuda"]["aten::mm"]``), each code element kept as the word ``code``."""
+    return _text(re.sub(r"<(code|pre)\b[^>]*>.*?</\1>", " code ", page, flags=re.DOTALL))
+
+
+def test_api_page_has_no_raw_links_undocumented_bases_or_source_notes(api_html):
+    # A cross-reference whose target is not rendered anywhere stays "[title][identifier]".
+    raw = RAW_LINK.findall(_prose(api_html))
+    assert not raw, f"raw markdown links in the API reference: {raw}"
+    # Readers of the site cannot open the sources' Note [...] blocks.
+    notes = re.findall(r"Note \[[^\]]*\]", _text(api_html))
+    assert not notes, f"the API reference points at source notes: {notes}"
+    # Every base a class names is rendered on the page, or is torch's or a builtin.
+    ids = set(re.findall(r'id="([^"]+)"', api_html))
+    bases = re.findall(r'<p class="doc doc-class-bases">(.*?)</p>', api_html, flags=re.DOTALL)
+    assert len(bases) >= 8
+    for paragraph in bases:
+        for base in re.findall(r"<code>(.*?)</code>", paragraph, flags=re.DOTALL):
+            link = re.search(r'class="autorefs autorefs-internal"[^>]*href="#([^"]+)"', base)
+            if link:
+                assert link.group(1) in ids, base
+                continue
+            (title,) = re.findall(r'title="([^"]+)"', base)
+            assert title.startswith("torch.") or hasattr(builtins, title), (
+                f"a class names the undocumented base {title}: document it in docs/api.md or "
+                "hide the bases of that class (show_bases: false)"
+            )
 
 
 def test_examples_render_as_code_blocks(api_html):

@@ -3,7 +3,10 @@ without the host reads GradScaler makes, and LBFGS trains with closure replay.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pathlib
+import re
 
 import pytest
 from prerequisites import require_module
@@ -98,6 +101,79 @@ def test_lbfgs_replays_overflowing_closures_and_matches_fp32_lbfgs(lbfgs) -> Non
     assert "replays" in table and "scaledoptim-lbfgs held-out loss vs fp32-lbfgs" in table
 
 
+def test_lbfgs_host_reads_are_lbfgs_own_plus_the_replays_and_the_table_says_whose(lbfgs) -> None:
+    # torch's LBFGS reads the host itself (float(loss), its line search's comparisons): every
+    # read of the fp32 run is LBFGS's. The replay adds the scale and found_inf per evaluation.
+    reference, ours = lbfgs["fp32-lbfgs"], lbfgs["scaledoptim-lbfgs"]
+    assert set(reference.host_reads_by_module) == {"torch.optim.lbfgs"}
+    assert reference.host_reads_by_module["torch.optim.lbfgs"] > 10
+    assert set(ours.host_reads_by_module) == {"torch.optim.lbfgs", "scaledoptim.replay"}
+    replay = ours.host_reads_by_module["scaledoptim.replay"]
+    assert 2 * ours.evaluations_per_step <= replay <= 3 * ours.evaluations_per_step
+    assert sum(ours.host_reads_by_module.values()) == pytest.approx(ours.host_reads_per_step)
+    note = " ".join(format_table(list(lbfgs.values())).split())
+    assert "torch.optim.LBFGS reads the host itself" in note
+    assert f"fp32-lbfgs {reference.host_reads_per_step:.1f} by LBFGS;" in note
+    assert (f"scaledoptim-lbfgs {ours.host_reads_by_module['torch.optim.lbfgs']:.1f} by LBFGS + "
+            f"{replay:.1f} by the replay ({replay / ours.evaluations_per_step:.1f}/evaluation)"
+            ) in note  # fmt: skip
+
+
+def test_scaledoptim_on_a_cpu_is_gradscaler_with_torch_fused_adamw_bit_for_bit() -> None:
+    # Why scaledoptim and torch.amp end apart on the CNN: on a CPU scaledoptim's AdamW runs
+    # torch's fused AdamW kernel (skipping on device), torch.amp's default AdamW is foreach,
+    # which rounds differently; with AdamW(fused=True) GradScaler trains exactly as we do.
+    for task in ("lm", "cnn"):
+        config = RunConfig(task=task, size="tiny", steps=60, growth_interval=5)
+        theirs, ours = run_interleaved(config, ["torch.amp-fused", "scaledoptim"])
+        assert sum(ours.skipped) > 0 and ours.skipped == theirs.skipped
+        assert ours.losses == theirs.losses and ours.scales == theirs.scales
+        assert ours.final_loss == theirs.final_loss
+        assert theirs.host_reads_per_step == 0.0  # the fused step skips on device
+
+
+def test_cpu_runs_use_one_intra_op_thread_and_restore_torch_setting() -> None:
+    import torch
+
+    seen: list[int] = []  # torch's thread count inside each run
+    config = RunConfig(task="cnn", size="tiny", steps=3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_interleaved(config, ["scaledoptim"], progress=_Bar.factory(seen))
+        assert seen == [1] and torch.get_num_threads() == 2
+        (result,) = run_interleaved(dataclasses.replace(config, threads=None), ["scaledoptim"],
+                                    progress=_Bar.factory(seen))  # fmt: skip
+        assert seen == [1, 2]  # threads=None: torch's setting, left alone
+        assert "on cpu (2 threads)" in format_table([result])
+    finally:
+        torch.set_num_threads(before)
+    assert parse_args([]).threads == 1 and parse_args(["--threads", "0"]).threads == 0
+
+
+class _Bar:
+    """A progress bar that records torch's thread count when the run creates it."""
+
+    @staticmethod
+    def factory(seen: list[int]):
+        import torch
+
+        def make(total: int, name: str) -> _Bar:
+            seen.append(torch.get_num_threads())
+            return _Bar()
+
+        return make
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def test_gradscaler_refuses_the_lbfgs_closure() -> None:
     assert "raises RuntimeError" in gradscaler_refusal("cpu")
 
@@ -119,8 +195,11 @@ def test_missing_extras_and_devices_are_reported_before_training(monkeypatch) ->
     )
     args = parse_args(["--plot", "x.png", "--device", "cuda:0" if not _has_cuda() else "cpu"])
     found = problems(args)
-    assert any("scaledoptim[plot]" in p for p in found)
-    assert any("scaledoptim[examples]" in p for p in found)
+    # scaledoptim is not on PyPI: the hint works from a checkout and where a wheel was installed
+    assert any('pip install -e ".[plot]" in a checkout' in p for p in found)
+    assert any('pip install "scaledoptim[plot]" where scaledoptim was installed from a wheel' in p
+               for p in found)  # fmt: skip
+    assert any('pip install -e ".[examples]"' in p for p in found)
     if not _has_cuda():
         assert any("no CUDA GPU" in p and "--device cpu" in p for p in found)
     with pytest.raises(SystemExit, match="scaledoptim\\[plot\\]"):
@@ -148,6 +227,79 @@ def test_hf_gpt2_trains_like_the_built_in_models() -> None:
     assert relative_gap(ours, results["fp32"]) < 0.05  # 40 steps: still early in training
     assert ours.skipped == results["torch.amp"].skipped and sum(ours.skipped) > 0
     assert "hf-gpt2 (transformers.GPT2LMHeadModel)" in format_table(list(results.values()))
+
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+# The README's claims about the main command on a CPU, each with what the demo must print for
+# it: (task, pairs of variants whose "held-out loss vs" line is checked, the bound).
+LOSS_CLAIMS = {
+    "the transformer's held-out loss: scaledoptim within 0.2% of fp32 and of torch.amp": (
+        "lm", [("scaledoptim", "fp32"), ("scaledoptim", "torch.amp")], 0.002),
+    "the CNN's: all three within 2% of each other": (
+        "cnn", [("scaledoptim", "fp32"), ("scaledoptim", "torch.amp"), ("torch.amp", "fp32")],
+        0.02),
+    "(`GradScaler` refuses closures); they end within 0.1% of each other": (
+        "lbfgs", [("scaledoptim-lbfgs", "fp32-lbfgs")], 0.001),
+}  # fmt: skip
+OTHER_CLAIMS = (
+    "on a CPU, small models for 150 steps on one intra-op thread",
+    "1.0 for `GradScaler` with torch's default AdamW",
+    "0.0 for scaledoptim",
+    "scaledoptim skips the same steps as torch.amp and ends at the same scale",
+    "the replay adds two reads per closure evaluation (the scale and `found_inf`",
+    "`AdamW(fused=True)` bit for bit",
+)
+
+
+def _tables(printed: str) -> dict[str, dict]:
+    """The demo's output, per task: its title line, its rows (fields split on spaces), the
+    "held-out loss vs" gaps and the whole text."""
+    tables = {}
+    for block in printed.strip().split("\n\n"):
+        lines = block.splitlines()
+        rows = {
+            fields[0]: fields
+            for fields in (line.split() for line in lines[3:])
+            if len(fields) >= 7 and re.fullmatch(r"\d+\.\d{4}", fields[1])
+        }
+        gaps = {
+            (ours, theirs): float(percent) / 100
+            for ours, theirs, percent in re.findall(
+                r"^(\S+) held-out loss vs (\S+): ([\d.]+)% apart$", block, flags=re.MULTILINE
+            )
+        }
+        tables[lines[0].split()[0]] = {"title": lines[0], "rows": rows, "gaps": gaps, "text": block}
+    return tables
+
+
+def test_the_readme_claims_hold_in_what_the_main_command_prints(capsys) -> None:
+    # The README's main command on a CPU (the plot aside), and its claims checked against the
+    # printed tables, not against the results' fields.
+    text = README.read_text()
+    command = text.split("<!-- main-command -->")[1].split("<!-- /main-command -->")[0]
+    demo = "python -m scaledoptim.examples.demo --compare --lbfgs --plot compare.png"
+    assert command.strip().strip("`").strip().endswith(demo), command
+    main(["--compare", "--lbfgs", "--no-progress", "--device", "cpu"])
+    tables = _tables(capsys.readouterr().out)
+    readme = " ".join(text.split())
+    for claim in (*LOSS_CLAIMS, *OTHER_CLAIMS):
+        assert claim in readme, f"the README no longer says {claim!r}: update this test"
+    for claim, (task, pairs, bound) in LOSS_CLAIMS.items():
+        for pair in pairs:
+            assert tables[task]["gaps"][pair] < bound, (claim, pair, tables[task]["text"])
+    for task in ("lm", "cnn"):
+        table = tables[task]
+        assert "150 steps" in table["title"] and "on cpu (1 thread)" in table["title"]
+        rows = table["rows"]
+        assert float(rows["torch.amp"][4]) == 1.0 and float(rows["scaledoptim"][4]) == 0.0
+        assert float(rows["fp32"][4]) == 0.0
+        skipped, scale = rows["scaledoptim"][5:7]
+        assert int(skipped) > 0 and [skipped, scale] == rows["torch.amp"][5:7], table["text"]
+    lbfgs = tables["lbfgs"]
+    assert int(lbfgs["rows"]["scaledoptim-lbfgs"][6]) > 0  # replays happened
+    per_evaluation = re.search(r"by the replay \(([\d.]+)/evaluation\)", lbfgs["text"])
+    assert 2.0 <= float(per_evaluation.group(1)) <= 2.5, lbfgs["text"]
+    assert "GradScaler.step(LBFGS, closure) raises RuntimeError" in lbfgs["text"]
 
 
 def _has_cuda() -> bool:

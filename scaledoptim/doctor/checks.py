@@ -23,7 +23,8 @@ class Check:
     Args:
         name: short and stable (``--only`` and the JSON use it).
         description: what it verifies, one line.
-        run: ``run(device) -> Outcome``; an exception counts as a failure.
+        run: ``run(device) -> Outcome``; an exception counts as a failure, and
+            ``Outcome.skip(why)`` as skipped.
         needs_gpu: reported as skipped on a machine without a CUDA device.
     """
 
@@ -79,7 +80,8 @@ def run_checks(
         else:
             try:
                 outcome = check.run(device)
-                status, detail = ("pass" if outcome.passed else "fail"), outcome.detail
+                status = "skip" if outcome.skipped else "pass" if outcome.passed else "fail"
+                detail = outcome.detail
             except Exception as error:  # noqa: BLE001 -- a check that crashes has failed; say how
                 status, detail = "fail", f"{type(error).__name__}: {error}"
         result = CheckResult(

@@ -1,5 +1,9 @@
 """Every kernel compiles with NVRTC: for this GPU, or (without one) for the ends of the range of
-architectures we promise, sm_70 and sm_90 (``--all-archs``: every one of them)."""
+architectures we promise, sm_70 and sm_90 (``--all-archs``: every one of them).
+
+Without CuPy the check is skipped, not failed: nothing needs it there. CPU training runs torch's
+fused ops, and on a GPU the fused optimizers fall back to torch's fused ops (sync-free too). The
+detail says so and how to install the kernels' dependencies."""
 
 from __future__ import annotations
 
@@ -12,16 +16,21 @@ from .outcome import Outcome
 
 __all__ = ["run"]
 
-_FIX = "install CuPy and NVRTC: pip install scaledoptim[cuda12] (or [cuda13] for CUDA 13 drivers)"
+_FIX = (
+    'install CuPy and NVRTC, the cuda12 extra: pip install -e ".[cuda12]" in a checkout, or '
+    'pip install "scaledoptim[cuda12]" where scaledoptim was installed from a wheel ([cuda13] '
+    "for CUDA 13 drivers)"
+)
 
 #: Set by ``--all-archs``: compile for every supported target arch, not just the range's ends.
 ALL_ARCHS = False
 
 
 def run(device: torch.device) -> Outcome:
-    """Compiles every builtin kernel; fails naming the fix when CuPy or NVRTC is missing."""
+    """Compiles every builtin kernel; skipped without CuPy, and fails naming the fix when NVRTC
+    is missing or a kernel does not compile."""
     if importlib.util.find_spec("cupy") is None:
-        return Outcome(False, f"CuPy is not installed; {_FIX}")
+        return Outcome.skip(_without_cupy(device))
     try:
         supported = nvrtc.supported_archs()
     except Exception as error:  # noqa: BLE001 -- CuPy without a loadable NVRTC library
@@ -43,3 +52,18 @@ def run(device: torch.device) -> Outcome:
     unsupported = [a for a in nvrtc.TARGET_ARCHS if a not in supported]
     note = f"; this NVRTC cannot target sm_{unsupported}" if unsupported else ""
     return Outcome(True, f"{names} for {', '.join(f'sm_{a}' for a in archs)}{note}")
+
+
+def _without_cupy(device: torch.device) -> str:
+    if device.type == "cuda":
+        return (
+            "skipped: CuPy is not installed, so scaledoptim's CUDA kernels cannot compile; the "
+            f"fused optimizers run torch's fused ops on {device} instead (also sync-free, but "
+            "grads are unscaled in place, and the checks below test that path). For the "
+            f"kernels, {_FIX}, and run the doctor again"
+        )
+    return (
+        "skipped: CuPy is not installed, and training on a CPU needs no CuPy (the fused "
+        "optimizers run torch's fused ops there). To compile the CUDA kernels on this machine "
+        f"(kernel authors, and a check before a GPU run), {_FIX}"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 
@@ -38,15 +39,23 @@ def environment(device: torch.device) -> dict[str, str]:
 
 
 def _cupy_version() -> str:
+    if importlib.util.find_spec("cupy") is None:
+        return (
+            "not installed (the CUDA kernels need it; the cuda12 extra installs it: "
+            'pip install -e ".[cuda12]" in a checkout, pip install "scaledoptim[cuda12]" with '
+            "a wheel)"
+        )
     for name in ("cupy", "cupy-cuda12x", "cupy-cuda13x"):
         try:
             return f"{importlib.metadata.version(name)} ({name})"
         except importlib.metadata.PackageNotFoundError:
             continue
-    return "not installed (pip install scaledoptim[cuda12] for the CUDA kernels)"
+    return "importable, version unknown (no cupy distribution found)"
 
 
 def _nvrtc_version() -> str:
+    if importlib.util.find_spec("cupy") is None:
+        return "unavailable (scaledoptim reaches NVRTC through CuPy)"
     try:
         from cupy.cuda import nvrtc
 

@@ -14,10 +14,20 @@ __all__ = ["Outcome", "kernels_env", "same_bits", "snapshot"]
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """Whether a check passed, and what it measured or found (one line)."""
+    """Whether a check passed, and what it measured or found (one line).
+
+    ``skipped``: the check does not apply to this machine (``detail`` says why, and how to
+    enable it); it neither passes nor fails.
+    """
 
     passed: bool
     detail: str
+    skipped: bool = False
+
+    @classmethod
+    def skip(cls, detail: str) -> Outcome:
+        """A check that does not apply here, and why."""
+        return cls(True, detail, skipped=True)
 
 
 @contextlib.contextmanager

@@ -3,15 +3,22 @@
 Interleaving (A B C A B C ...) in one process means slow spells of a shared machine hit every
 variant alike, so per-step timings are compared pairwise, round by round, and a difference
 smaller than the rounds' spread is reported as noise rather than as a ranking.
+
+On a CPU the runs use one intra-op thread (``RunConfig.threads``): the small CPU models gain
+nothing from more, and on a machine busy with other jobs torch's default (a thread per core)
+made the demo 5-10x slower than on a quiet one, as each op waited for threads without a core.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import textwrap
 from collections.abc import Callable
 
-from .train import Run, RunConfig, RunResult
+import torch
+
+from .train import Run, RunConfig, RunResult, cpu_threads
 
 BASELINES = ("fp32", "torch.amp")  # scaledoptim's final loss is compared against these
 REFRESH_EVERY = 25  # the progress bar reads loss and scale on the host this often, no more
@@ -23,6 +30,13 @@ def run_interleaved(
     config: RunConfig, variants: list[str], progress: Progress | None = None
 ) -> list[RunResult]:
     """The same task, seed and length trained once per variant, a step of each in turn."""
+    with cpu_threads(config):
+        return _run_interleaved(config, variants, progress)
+
+
+def _run_interleaved(
+    config: RunConfig, variants: list[str], progress: Progress | None
+) -> list[RunResult]:
     runs = [Run(dataclasses.replace(config, variant=v)) for v in variants]
     steps = runs[0].steps
     bar = progress(steps, runs[0].task.name) if progress else None
@@ -87,7 +101,7 @@ def format_table(results: list[RunResult]) -> str:
         (
             f"{first.config.task} ({first.title}): {first.parameters:,} parameters, "
             f"{first.items_per_batch:,} {first.unit}/batch, {len(first.losses)} steps, "
-            f"{first.config.dtype} autocast on {first.config.device}, seed {first.config.seed}"
+            f"{first.config.dtype} autocast on {_device(first.config)}, seed {first.config.seed}"
         ),
         header,
         "-" * len(header),
@@ -103,30 +117,64 @@ def format_table(results: list[RunResult]) -> str:
     lines.append("iter/optim ms: medians per step (whole iteration / optimizer phase), variants "
                  "interleaved step by step; host reads: .item(), bool(), .cpu(), ... in the "
                  "optimizer phase")  # fmt: skip
+    if lbfgs:
+        lines.append(_lbfgs_reads(results))
     lines += _comparisons({r.label: r for r in results})
     return "\n".join(lines)
 
 
+def _device(config: RunConfig) -> str:
+    if torch.device(config.device).type != "cpu":
+        return config.device
+    threads = torch.get_num_threads() if config.threads is None else config.threads
+    return f"{config.device} ({threads} thread{'s' if threads != 1 else ''})"
+
+
+def _lbfgs_reads(results: list[RunResult]) -> str:
+    """Whose host reads the LBFGS rows count, as measured: torch's LBFGS reads the host itself,
+    and scaledoptim's closure replay reads ``found_inf`` to decide whether to replay."""
+    parts = []
+    for r in results:
+        lbfgs = r.host_reads_by_module.get("torch.optim.lbfgs", 0.0)
+        ours = sum(n for m, n in r.host_reads_by_module.items() if m.startswith("scaledoptim."))
+        part = f"{r.label} {lbfgs:.1f} by LBFGS"
+        if ours:
+            part += f" + {ours:.1f} by the replay ({ours / r.evaluations_per_step:.1f}/evaluation)"
+        elsewhere = sum(n for m, n in r.host_reads_by_module.items()
+                        if m != "torch.optim.lbfgs" and not m.startswith("scaledoptim."))  # fmt: skip
+        if elsewhere:
+            part += f" + {elsewhere:.1f} elsewhere"
+        parts.append(part)
+    return textwrap.fill(
+        "host reads (LBFGS): torch.optim.LBFGS reads the host itself at every evaluation and "
+        "iteration (the loss as a float, the tests of its line search and stopping rules); "
+        "scaledoptim's closure replay reads the scale it tries and found_inf at each "
+        "evaluation, to decide whether to replay it (and the backed-off scale at a replay), "
+        "and each replay is one more evaluation (counted in evals). Per step: " + "; ".join(parts),
+        width=110,
+    )
+
+
 def _comparisons(by_variant: dict[str, RunResult]) -> list[str]:
-    lines = []
-    for ours, theirs in (("scaledoptim", "fp32"), ("scaledoptim", "torch.amp"),
-                         ("scaledoptim-lbfgs", "fp32-lbfgs")):  # fmt: skip
-        if ours not in by_variant or theirs not in by_variant:
-            continue
-        a, b = by_variant[ours], by_variant[theirs]
-        lines.append(f"{ours} held-out loss vs {theirs}: {relative_gap(a, b):.2%} apart")
-        if theirs != "torch.amp":
-            continue  # the fp32 runs do other arithmetic: only torch.amp does the same work
+    pairs = [(ours, theirs) for ours, theirs in (
+        ("scaledoptim", "fp32"), ("scaledoptim", "torch.amp"), ("torch.amp", "fp32"),
+        ("scaledoptim-lbfgs", "fp32-lbfgs"),
+    ) if ours in by_variant and theirs in by_variant]  # fmt: skip
+    lines = [
+        f"{ours} held-out loss vs {theirs}: "
+        f"{relative_gap(by_variant[ours], by_variant[theirs]):.2%} apart"
+        for ours, theirs in pairs
+    ]
+    if ("scaledoptim", "torch.amp") in pairs:  # the fp32 runs do other arithmetic
+        a, b = by_variant["scaledoptim"], by_variant["torch.amp"]
         for what, field in (("optimizer phase", "optimizer_ms"), ("iteration", "iteration_ms")):
             verdict = paired_difference(getattr(a, field), getattr(b, field))
-            lines.append(verdict.describe(what, ours, theirs))
+            lines.append(verdict.describe(what, "scaledoptim", "torch.amp"))
     return lines
 
 
 def gradscaler_refusal(device: str) -> str:
     """What ``GradScaler.step`` says when given LBFGS's closure (it raises, as of torch 2.13)."""
-    import torch
-
     model = torch.nn.Linear(2, 1, device=device)
     opt = torch.optim.LBFGS(model.parameters())
     scaler = torch.amp.GradScaler(torch.device(device).type)

@@ -8,8 +8,8 @@ a table per model: held-out loss, step times, host reads per step, skipped steps
 ``--lbfgs`` adds a full-batch LBFGS run, fp32 against scaledoptim's fp16 with closure replay.
 ``--model hf-gpt2`` trains a Hugging Face GPT-2 (the ``examples-hf`` extra) the same way.
 Runs on the GPU when there is one (full-size models) and on the CPU otherwise (small models,
-short runs); fp16 autocast on both by default, so the loss scale actually matters
-(``--dtype bfloat16`` trains without scaling).
+short runs, on one intra-op thread: see ``--threads``); fp16 autocast on both by default, so
+the loss scale actually matters (``--dtype bfloat16`` trains without scaling).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pathlib
 import torch
 
 from .compare import format_table, gradscaler_refusal, run_interleaved
-from .deps import problems
+from .deps import install_hint, problems
 from .tasks import SIZES, TASKS
 from .train import RunConfig
 
@@ -36,7 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="task",
         choices=[*TASKS, "all"],
         default="all",
-        help="'all': lm and cnn; hf-gpt2 needs pip install 'scaledoptim[examples-hf]'",
+        help="'all': lm and cnn; hf-gpt2 needs the examples-hf extra: "
+        + install_hint("examples-hf"),
     )
     parser.add_argument(
         "--compare",
@@ -53,6 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", choices=SIZES, help="default: 'cuda' on a GPU, else 'cpu'")
     parser.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch intra-op threads for CPU training (default 1: the small CPU "
+        "models run fastest on one, busy machine or not; 0: torch's setting)",
+    )
     parser.add_argument("--plot", type=pathlib.Path, help="write loss and scale curves to a PNG")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return parser.parse_args(argv)  # fmt: skip
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     config = RunConfig(
         size=args.size or ("cuda" if args.device.startswith("cuda") else "cpu"),
         steps=args.steps, seed=args.seed, device=args.device, dtype=args.dtype,
+        threads=args.threads or None,
     )  # fmt: skip
     variants = ["fp32", "torch.amp", "scaledoptim"] if args.compare else ["scaledoptim"]
     results_by_task = {}

@@ -19,6 +19,14 @@ OPTIONAL = {
 }
 
 
+def install_hint(extra: str) -> str:
+    """How to install one of scaledoptim's extras. scaledoptim is not on PyPI: from a checkout
+    it is installed editable; where it was installed from a wheel, pip adds the extra's packages
+    to the installed scaledoptim."""
+    return (f'pip install -e ".[{extra}]" in a checkout, or pip install "scaledoptim[{extra}]" '
+            "where scaledoptim was installed from a wheel")  # fmt: skip
+
+
 def needed_modules(args: argparse.Namespace) -> list[str]:
     """The optional modules that ``args`` will import."""
     needed = [] if args.no_progress else ["tqdm"]
@@ -36,7 +44,7 @@ def problems(args: argparse.Namespace) -> list[str]:
         if importlib.util.find_spec(module) is None:
             why, extra = OPTIONAL[module]
             found.append(f"{module} is not installed; it is needed for {why}: "
-                         f"pip install 'scaledoptim[{extra}]' (or pip install {module})")  # fmt: skip
+                         f"{install_hint(extra)} (or pip install {module})")  # fmt: skip
     device_problem = unusable_device(args.device)
     if device_problem:
         found.append(device_problem)

@@ -4,12 +4,16 @@ On a GPU every such read (``.item()``, ``bool(t)``, ``.cpu()``, ...) waits for a
 to finish, so a training loop that reads once per step can never run ahead of the GPU. torch.amp's
 ``GradScaler`` reads ``found_inf`` once per step unless the optimizer is fused; scaledoptim's fused
 optimizers skip an overflowed step on the device and read nothing. Counting the reads by wrapping
-the ``torch.Tensor`` methods shows that difference on any machine, a CPU included.
+the ``torch.Tensor`` methods shows that difference on any machine, a CPU included. Each read is
+also attributed to the module that made it (``torch.optim.lbfgs``, ``scaledoptim.replay``, ...),
+so a table can say whose reads they are.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -21,6 +25,7 @@ READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "
 class HostReads:
     """Counts host reads of tensor values made inside :meth:`counting`.
 
+    ``by_module`` counts them by the module whose code made the read (its ``__name__``).
     Reads of the tensors whose ids are in ``ignore`` are not counted: torch keeps non-fused
     optimizers' ``step`` counters on the host even when training on a GPU, so reading them never
     waits for the device (on a CPU-only machine they would otherwise look like any other read).
@@ -28,6 +33,7 @@ class HostReads:
 
     def __init__(self) -> None:
         self.count = 0
+        self.by_module: collections.Counter[str] = collections.Counter()
         self._depth = 0  # a read made by another read (tolist -> item) counts once
 
     @contextlib.contextmanager
@@ -48,6 +54,7 @@ class HostReads:
         def counted(tensor: torch.Tensor, *args, **kwargs):
             if self._depth == 0 and id(tensor) not in ignore:
                 self.count += 1
+                self.by_module[sys._getframe(1).f_globals.get("__name__", "?")] += 1
             self._depth += 1
             try:
                 return read(tensor, *args, **kwargs)

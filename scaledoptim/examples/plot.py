@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
+from .deps import install_hint
 from .train import RunResult
 
 STYLES = {
@@ -42,7 +43,7 @@ def write_plot(results_by_task: dict[str, list[RunResult]], path: pathlib.Path) 
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit(
-            "--plot needs matplotlib: pip install 'scaledoptim[plot]' (or pip install matplotlib)"
+            f"--plot needs matplotlib: {install_hint('plot')} (or pip install matplotlib)"
         ) from None
 
     columns = len(results_by_task)

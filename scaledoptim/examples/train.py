@@ -8,10 +8,12 @@ between them compares the mixed-precision machinery and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -38,6 +40,10 @@ class RunConfig:
     device: str = "cpu"
     dtype: str = "float16"
     growth_interval: int = 25  # short, so the scale grows into overflows within a short run
+    # torch's intra-op threads while training on a CPU (None: torch's setting, left alone). The
+    # small CPU models run fastest on one: more threads only add hand-offs, and on a busy
+    # machine threads that wait for each other's cores multiply the run time (see compare.py).
+    threads: int | None = 1
 
 
 @dataclasses.dataclass
@@ -65,11 +71,13 @@ class RunResult:
     scales: list[float]  # the scale each step's (first) backward used
     skipped: list[bool]
     replays: list[int]  # per step, closure evaluations replayed after an overflow (LBFGS)
-    evaluations: int  # closure evaluations in all (LBFGS), else 0
+    evaluations: int  # closure evaluations in all (LBFGS), replays included, else 0
+    evaluations_per_step: float  # the same, averaged over the timed steps
     final_loss: float  # fp32 loss on held-out data
     iteration_ms: list[float]  # per timed step: forward, backward and optimizer phase
     optimizer_ms: list[float]  # per timed step: the optimizer phase alone
     host_reads_per_step: float  # in the optimizer phase, averaged over the timed steps
+    host_reads_by_module: dict[str, float]  # the same, split by the module that read
     unit: str
     items_per_batch: int
     parameters: int
@@ -105,14 +113,16 @@ def fp32_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
     return Stepper(opt, forward_backward, optimizer_phase)
 
 
-def torch_amp_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper:
+def torch_amp_step(model: nn.Module, task: Task, config: RunConfig, fused: bool = False) -> Stepper:
     """torch.autocast + torch.amp.GradScaler + torch.optim.AdamW: the loop users have today.
 
     The optimizer is torch's default (not ``fused=True``), so ``GradScaler.step`` reads
-    ``found_inf`` on the host once per step to decide whether to step.
+    ``found_inf`` on the host once per step to decide whether to step. With ``fused=True``
+    (the "torch.amp-fused" variant) it reads nothing: the fused step skips on device. That is
+    the kernel scaledoptim's AdamW runs on a CPU, so the two train bit for bit alike there.
     """
     device_type, dtype = _autocast_args(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr or task.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr or task.lr, fused=fused or None)
     scaler = torch.amp.GradScaler(
         device_type, growth_interval=config.growth_interval, enabled=dtype == torch.float16
     )
@@ -215,6 +225,7 @@ def scaledoptim_lbfgs_step(model: nn.Module, task: Task, config: RunConfig) -> S
 VARIANTS: dict[str, Callable[[nn.Module, Task, RunConfig], Stepper]] = {
     "fp32": fp32_step,
     "torch.amp": torch_amp_step,
+    "torch.amp-fused": functools.partial(torch_amp_step, fused=True),
     "scaledoptim": scaledoptim_step,
     "fp32-lbfgs": fp32_lbfgs_step,
     "scaledoptim-lbfgs": scaledoptim_lbfgs_step,
@@ -242,12 +253,14 @@ class Run:
         self.replays: list[torch.Tensor] = []
         self.iteration_ms: list[float] = []
         self.optimizer_ms: list[float] = []
-        self.host_reads: list[int] = []
+        self.host_reads: list[HostReads] = []
+        self.evaluations: list[int] = []  # per timed step
 
     def step(self) -> None:
         """Trains one step, timing it and counting the optimizer phase's host reads."""
         batch = next(self.batches)
         reads = HostReads()
+        evaluations = self.stepper.evaluations
         _synchronize(self.device)
         started = time.perf_counter()
         self.stepper.forward_backward(batch)
@@ -262,7 +275,8 @@ class Run:
         if len(self.history) > self.warmup:
             self.iteration_ms.append(1e3 * (ended - started))
             self.optimizer_ms.append(1e3 * (ended - optimizer_started))
-            self.host_reads.append(reads.count)
+            self.host_reads.append(reads)
+            self.evaluations.append(self.stepper.evaluations - evaluations)
 
     def result(self) -> RunResult:
         """Reads the measurements on the host (once, at the end) and evaluates the model."""
@@ -276,10 +290,15 @@ class Run:
             skipped=[bool(s) for s in torch.stack(skips).tolist()],
             replays=[int(b - a) for a, b in zip([0.0, *replays], replays)],
             evaluations=self.stepper.evaluations,
+            evaluations_per_step=statistics.mean(self.evaluations),
             final_loss=self.task.eval_loss(self.model, self.config.seed),
             iteration_ms=self.iteration_ms,
             optimizer_ms=self.optimizer_ms,
-            host_reads_per_step=statistics.mean(self.host_reads),
+            host_reads_per_step=statistics.mean(r.count for r in self.host_reads),
+            host_reads_by_module={
+                module: sum(r.by_module[module] for r in self.host_reads) / len(self.host_reads)
+                for module in sorted({m for r in self.host_reads for m in r.by_module})
+            },
             unit=self.task.unit,
             items_per_batch=self.task.items_per_batch,
             parameters=sum(p.numel() for p in self.model.parameters()),
@@ -288,10 +307,26 @@ class Run:
 
 def train(config: RunConfig) -> RunResult:
     """Trains ``config.task`` with ``config.variant`` from ``config.seed`` and measures it."""
-    run = Run(config)
-    for _ in range(run.steps):
-        run.step()
-    return run.result()
+    with cpu_threads(config):
+        run = Run(config)
+        for _ in range(run.steps):
+            run.step()
+        return run.result()
+
+
+@contextlib.contextmanager
+def cpu_threads(config: RunConfig) -> Iterator[None]:
+    """Trains on ``config.threads`` intra-op threads inside the block when the device is a CPU,
+    and restores torch's setting after; a GPU run, or ``threads=None``, leaves it alone."""
+    if config.threads is None or torch.device(config.device).type != "cpu":
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _lbfgs_args(task: Task, config: RunConfig) -> dict[str, object]:

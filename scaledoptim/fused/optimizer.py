@@ -37,8 +37,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol:
 
-    * ``kernel``: a :class:`scaledoptim.kernels.MultiTensorKernel` whose tensor lists are
-      ``(params, grads, *state lists, steps)``; see ``docs/kernels.md``.
+    * ``kernel``: a ``scaledoptim.kernels.MultiTensorKernel`` whose tensor lists are
+      ``(params, grads, *state lists, steps)``; the docs' kernel-author guide, *Writing a fused
+      kernel* (``docs/kernels.md``), builds one.
     * ``state_keys(group)``: the names of the per-param state tensors, in the order of the
       kernel's state lists (``None`` for a list the group's options turn off). They are created
       as float32 zeros shaped like the param; ``state["step"]`` (a 0-dim float32 tensor
@@ -58,8 +59,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
     state creation and checkpoints) is inherited, and so are two options of every group when the
-    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (see "Param
-    rounding" in the kernel-author guide):
+    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (the docs' recipe
+    *Pure bf16 training* shows both at work):
 
     * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
       ``state["master_param"]``; the update reads and writes it and stores the param rounded
@@ -75,7 +76,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
-    #: The step ``unscale_and_step``/``step_after_unscale`` planned, for ``step()`` to commit.
+    #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
+    _plans_in_step: ClassVar[bool] = True
+    #: Unused since the protocol hands ``step()`` a request instead (Note [step requests]);
+    #: kept because ``fused.plan.Planned`` still names it.
     _pending_step: tuple[FusedStepPlan, PendingStep] | None = None
     #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
     #: torch.optim pickles only its defaults, state and param groups.
@@ -136,7 +140,15 @@ class FusedOptimizer(Optimizer, abc.ABC):
     @torch.compiler.disable  # Note [compile boundary] in protocol/optimizer.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Performs a single optimization step (no skipping: see :meth:`unscale_and_step`).
+        """Performs a single optimization step.
+
+        After :meth:`~scaledoptim.Optimizer.unscale` it skips where ``found_inf`` is set, as
+        :meth:`~scaledoptim.Optimizer.step_after_unscale`; after a backward scaled by
+        :attr:`~scaledoptim.Optimizer.scale` it unscales and skips on overflow, as
+        :meth:`~scaledoptim.Optimizer.unscale_and_step`; otherwise it steps as torch.optim's.
+        Never reads the host, but to skip params that take torch.optim's own non-fused
+        implementation (complex, sparse grads, views with gaps, ``differentiable=True``: one
+        read of ``found_inf``, as torch.amp.GradScaler makes for it; Note [torch.optim route]).
 
         Args:
             closure: optional, re-evaluates the model and returns the loss.
@@ -145,11 +157,15 @@ class FusedOptimizer(Optimizer, abc.ABC):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        planned = self._pending_step
-        if planned is None:
-            planned = (self._plan_step(), PendingStep(None))
-        plan, pending = planned
-        plan.commit(pending)
+        # Note [step requests]: what the protocol asks of this step is planned here, after the
+        # step pre-hooks, so that what they did to the grads is what is checked and used.
+        request, self._scaledoptim_request = self._scaledoptim_request, None
+        if request is None:
+            request = self._implicit_request(closure is not None)
+        if request is None:
+            self._plan_step().commit(PendingStep(None))
+        else:
+            self._execute(request)
         return loss
 
     def _plan_step(self) -> FusedStepPlan:

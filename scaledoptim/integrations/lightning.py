@@ -36,7 +36,9 @@ try:
     from lightning.pytorch.plugins.precision import Precision
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "scaledoptim.integrations.lightning needs Lightning: pip install 'scaledoptim[lightning]'"
+        "scaledoptim.integrations.lightning needs Lightning, the lightning extra: "
+        'pip install -e ".[lightning]" in a checkout, or pip install "scaledoptim[lightning]" '
+        "where scaledoptim was installed from a wheel"
     ) from error
 
 __all__ = ["ScaledMixedPrecision"]

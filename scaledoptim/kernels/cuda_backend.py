@@ -24,8 +24,9 @@ def _import_cupy() -> Any:
         import cupy
     except ImportError as error:
         raise RuntimeError(
-            "Fused CUDA kernels need CuPy; install it with `pip install scaledoptim[cuda12]` "
-            "(or [cuda13] for CUDA 13 drivers)"
+            "Fused CUDA kernels need CuPy; install the cuda12 extra: "
+            '`pip install -e ".[cuda12]"` in a checkout, or `pip install "scaledoptim[cuda12]"` '
+            "where scaledoptim was installed from a wheel ([cuda13] for CUDA 13 drivers)"
         ) from error
     return cupy
 

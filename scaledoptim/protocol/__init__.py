@@ -5,10 +5,12 @@
   configuration and checkpoints.
 * :func:`scale_outputs`, :func:`backward`, :func:`grad`: scaling what backward starts from.
 * :func:`share_scale`: one scale for several optimizers.
+* :class:`GradScaler`: ``torch.amp.GradScaler``'s object, whose scale is the optimizers'.
 * :func:`with_scaling`, :func:`patch_optimizer`, :data:`LBFGS`: the protocol for optimizers we
   did not write.
 """
 
+from .gradscaler import GradScaler
 from .optimizer import Optimizer
 from .outputs import backward, grad, scale_outputs
 from .replay import ClosureReplayError
@@ -18,6 +20,7 @@ from .wrapping import LBFGS, patch_optimizer, with_scaling
 __all__ = [
     "LBFGS",
     "ClosureReplayError",
+    "GradScaler",
     "Optimizer",
     "backward",
     "grad",

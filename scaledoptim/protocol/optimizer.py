@@ -10,24 +10,84 @@ The base class owns the step sequence, the same for every optimizer:
 
 A subclass answers one hook, :meth:`Optimizer._plan_step`; the fused optimizers answer it with
 an update that skips on device (Note [found_inf contract] in cuda/common.cuh).
+
+Note [step requests]
+~~~~~~~~~~~~~~~~~~~~
+Every protocol step goes through ``self.step()``, and ``step()`` itself honours the protocol:
+
+* A protocol method hands the step it wants to ``step()`` as a :class:`StepRequest`. An
+  optimizer whose update we own (:attr:`Optimizer._plans_in_step`: the fused ones) receives it
+  in ``step()`` and plans there, *after* the step pre-hooks ran, so what a hook does to the
+  grads is what the plan validates, checks and uses (issue 20, item 8). Any other optimizer is
+  planned, unscaled and read on the host first, and its ``step()`` runs only when not skipped
+  (torch.amp.GradScaler's order; the hooks see unscaled grads).
+* A plain ``step()`` call asks :meth:`Optimizer._implicit_request` what the protocol owes it:
+  after :meth:`~Optimizer.unscale`, the pending ``found_inf`` (``step_after_unscale``); after a
+  backward scaled by ``opt.scale`` (Note [scale handles] in scale/loss_scale.py), an unscale
+  (``unscale_and_step``); with ``grad_scale``/``found_inf`` set by ``torch.amp.GradScaler``,
+  those. So the GradScaler habits ``scale_outputs(loss, S).backward(); opt.step()`` and
+  ``opt.unscale(...); opt.step()`` never step on scaled grads or past an overflow.
+  Fused optimizers do this in their ``step()``; every other subclass's ``step`` is wrapped by
+  :meth:`Optimizer.__init_subclass__` (and :func:`~scaledoptim.with_scaling`) in a guard that
+  does it around the step it wraps. The protocol's own calls of ``step()`` set
+  ``_scaledoptim_stepping``, which the guard lets through.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import sys
+import warnings
 from collections.abc import Callable
-from typing import Any
+from types import CodeType
+from typing import Any, ClassVar
 
 import torch
 
-from ..scale import LossScale, ScaleUpdate, ScalingConfig, agree_on_found_inf, as_scale_tensor
+from ..scale import (
+    LossScale,
+    ScaleUpdate,
+    ScalingConfig,
+    agree_on_found_inf,
+    as_scale_tensor,
+    handle_state,
+)
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
 from .ownership import ScaleOwner, ScalingState
-from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan
+from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
 from .replay import ClosureReplayError
 from .validation import check_param_grads
 
-__all__ = ["ClosureReplayError", "Optimizer"]
+__all__ = ["ClosureReplayError", "Optimizer", "StepRequest"]
+
+
+@dataclasses.dataclass
+class StepRequest:
+    """What a ``step()`` owes the protocol besides the update (Note [step requests]).
+
+    Attributes:
+        unscale: check the grads first, unscaling them by ``scaled_by`` (``None``: they are not
+            scaled; nothing is checked or skipped).
+        scaled_by: the scale the grads were scaled by.
+        found_inf: skip where it is set; given when the grads were checked already (after
+            :meth:`Optimizer.unscale`), or the flag a check adds to.
+        moves_scale: the unscale reports to the optimizer's own scale, which moves (its own
+            protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
+        adopt: a GradScaler's scale for the optimizer to take as its own, once every check
+            passed.
+        found: set by the step: the ``found_inf`` it used.
+        scale: set by the step: the recommended scale (own protocol only).
+    """
+
+    unscale: bool
+    scaled_by: torch.Tensor | float | None = None
+    found_inf: torch.Tensor | None = None
+    moves_scale: bool = True
+    adopt: tuple[LossScale, str] | None = None
+    found: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
 
 #: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
 #: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
@@ -47,7 +107,11 @@ class Optimizer(ScaleOwner):
     * :meth:`unscale_and_step` does both; with a closure it replays the closure with a smaller
       scale until its grads are finite (LBFGS and other closure optimizers just work).
     * :attr:`scale` is the current recommended scale, a 0-dim float32 tensor on the params'
-      device, updated in place.
+      device, updated in place: one tensor for the optimizer's lifetime (checkpoint loads and
+      :meth:`configure_scaling` copy into it).
+    * A plain ``step()`` never applies scaled grads: after a backward scaled by :attr:`scale`
+      it unscales and skips on overflow as :meth:`unscale_and_step` does; after
+      :meth:`unscale` it skips on ``found_inf`` as :meth:`step_after_unscale` does.
 
     Fused subclasses (:class:`scaledoptim.AdamW`, ...) skip on device and never sync. A generic
     ``step()`` cannot be told to skip on device, so for it :meth:`step_after_unscale` reads
@@ -62,16 +126,45 @@ class Optimizer(ScaleOwner):
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
 
-    #: The step :meth:`unscale_and_step` or :meth:`step_after_unscale` planned, for the
-    #: ``self.step()`` it calls to commit (see :class:`~scaledoptim.protocol.plans.PendingStep`).
-    _scaledoptim_pending: PendingStep | None = None
+    #: Whether ``step()`` receives the protocol's :class:`StepRequest` and plans the step
+    #: itself, after the step pre-hooks (the fused optimizers); otherwise the protocol plans
+    #: first and a guard wraps ``step`` (Note [step requests]).
+    _plans_in_step: ClassVar[bool] = False
+    #: The request the ``self.step()`` a protocol method calls must carry out.
+    _scaledoptim_request: StepRequest | None = None
+    #: Set while the protocol itself runs ``step()``: the guard lets that call through.
+    _scaledoptim_stepping: bool = False
+    #: Set once this optimizer warned that a torch.amp.GradScaler drives it.
+    _scaledoptim_warned_torch_scaler: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wraps a subclass's own ``step`` in the protocol's guard (Note [step requests]), and
+        in torch's step hooks and profiler record, so that instances given the class by
+        :func:`~scaledoptim.patch_optimizer` (whose ``__init__`` has run) get them too."""
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is None or cls._plans_in_step or getattr(step, "_scaledoptim_guarded", False):
+            return
+        if getattr(step, "hooked", False):  # already wrapped by torch's hooks: wrap inside them
+            step = step.__wrapped__
+        guarded = _guard(step)
+        hooked = torch.optim.Optimizer.profile_hook_step(guarded)
+        hooked.hooked = True  # type: ignore[attr-defined]  # torch's flag: do not wrap again
+        hooked._scaledoptim_guarded = True  # type: ignore[attr-defined]
+        cls.step = hooked  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ the scale
     @property
     def scale(self) -> torch.Tensor:
         """The current recommended loss scale: a 0-dim float32 tensor on the params' device.
 
-        It is updated in place by :meth:`unscale`; ``opt.scale.clone()`` keeps a snapshot.
+        It is updated in place by :meth:`unscale`; ``opt.scale.clone()`` keeps a snapshot. It is
+        one tensor for the optimizer's lifetime: :meth:`load_state_dict`,
+        :meth:`configure_scaling` and :meth:`load_gradscaler_state_dict` copy into it, so
+        ``S = opt.scale`` taken once stays the scale in use. After
+        :func:`~scaledoptim.share_scale` it is the first optimizer's tensor, and after a
+        :class:`scaledoptim.GradScaler` stepped the optimizer, the scaler's; an old tensor is
+        then refused by the protocol with the one to pass instead.
         """
         return self._scaling().loss_scale.scale
 
@@ -80,10 +173,17 @@ class Optimizer(ScaleOwner):
         device at that time)."""
         state = self._scaledoptim_scaling
         if state is None:
-            refuse_during_capture("Creating the loss scale")
-            state = self._scaledoptim_scaling = ScalingState(
-                LossScale(ScalingConfig(), self._params_device())
-            )
+            state = self._create_scaling()
+        return state
+
+    # Created eagerly even when first touched inside torch.compile: a scale created while
+    # tracing (issue 20, item 7) could be a different tensor from the one the protocol moves.
+    @torch.compiler.disable
+    def _create_scaling(self) -> ScalingState:
+        refuse_during_capture("Creating the loss scale")
+        state = self._scaledoptim_scaling = ScalingState(
+            LossScale(ScalingConfig(), self._params_device())
+        )
         return state
 
     def _params_device(self) -> torch.device:
@@ -121,13 +221,27 @@ class Optimizer(ScaleOwner):
             any grad was inf/nan); ``recommended_scale`` is :attr:`scale` (``None`` if
             ``grads_scaled_by`` was ``None``).
 
+        A plain ``step()`` after it honours ``found_inf`` as :meth:`step_after_unscale` does.
+
+        fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
+        in place they cannot hold small grads (below fp16's 6e-8 they flush to zero), and a
+        clipped run drifts from fp32. :meth:`unscale_and_step` unscales them in fp32 inside the
+        update; to clip them, clip the scaled grads (``docs/recipes/clipping.md``), or keep fp32
+        params under autocast. bf16 grads have float32's range and are unscaled in place.
+
         Raises:
             RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
-                sparse grads, or for grads on another device than the scale.
-            ValueError: if the scale is not finite and positive.
+                sparse grads, grads on another device than the scale, a scale tensor that is no
+                longer in use (Note [scale handles]), ``grads_scaled_by=None`` after a backward
+                scaled by :attr:`scale`, or an optimizer a :class:`scaledoptim.GradScaler` steps.
+            ValueError: if the scale is not finite and positive, or for fp16 grads.
         """
+        self._check_own_protocol("unscale")
         self._check_can_unscale()
+        self._check_told_unscaled(grads_scaled_by)
         step = self._plan_step()  # the step it prepares must be possible too
+        if grads_scaled_by is not None:
+            check_no_fp16_grads(step.grads, "unscale()")
         plan = self._plan_unscale(grads_scaled_by, step)
         if plan.inv_scale is not None:
             unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
@@ -162,6 +276,7 @@ class Optimizer(ScaleOwner):
             RuntimeError: without a closure, if :meth:`unscale` was not called first.
             ClosureReplayError: if the closure's grads stay non-finite; nothing is changed.
         """
+        self._check_own_protocol("step_after_unscale")
         if closure is not None:
             replay.check_callable(closure, "step_after_unscale", "current_grad_scale")
             replay.check_takes_scale(closure, "step_after_unscale")
@@ -175,8 +290,7 @@ class Optimizer(ScaleOwner):
                 "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
             )
         self._check_can_step_without_closure("step_after_unscale")
-        self._plan_step().step(PendingStep(state.found_inf))
-        state.found_inf = None
+        self._run_step(StepRequest(unscale=False, found_inf=state.found_inf))
         return None
 
     @torch.compiler.disable  # Note [compile boundary]
@@ -211,12 +325,21 @@ class Optimizer(ScaleOwner):
             ``found_inf`` as from :meth:`unscale` (always 0.0 after closure replay) and the
             recommended scale for the next iteration.
 
+        On fused optimizers the step pre-hooks run first, on the grads as backward left them
+        (scaled), and the step validates, checks and uses what they leave; on other optimizers
+        they run in ``self.step()``, after the unscale, on a step that is not skipped (as under
+        :class:`torch.amp.GradScaler`).
+
         Raises:
             ClosureReplayError: if the closure's grads stay non-finite through every replay;
                 params, optimizer state and scale are then exactly as before the call.
             TypeError: a closure that takes no argument given with a scale (it could not run
                 its backward scaled by ``S``), before anything changes.
+            RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
+                (the grads are scaled), a scale tensor no longer in use (Note [scale
+                handles]), or an optimizer a :class:`scaledoptim.GradScaler` steps.
         """
+        self._check_own_protocol("unscale_and_step")
         if closure is not None:
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
@@ -230,36 +353,110 @@ class Optimizer(ScaleOwner):
             )
         self._check_can_step_without_closure("unscale_and_step")
         self._check_can_unscale()
-        step = self._plan_step()
-        plan = self._plan_unscale(grads_scaled_by, step)
-        scaled = plan.inv_scale is not None
-        left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked) if plan.inv_scale is not None else None
-        found_inf, scale, scale_update = self._record_unscale(plan, step.applies_scale_update)
-        step.step(PendingStep(found_inf if scaled else None, left, scale_update))
-        self._scaling().found_inf = None
-        return None, found_inf, scale
+        self._check_told_unscaled(grads_scaled_by)
+        request = StepRequest(unscale=True, scaled_by=grads_scaled_by)
+        self._run_step(request)
+        if request.found is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.step() did not run the step unscale_and_step() asked "
+                "for: a subclass of FusedOptimizer that overrides step() must call super().step()"
+            )
+        return None, request.found, request.scale
 
     # ------------------------------------------------------------------ plan, then commit
-    def _plan_unscale(self, grads_scaled_by: torch.Tensor | float | None, step: StepPlan) -> UnscalePlan:
+    def _run_step(self, request: StepRequest, *args: Any, **kwargs: Any) -> Any:
+        """Runs ``self.step(*args, **kwargs)`` carrying ``request`` out (Note [step requests]);
+        returns what the step returned (``None`` for a step skipped on the host)."""
+        if not self._plans_in_step:
+            run = functools.partial(self.step, *args, **kwargs) if args or kwargs else None
+            return self._execute(request, run=run)
+        self._scaledoptim_request = request
+        try:
+            return self.step(*args, **kwargs)
+        finally:
+            self._scaledoptim_request = None
+
+    def _execute(self, request: StepRequest, run: Callable[[], Any] | None = None) -> Any:
+        """Plans the step, unscales, records ``found_inf`` and commits: ``request`` carried out.
+
+        Called by a fused ``step()`` (after its pre-hooks), by :meth:`_run_step` for other
+        optimizers, and by the guard of a plain ``step()``, which passes the step function it
+        wraps as ``run`` (that step call is under way already). Every check runs before
+        anything changes.
+        """
+        step = self._plan_step()
+        state = self._scaling()
+        if isinstance(step, GenericStepPlan) and run is not None:
+            step.run = run
+        if request.unscale:
+            plan = self._plan_unscale(
+                request.scaled_by, step, own=request.moves_scale, found_inf=request.found_inf
+            )
+            if request.adopt is not None:
+                self._adopt_scale(*request.adopt)  # the GradScaler's scale, once all is checked
+            scaled = plan.inv_scale is not None
+            left = (
+                step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked)
+                if plan.inv_scale is not None
+                else None
+            )
+            if request.moves_scale:
+                found_inf, scale, update = self._record_unscale(plan, step.applies_scale_update)
+            else:  # a GradScaler's scale: it moves in scaler.update()
+                found_inf, scale, update = self._agree(plan.found_inf), None, None
+            pending = PendingStep(found_inf if scaled else None, left, update)
+            request.found, request.scale = found_inf, scale
+        else:
+            pending = PendingStep(request.found_inf)
+            request.found = request.found_inf
+        self._scaledoptim_stepping = True  # a plan that calls self.step() is let through
+        try:
+            result = step.commit(pending)
+        finally:
+            self._scaledoptim_stepping = False
+        state.found_inf = None
+        return result
+
+    def _plan_unscale(
+        self,
+        grads_scaled_by: torch.Tensor | float | None,
+        step: StepPlan,
+        *,
+        own: bool = True,
+        found_inf: torch.Tensor | None = None,
+    ) -> UnscalePlan:
         """Every check an unscale of ``step``'s grads needs (after :meth:`_check_can_unscale`);
-        allocates, but changes nothing."""
+        allocates, but changes nothing.
+
+        ``own``: by this optimizer's scale protocol (the scale is validated and will move);
+        otherwise by a GradScaler's scale, trusted as it is and moved by the scaler, with
+        ``found_inf`` (if given) the flag the check adds to.
+        """
         loss_scale = self._scaling().loss_scale
         device = loss_scale.scale.device
         if grads_scaled_by is None:
             return UnscalePlan(None, None, torch.zeros((), dtype=torch.float32, device=device))
-        # The optimizer's own scale is valid by construction: no call to validate it.
-        scale = (
-            grads_scaled_by
-            if grads_scaled_by is loss_scale.scale
-            else as_scale_tensor(grads_scaled_by, device)
-        )
-        loss_scale.check_can_report(id(self))
+        if not own:
+            assert isinstance(grads_scaled_by, torch.Tensor)
+            scale = grads_scaled_by.to(device, torch.float32, non_blocking=True)
+        elif grads_scaled_by is loss_scale.scale:  # valid by construction: nothing to validate
+            scale = grads_scaled_by
+        else:
+            handle = handle_state(grads_scaled_by) if isinstance(grads_scaled_by, torch.Tensor) else None
+            if handle is not None and handle["retired"] is not None:
+                raise RuntimeError(f"grads_scaled_by is a scale no longer in use. {handle['retired']}")
+            scale = as_scale_tensor(grads_scaled_by, device)
+        if own:
+            loss_scale.check_can_report(id(self))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
         backward_check = self._scaledoptim_backward_check
         if backward_check is None:
-            return UnscalePlan(scale, inv_scale, torch.zeros((), dtype=torch.float32, device=device))
-        found_inf, checked = backward_check.take(step.params, device)
-        return UnscalePlan(scale, inv_scale, found_inf, checked)
+            flag = torch.zeros((), dtype=torch.float32, device=device) if found_inf is None else found_inf.clone()
+            return UnscalePlan(scale, inv_scale, flag)
+        flag, checked = backward_check.take(step.params, device)
+        if found_inf is not None:
+            flag = torch.maximum(flag, found_inf)
+        return UnscalePlan(scale, inv_scale, flag, checked)
 
     def _check_can_unscale(self) -> None:
         """Refuses a second unscale before a step, first: planning the step would be wasted."""
@@ -302,26 +499,179 @@ class Optimizer(ScaleOwner):
     ) -> tuple[torch.Tensor, torch.Tensor | None, ScaleUpdate | None]:
         """Agrees on ``found_inf`` across the process group, records it for the step and moves
         the scale, or returns the move for the step's epilogue to apply (no host sync). Every
-        unscale path ends here."""
+        unscale of the optimizer's own protocol ends here."""
         state = self._scaling()
         if plan.scale is None:
             state.found_inf = plan.found_inf
             return plan.found_inf, None, None
-        if state.process_group is not None:
-            try:
-                agree_on_found_inf(plan.found_inf, state.process_group)  # before anything uses it
-            except BaseException:
-                # The grads may already be unscaled in place, so a second unscale() must be
-                # refused; and this rank cannot know whether another overflowed: skip the step.
-                plan.found_inf.fill_(1.0)
-                state.found_inf = plan.found_inf
-                raise
+        try:
+            self._agree(plan.found_inf)
+        except BaseException:
+            # The grads may already be unscaled in place, so a second unscale() must be
+            # refused; and this rank cannot know whether another overflowed: skip the step.
+            state.found_inf = plan.found_inf
+            raise
         state.found_inf = plan.found_inf
         scale_update = state.loss_scale.report(
             id(self), plan.scale, plan.found_inf,
             force_backoff=state.replaying, defer=defer_scale_update,
         )  # fmt: skip
         return plan.found_inf, state.loss_scale.scale, scale_update
+
+    def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
+        """Agrees on ``found_inf`` across the process group (MAX, on device), before anything
+        uses it; on a failure it is set (this rank cannot know whether another overflowed)."""
+        process_group = self._scaling().process_group
+        if process_group is not None:
+            try:
+                agree_on_found_inf(found_inf, process_group)
+            except BaseException:
+                found_inf.fill_(1.0)
+                raise
+        return found_inf
+
+    def _check_own_protocol(self, method: str) -> None:
+        """Refuses the optimizer's own unscale methods on an optimizer a GradScaler steps: the
+        scaler moves the scale in ``update()``, and this would move it too."""
+        state = self._scaledoptim_scaling
+        if state is not None and state.driver is not None:
+            raise RuntimeError(
+                f"{method}() on an optimizer stepped by a {state.driver}, which owns its scale: "
+                "step it with scaler.step(opt) (scaler.unscale_(opt) first to clip) and end the "
+                "iteration with scaler.update()"
+            )
+
+    def _check_told_unscaled(self, grads_scaled_by: torch.Tensor | float | None) -> None:
+        """Refuses ``grads_scaled_by=None`` (nothing to unscale or skip) after a backward scaled
+        by :attr:`scale`: the step would apply scaled grads."""
+        state = self._scaledoptim_scaling
+        if grads_scaled_by is None and state is not None and state.loss_scale.scaled_for(id(self)):
+            raise RuntimeError(
+                "grads_scaled_by=None says the grads are not scaled, but they come from a "
+                "backward scaled by opt.scale (scaledoptim.scale_outputs(loss, opt.scale)): pass "
+                "grads_scaled_by=opt.scale, or scale the loss by None for unscaled training"
+            )
+
+    def _adopt_scale(self, loss_scale: LossScale, driver: str) -> None:
+        """Makes a GradScaler's ``loss_scale`` this optimizer's scale: ``opt.scale`` is the
+        scaler's from now on, and checkpoints carry it. The optimizer's own scale tensor is
+        retired (Note [scale handles])."""
+        state = self._scaling()
+        if state.loss_scale is not loss_scale:
+            if state.driver is None:  # (another scaler's scale is that scaler's business)
+                state.loss_scale.retire(
+                    f"This was {type(self).__name__}'s own scale, before a {driver} took it "
+                    "over: the scaler's scale is the one in use (opt.scale returns it now)"
+                )
+            state.loss_scale = loss_scale
+        state.driver = driver
+
+    # ------------------------------------------------------------------ a plain step()
+    def _implicit_request(self, closure_given: bool) -> StepRequest | None:
+        """What a plain ``step()`` call owes the protocol (Note [step requests]), ``None`` for
+        nothing: the step runs as written."""
+        if "found_inf" in vars(self):  # set by torch.amp.GradScaler.step()
+            return self._torch_scaler_request()
+        state = self._scaledoptim_scaling
+        if state is None or state.replaying:  # closure replay steps with what it unscaled
+            return None
+        if state.found_inf is not None:  # after unscale(): as step_after_unscale()
+            return StepRequest(unscale=False, found_inf=state.found_inf)
+        if not state.loss_scale.scaled_for(id(self)):
+            return None
+        if state.driver is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.step() after a backward scaled by its {state.driver}'s "
+                "scale: step with scaler.step(opt) and end the iteration with scaler.update(), "
+                "or the scaled grads would be applied as they are"
+            )
+        if closure_given:
+            raise RuntimeError(
+                f"{type(self).__name__}.step(closure) after a backward scaled by opt.scale: a "
+                "plain step would apply the scaled grads. Use "
+                "opt.unscale_and_step(closure, grads_scaled_by=opt.scale) with closure(S), "
+                "which unscales every evaluation and replays it on overflow"
+            )
+        # The GradScaler habit, scale_outputs(loss, S).backward(); opt.step(): the grads are
+        # scaled by opt.scale, so the step does what unscale_and_step(grads_scaled_by=S) does.
+        return StepRequest(unscale=True, scaled_by=state.loss_scale.scale)
+
+    def _torch_scaler_request(self) -> StepRequest | None:
+        """The step ``torch.amp.GradScaler.step()`` asks for by setting ``grad_scale`` and
+        ``found_inf`` on the optimizer (Note [torch GradScaler]); ``None`` when the optimizer's
+        own step reads them (torch's fused optimizers)."""
+        attrs = vars(self)
+        if not self._scaledoptim_warned_torch_scaler:
+            self._scaledoptim_warned_torch_scaler = True
+            warnings.warn(
+                f"A torch.amp.GradScaler steps this scaledoptim.{type(self).__name__}: the scaler "
+                "keeps a scale of its own, so opt.scale (and the 'loss_scale' saved in "
+                "opt.state_dict()) is not the scale in use. The steps are right (they skip on "
+                "the scaler's found_inf), but use scaledoptim.GradScaler, a drop-in with the "
+                "same API whose scale is opt.scale, or the optimizer's own protocol "
+                "(opt.unscale_and_step(grads_scaled_by=opt.scale)).",
+                UserWarning,
+                stacklevel=4,
+            )
+        if native_amp_scaling(self):
+            return None  # torch's fused step reads grad_scale and found_inf itself
+        grad_scale = attrs.get("grad_scale")
+        return StepRequest(
+            unscale=grad_scale is not None,
+            scaled_by=grad_scale,
+            found_inf=attrs["found_inf"],
+            moves_scale=False,
+        )
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """torch's flag for "my step() reads ``grad_scale`` and ``found_inf``" (Note [torch
+        GradScaler])."""
+        if native_amp_scaling(self):
+            return True
+        return sys._getframe(1).f_code in _torch_scaler_steps()
+
+    @_step_supports_amp_scaling.setter
+    def _step_supports_amp_scaling(self, value: bool) -> None:
+        vars(self)["_step_supports_amp_scaling"] = value  # torch's fused __init__ sets it
+
+    def _guarded_step(
+        self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The guard around a generic ``step`` (Note [step requests])."""
+        if self._scaledoptim_stepping:
+            return step(self, *args, **kwargs)
+        closure = kwargs["closure"] if "closure" in kwargs else (args[0] if args else None)
+        request = self._implicit_request(closure is not None)
+        if request is None:
+            state = self._scaledoptim_scaling
+            if closure is not None and state is not None and not state.replaying:
+                args, kwargs = _with_closure(args, kwargs, self._checked_closure(closure, state))
+            return step(self, *args, **kwargs)
+        # torch's grad_scale/found_inf are ours to honour: the wrapped step must not see them.
+        hidden: dict[str, Any] = {
+            key: vars(self).pop(key) for key in ("grad_scale", "found_inf") if key in vars(self)
+        }
+        try:
+            return self._execute(request, run=functools.partial(step, self, *args, **kwargs))
+        finally:
+            vars(self).update(hidden)
+
+    def _checked_closure(self, closure: Callable[[], Any], state: ScalingState) -> Callable[[], Any]:
+        """``closure``, refusing to let ``step`` use grads of a backward scaled by ``opt.scale``."""
+
+        def checked() -> Any:
+            loss = closure()
+            if state.loss_scale.scaled_for(id(self)) and state.found_inf is None:
+                raise RuntimeError(
+                    f"{type(self).__name__}.step(closure) with a closure whose backward is "
+                    "scaled by opt.scale: the step would use scaled grads. Use "
+                    "opt.unscale_and_step(closure, grads_scaled_by=opt.scale) with closure(S), "
+                    "which unscales every evaluation and replays it on overflow"
+                )
+            return loss
+
+        return checked
 
     def _check_can_step_without_closure(self, method: str) -> None:
         if isinstance(self, torch.optim.LBFGS):
@@ -337,3 +687,61 @@ class Optimizer(ScaleOwner):
         state = self._scaledoptim_scaling
         if state is not None:
             state.found_inf = None
+
+
+def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
+    """Refuses to unscale fp16 grads in place (issue 20, item 10), as GradScaler does."""
+    if any(grad.dtype == torch.float16 for grad in grads):
+        raise ValueError(
+            f"{method} was given fp16 grads to unscale in place (as torch.amp.GradScaler, it "
+            "refuses them): unscaled, an fp16 grad cannot hold small values (below 6e-8 they "
+            "flush to zero), and clipping them drifts from fp32. Use "
+            "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update; "
+            "for clipping, clip the scaled fp16 grads at max_norm * S (docs/recipes/clipping.md, "
+            "'fp16 grads'), or keep fp32 params under autocast so that grads are fp32."
+        )
+
+
+def _guard(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A subclass's ``step`` inside the protocol's guard (Note [step requests])."""
+
+    @functools.wraps(step, updated=())  # not torch's "hooked" flag of a hooked step
+    def guarded(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
+        return self._guarded_step(step, args, kwargs)
+
+    return guarded
+
+
+def _with_closure(
+    args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure}
+    return (closure, *args[1:]), kwargs
+
+
+@functools.cache
+def _torch_scaler_steps() -> frozenset[CodeType]:
+    """The code of ``torch.amp.GradScaler.step`` (and subclasses' own ``step``) that asks
+    ``_step_supports_amp_scaling`` before stepping.
+
+    Note [torch GradScaler]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    ``torch.amp.GradScaler.step(opt)`` asks ``opt._step_supports_amp_scaling``; when it is true
+    it sets ``opt.grad_scale`` (``None`` after ``unscale_``) and ``opt.found_inf`` (on device)
+    and calls ``opt.step()``, which must unscale and skip itself. scaledoptim's optimizers answer
+    true to that call alone: their step then honours both on device (sync-free on the fused
+    ones) and warns once that ``opt.scale`` is not the scale in use. Anyone else asking (Lightning
+    decides from it that the optimizer "unscales internally" and refuses gradient clipping) gets
+    false, which is what a scaledoptim optimizer's plain ``step()`` is. torch's own fused
+    optimizers set the flag on the instance; they answer true to everyone, as in torch.
+    """
+    codes = {torch.amp.GradScaler.step.__code__}
+    try:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    except ImportError:  # torch built without distributed
+        pass
+    else:
+        if "step" in vars(ShardedGradScaler):
+            codes.add(ShardedGradScaler.step.__code__)
+    return frozenset(codes)

@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..scale import handle_state
+
 __all__ = ["backward", "grad", "scale_outputs"]
 
 _T = TypeVar("_T")
@@ -19,11 +21,30 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
     training loop serves scaled (fp16) and unscaled (bf16/fp32) runs. Like
     :meth:`torch.amp.GradScaler.scale`, a 0-dim ``scale`` does not change an output's dtype.
 
+    Scaling by an optimizer's :attr:`~scaledoptim.Optimizer.scale` also tells the optimizer that
+    its grads will be scaled: a plain ``opt.step()`` after the backward then unscales (and skips
+    on overflow) as ``opt.unscale_and_step(grads_scaled_by=opt.scale)`` would, instead of
+    stepping on scaled grads. A scale tensor that is no longer any optimizer's scale (another
+    optimizer's before :func:`~scaledoptim.share_scale`, say) is refused.
+
     Example::
 
         >>> scaledoptim.scale_outputs(loss, opt.scale).backward()
         >>> torch.autograd.backward(scaledoptim.scale_outputs((out0, out1), S))
     """
+    handle = handle_state(scale) if isinstance(scale, torch.Tensor) else None
+    if handle is not None and handle["retired"] is not None:
+        # Scaled by a stale handle, the backward could not be told to the optimizer whose
+        # grads it makes (Note [scale handles]): refuse it at its first use.
+        raise RuntimeError(f"This scale tensor is no longer in use. {handle['retired']}")
+    scaled = _scaled(outputs, scale)
+    if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
+        handle["scaled"] = True
+    return scaled
+
+
+def _scaled(outputs: _T, scale: torch.Tensor | float | None) -> _T:
+    """``outputs`` times ``scale`` (see :func:`scale_outputs`), telling no optimizer."""
     if scale is None:
         return outputs
     moved: dict[torch.device, torch.Tensor] = {}
@@ -96,10 +117,11 @@ def grad(
         >>> grads = scaledoptim.grad(loss, params, create_graph=True, scale_grads_by=S)
         >>> penalty = sum((g / S).pow(2).sum() for g in grads)
     """
+    # The grads it returns are not the optimizer's: its next step is not told they are scaled.
     if grad_outputs is None:
-        outputs = scale_outputs(outputs, scale_grads_by)
+        outputs = _scaled(outputs, scale_grads_by)
     else:
-        grad_outputs = scale_outputs(grad_outputs, scale_grads_by)
+        grad_outputs = _scaled(grad_outputs, scale_grads_by)
     return torch.autograd.grad(
         outputs,
         inputs,

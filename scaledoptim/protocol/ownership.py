@@ -35,6 +35,12 @@ class ScalingState:
     replaying: bool = False
     # Not part of the state_dict: a process group belongs to this run, not to the checkpoint.
     process_group: Any = None
+    # Who moves the scale when not this optimizer's own protocol: a scaledoptim.GradScaler
+    # stepping it (its name, for messages); the optimizer's own unscale methods then refuse.
+    driver: str | None = None
+    # The scale came from a checkpoint (a GradScaler that adopts the optimizer warns if its own
+    # was never loaded: the optimizer's checkpointed scale would be dropped).
+    loaded: bool = False
 
     @property
     def unscaled(self) -> bool:
@@ -75,7 +81,8 @@ class ScaleOwner(torch.optim.Optimizer):
         r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
 
         The defaults reproduce :class:`torch.amp.GradScaler`'s scale sequence exactly. See
-        :class:`scaledoptim.ScalingConfig` for the other arguments.
+        :class:`scaledoptim.ScalingConfig` for the other arguments. The new scale is written
+        into :attr:`~scaledoptim.Optimizer.scale`'s tensor: a handle taken before stays live.
 
         Args:
             process_group: a :class:`torch.distributed.ProcessGroup` whose ranks must agree on
@@ -87,13 +94,17 @@ class ScaleOwner(torch.optim.Optimizer):
             check_during_backward: fold each grad into ``found_inf`` as backward produces it
                 (a post-accumulate-grad hook per param), so that the step reads each grad once
                 instead of twice on our kernels; grads set or changed after backward are checked
-                in the step as usual (Note [overlapped overflow check]). Does nothing once
-                torch.distributed is initialized: collectives rewrite grads without moving
-                their version counters. Not kept in the ``state_dict`` or in copies: configure
-                it again after loading or copying.
+                in the step as usual (the docs' *Concepts* page explains when it helps). Does
+                nothing once torch.distributed is initialized: collectives rewrite grads without
+                moving their version counters. Not kept in the ``state_dict`` or in copies:
+                configure it again after loading or copying.
 
         Returns:
             the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.
+
+        Raises:
+            RuntimeError: on an optimizer that shares its scale (configure the first, then
+                share), or one a :class:`scaledoptim.GradScaler` steps (configure the scaler).
         """
         check_process_group(process_group)
         config = ScalingConfig(
@@ -107,8 +118,14 @@ class ScaleOwner(torch.optim.Optimizer):
                 "configure_scaling() on an optimizer that shares its scale: configure the first "
                 "optimizer, then call scaledoptim.share_scale(...)"
             )
+        if current is not None and current.driver is not None:
+            raise RuntimeError(
+                f"configure_scaling() on an optimizer stepped by a {current.driver}, which owns "
+                "its scale: configure the scaler (its constructor, set_growth_factor(), ...)"
+            )
         self._scaledoptim_scaling = ScalingState(
-            LossScale(config, self._params_device()), process_group=process_group
+            self._keep_handle(LossScale(config, self._params_device())),
+            process_group=process_group,
         )
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.remove()
@@ -139,8 +156,12 @@ class ScaleOwner(torch.optim.Optimizer):
         """As :meth:`torch.optim.Optimizer.load_state_dict`, restoring the loss scale too.
 
         A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
-        scale reset to its configured ``init_scale``. The scale state is validated before
-        anything changes. The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is kept.
+        scale reset to its configured ``init_scale`` (an optimizer a
+        :class:`scaledoptim.GradScaler` steps keeps the scaler's scale, loaded with the
+        scaler). The scale state is validated before anything changes, then copied into
+        :attr:`~scaledoptim.Optimizer.scale`'s tensor: ``S = opt.scale`` taken before the load
+        resumes from the loaded scale. The process group given to
+        :meth:`~scaledoptim.Optimizer.configure_scaling` is kept.
 
         Raises:
             RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale` (see
@@ -148,9 +169,11 @@ class ScaleOwner(torch.optim.Optimizer):
         """
         loss_scale, torch_state_dict = self._split_scale_state(state_dict)
         super().load_state_dict(torch_state_dict)
-        self._scaledoptim_scaling = ScalingState(
-            loss_scale, process_group=self._scaling().process_group
-        )
+        state = self._scaling()
+        if loss_scale is not None:  # None: a plain torch.optim state_dict into a GradScaler's
+            state.loss_scale = self._keep_handle(loss_scale)
+            state.loaded = "loss_scale" in state_dict
+        state.found_inf = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As :meth:`torch.optim.Optimizer.zero_grad`; on a shared scale it also lets the next
@@ -215,7 +238,8 @@ class ScaleOwner(torch.optim.Optimizer):
         loaded = loss_scale_from_gradscaler_state(
             state_dict, current.loss_scale.config, self._params_device()
         )
-        self._scaledoptim_scaling = ScalingState(loaded, process_group=current.process_group)
+        current.loss_scale = self._keep_handle(loaded)
+        current.loaded = True
 
     def gradscaler_state_dict(self) -> dict[str, Any]:
         """The scale as ``torch.amp.GradScaler.state_dict()`` holds it (to go back to GradScaler).
@@ -230,6 +254,22 @@ class ScaleOwner(torch.optim.Optimizer):
         return gradscaler_state_from_loss_scale(self._scaling().loss_scale)
 
     # ------------------------------------------------------------------ checkpoints, safely
+    def _keep_handle(self, loaded: LossScale) -> LossScale:
+        """The LossScale to use for ``loaded`` (validated, nothing changed yet): the one in use,
+        holding ``loaded``'s state in its own tensors, so that ``S = opt.scale`` taken before
+        stays the scale in use (Note [scale handles]); ``loaded`` itself when there is none yet,
+        or when the params moved to another device (the old scale is then retired)."""
+        current = self._scaledoptim_scaling
+        if current is None:
+            return loaded
+        if current.loss_scale.assign_(loaded):
+            return current.loss_scale
+        current.loss_scale.retire(
+            f"This scale tensor lived on {current.loss_scale.device}, but the optimizer's params "
+            f"moved to {loaded.device}, and so did its scale: pass opt.scale as it is now."
+        )
+        return loaded
+
     def _check_between_steps(self, method: str) -> None:
         """Refuses a checkpoint between ``unscale()`` and the step that consumes it."""
         state = self._scaledoptim_scaling
@@ -240,10 +280,13 @@ class ScaleOwner(torch.optim.Optimizer):
                 "step_after_unscale() (or zero_grad() to drop the step) first."
             )
 
-    def _split_scale_state(self, state_dict: dict[str, Any]) -> tuple[LossScale, dict[str, Any]]:
+    def _split_scale_state(
+        self, state_dict: dict[str, Any]
+    ) -> tuple[LossScale | None, dict[str, Any]]:
         """Validates ``state_dict``'s ``"loss_scale"`` and returns it as a :class:`LossScale` with
         the rest of the state_dict; changes nothing. A state_dict without one (a plain torch.optim
-        checkpoint) gives a fresh scale of the optimizer's configuration."""
+        checkpoint) gives a fresh scale of the optimizer's configuration, or ``None`` for an
+        optimizer a GradScaler steps (its scale is the scaler's, loaded with the scaler)."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
         self._check_between_steps("load_state_dict()")
@@ -257,5 +300,7 @@ class ScaleOwner(torch.optim.Optimizer):
         scale_state = state_dict.pop("loss_scale", None)
         device = self._params_device()
         if scale_state is None:
+            if current.driver is not None:
+                return None, state_dict  # the scaler's scale is the one in use: leave it
             return LossScale(current.loss_scale.config, device), state_dict
         return LossScale.from_state_dict(scale_state, device), state_dict

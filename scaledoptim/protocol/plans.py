@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 from ..scale import ScaleUpdate
 from ..torch_ops import unscale_in_place_
 
-__all__ = ["GenericStepPlan", "PendingStep", "StepPlan", "UnscalePlan"]
+__all__ = ["GenericStepPlan", "PendingStep", "StepPlan", "UnscalePlan", "native_amp_scaling"]
 
 
 @dataclasses.dataclass
@@ -63,19 +64,35 @@ class StepPlan(Protocol):
         """Checks (and unscales, or leaves to the update) the grads; returns the ``inv_scale``
         the update must still apply, or ``None`` when the grads were unscaled in place."""
 
-    def step(self, pending: PendingStep) -> None:
-        """Runs ``optimizer.step()``, skipped where ``pending.found_inf`` is set."""
+    def commit(self, pending: PendingStep) -> Any:
+        """Runs the update, skipped where ``pending.found_inf`` is set; returns what the
+        optimizer's step returned (``None`` for a step skipped on the host)."""
 
 
 class GenericStepPlan:
-    """The step of an optimizer we cannot see into: ``self.step()`` as it is."""
+    """The step of an optimizer we cannot see into: its ``step()`` as it is.
+
+    Args:
+        optimizer: the optimizer.
+        params: its params that have a grad.
+        run: what runs the update; ``None``: ``optimizer.step()``, as hooks, schedulers and the
+            profiler see a step (the protocol commits with its guard open: Note [step requests]
+            in optimizer.py). The guard passes the step function it wraps, when a plain
+            ``step()`` call is already under way.
+    """
 
     applies_scale_update = False
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.Tensor],
+        run: Callable[[], Any] | None = None,
+    ) -> None:
         self.optimizer = optimizer
         self.params = params
         self.grads = [p.grad for p in params if p.grad is not None]  # every one has a grad
+        self.run = run
 
     def unscale_grads_(
         self,
@@ -85,15 +102,29 @@ class GenericStepPlan:
     ) -> None:
         unscale_in_place_(self.grads, found_inf, inv_scale)
 
-    def step(self, pending: PendingStep) -> None:
+    def commit(self, pending: PendingStep) -> Any:
         opt, found_inf = self.optimizer, pending.found_inf
         if found_inf is None:
-            opt.step()
-        elif getattr(opt, "_step_supports_amp_scaling", False):
+            return self._run()
+        if native_amp_scaling(opt):
             opt.grad_scale, opt.found_inf = None, found_inf  # type: ignore[attr-defined]
             try:
-                opt.step()
+                return self._run()
             finally:
                 del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
-        elif found_inf.item() == 0.0:  # the documented host read of a generic step
-            opt.step()
+        if found_inf.item() == 0.0:  # the documented host read of a generic step
+            return self._run()
+        return None
+
+    def _run(self) -> Any:
+        # The protocol commits with its guard open (Optimizer._execute), so opt.step() is let
+        # through as it is.
+        return self.run() if self.run is not None else self.optimizer.step()
+
+
+def native_amp_scaling(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer``'s own ``step()`` implements torch's on-device ``found_inf`` /
+    ``grad_scale`` protocol (torch's fused optimizers set ``_step_supports_amp_scaling`` on the
+    instance). Read from the instance: scaledoptim's class-level answer is for
+    ``torch.amp.GradScaler`` (see ``Optimizer._step_supports_amp_scaling``)."""
+    return bool(vars(optimizer).get("_step_supports_amp_scaling", False))

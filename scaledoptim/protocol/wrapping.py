@@ -17,8 +17,10 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
     r"""Returns a subclass of ``optimizer_class`` that also is a :class:`scaledoptim.Optimizer`.
 
     Methods ``optimizer_class`` defines itself come first, so an optimizer that already
-    implements ``unscale_and_step`` or ``step_after_unscale`` keeps its own. The same class
-    object is returned for the same argument.
+    implements ``unscale_and_step`` or ``step_after_unscale`` keeps its own. Its ``step`` is
+    wrapped in the protocol's guard: after :meth:`~scaledoptim.Optimizer.unscale` it skips on
+    ``found_inf``, and after a backward scaled by :attr:`~scaledoptim.Optimizer.scale` it
+    unscales first. The same class object is returned for the same argument.
 
     Example::
 
@@ -32,10 +34,21 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
         return optimizer_class
     scaled = _scaled_classes.get(optimizer_class)
     if scaled is None:
+        # Its own ``step``, the class's, so that Optimizer.__init_subclass__ wraps it in the
+        # protocol's guard (Note [step requests]): a plain step() after a scaled backward or an
+        # unscale() must not apply scaled or overflowed grads.
+        step: Any = optimizer_class.step
+        if getattr(step, "hooked", False):  # torch's hooks wrapped it when X was first built
+            step = step.__wrapped__
         scaled = _scaled_classes[optimizer_class] = type(
             optimizer_class.__name__,
             (optimizer_class, Optimizer),
-            {"__module__": __name__, "__doc__": optimizer_class.__doc__, "__reduce_ex__": _reduce_ex},
+            {
+                "__module__": __name__,
+                "__doc__": optimizer_class.__doc__,
+                "__reduce_ex__": _reduce_ex,
+                "step": step,
+            },
         )
     return scaled
 

@@ -1,6 +1,29 @@
 """The dynamic loss-scale state machine, kept in device tensors and updated with no host sync.
 
-It knows no optimizer: a reporter is any object id that reports ``found_inf`` once per round."""
+It knows no optimizer: a reporter is any object id that reports ``found_inf`` once per round.
+
+Note [scale handles]
+~~~~~~~~~~~~~~~~~~~~
+Users take ``S = opt.scale`` once and pass it to every call, so a scale tensor is a *handle*:
+it must stay the scale in use. The scale of a :class:`LossScale` is updated in place, and a
+checkpoint load or a new configuration is copied into the LossScale in use
+(:meth:`LossScale.assign_`), so its tensors stay. Where the tensor cannot stay (another
+optimizer's tensor after ``share_scale``, a scale that moved to another device) it is
+*retired*: the protocol refuses it with the reason, before anything changes, instead of copying
+its stale value over the newer state.
+
+The tensor carries a small dict, its handle state (:data:`HANDLE_ATTR`):
+
+* ``"scaled"``: set by ``scale_outputs(outputs, S)``: a backward is being scaled by this scale.
+  Cleared when the scale moves for that backward (the reports of a round complete, or a
+  GradScaler's ``update()``). A plain ``step()`` reads it to unscale instead of stepping on
+  scaled grads (the GradScaler habit).
+* ``"retired"``: ``None``, or why the tensor is no longer any optimizer's scale.
+
+A dict of a bool and a string: it pickles and loads under ``torch.load(weights_only=True)``
+with the tensor, and ``torch.compile`` traces the write in ``scale_outputs`` without a graph
+break or a guard on its value. ``clone()`` (and so every ``state_dict``) does not copy it.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +37,17 @@ import torch
 from .checks import is_float32_scale
 from .config import ScalingConfig
 
-__all__ = ["LossScale", "ScaleUpdate"]
+__all__ = ["HANDLE_ATTR", "LossScale", "ScaleUpdate", "handle_state"]
 
 _FLOAT32 = torch.finfo(torch.float32)
+
+#: The attribute of a scale tensor that holds its handle state (Note [scale handles]).
+HANDLE_ATTR = "_scaledoptim_handle"
+
+
+def handle_state(tensor: torch.Tensor) -> dict[str, Any] | None:
+    """The handle state of a scale tensor (Note [scale handles]), ``None`` for any other tensor."""
+    return getattr(tensor, HANDLE_ATTR, None)
 
 
 class LossScale:
@@ -31,6 +62,8 @@ class LossScale:
     def __init__(self, config: ScalingConfig, device: torch.device) -> None:
         self.config = config
         self.scale = torch.full((), config.init_scale, dtype=torch.float32, device=device)
+        self.handle: dict[str, Any] = {"scaled": False, "retired": None}
+        setattr(self.scale, HANDLE_ATTR, self.handle)
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self.hysteresis_tracker = torch.full((), config.hysteresis, dtype=torch.int32, device=device)
         self.sharers = 1
@@ -42,6 +75,29 @@ class LossScale:
     @property
     def device(self) -> torch.device:
         return self.scale.device
+
+    # ------------------------------------------------------------------ the handle
+    def assign_(self, other: LossScale) -> bool:
+        """Takes ``other``'s config, scale and trackers *in place*, so that this object, its
+        tensors and every handle to its scale stay the ones in use (Note [scale handles]).
+        Returns ``False``, changing nothing, when ``other`` lives on another device: the caller
+        then replaces this LossScale and retires its scale."""
+        if other.device != self.device:
+            return False
+        self.config = other.config
+        for name in ("scale", "growth_tracker", "hysteresis_tracker"):
+            getattr(self, name).copy_(getattr(other, name))
+        self.handle["scaled"] = False  # a new state: nothing was scaled by it yet
+        return True
+
+    def retire(self, reason: str) -> None:
+        """Marks this scale's tensor as no longer in use; the protocol refuses it with ``reason``."""
+        self.handle["retired"] = reason
+
+    def scaled_for(self, reporter: int) -> bool:
+        """Whether a backward was scaled by this scale (``scale_outputs``) that ``reporter`` has
+        not unscaled yet (Note [scale handles])."""
+        return bool(self.handle["scaled"]) and reporter not in self._round
 
     def check_can_report(self, reporter: int) -> None:
         """Raises if ``reporter`` already reported in the current round of a shared scale
@@ -71,6 +127,7 @@ class LossScale:
         self.check_can_report(reporter)
         if self.sharers == 1:
             update = ScaleUpdate(self, scaled_by, found_inf, force_backoff)
+            self.handle["scaled"] = False  # the scale moves for the scaled backward
         else:
             if reporter in self._round:  # check_can_report let it through: the round was abandoned
                 self._round_found_inf.zero_()
@@ -82,6 +139,7 @@ class LossScale:
                 return None
             # A copy: the round's flag is cleared now, before a deferred update reads it.
             update = ScaleUpdate(self, scaled_by, self._round_found_inf.clone(), force_backoff)
+            self.handle["scaled"] = False  # every sharer unscaled the scaled backward
             self._round_found_inf.zero_()
             self._round.clear()
             self._zeroed.clear()

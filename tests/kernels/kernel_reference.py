@@ -38,7 +38,7 @@ CUDA_KERNEL_MARKS = (
 def needs_cupy() -> None:
     """Used through CUDA_KERNEL_MARKS: a module using those marks imports this fixture too."""
     pytest.importorskip(
-        "cupy", reason="CUDA kernels launch through CuPy (pip install scaledoptim[cuda12])"
+        "cupy", reason='CUDA kernels launch through CuPy (pip install -e ".[cuda12]")'
     )
 
 

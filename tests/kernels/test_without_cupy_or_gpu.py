@@ -38,7 +38,9 @@ def test_cuda_launch_without_cupy_names_the_fix():
             "from scaledoptim.kernels.cuda_backend import _import_cupy\n"
             "try:\n    _import_cupy()\nexcept RuntimeError as e:\n    print(e)"
         )
-        assert "pip install scaledoptim[cuda12]" in result.stdout, result.stderr
+        assert 'pip install -e ".[cuda12]"` in a checkout' in result.stdout, result.stderr
+        wheel = 'pip install "scaledoptim[cuda12]"` where scaledoptim was installed from a wheel'
+        assert wheel in result.stdout
 
 
 def test_gpu_tests_report_skipped_without_gpu_or_cupy():

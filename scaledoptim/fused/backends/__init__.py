@@ -73,8 +73,9 @@ def select(device: torch.device) -> Backend:
         warnings.warn(
             f"scaledoptim's CUDA kernels cannot run on {device} ({problem}); the fused "
             "optimizers use torch's fused ops there instead (also sync-free, but grads are "
-            "unscaled in place). To fix it, install the CuPy build for your driver (pip install "
-            "'scaledoptim[cuda12]' or '[cuda13]'); SCALEDOPTIM_KERNELS=torch silences this, "
+            "unscaled in place). To fix it, install the CuPy build for your driver, the cuda12 "
+            'or cuda13 extra (pip install -e ".[cuda12]" in a checkout, pip install '
+            '"scaledoptim[cuda12]" with a wheel); SCALEDOPTIM_KERNELS=torch silences this, '
             "SCALEDOPTIM_KERNELS=cupy turns it into an error.",
             RuntimeWarning,
             stacklevel=3,

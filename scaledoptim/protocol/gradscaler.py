@@ -1,0 +1,385 @@
+"""``scaledoptim.GradScaler``: ``torch.amp.GradScaler``'s object, with the scale inside the
+optimizers it steps.
+
+Note [GradScaler facade]
+~~~~~~~~~~~~~~~~~~~~~~~~
+Frameworks pass a scaler object around (timm's ``loss_scaler``, Lightning's
+``MixedPrecision(scaler=...)``, accelerate's ``accelerator.scaler``). This one is a subclass of
+``torch.amp.GradScaler`` with its constructor, methods, return values and checkpoint format, so
+whatever takes torch's takes it.
+
+*Where the scale lives.* In one :class:`~scaledoptim.scale.LossScale`, created by the first
+``scale()`` on the device of what it scales. torch's ``_scale`` and ``_growth_tracker`` are that
+LossScale's tensors, and its growth/backoff settings are that LossScale's config (the private
+attributes are properties), so torch's own code paths (plain optimizers, ``update()``,
+``state_dict()``) read and move the same state. The first ``unscale_``/``step`` of a scaledoptim
+optimizer makes that LossScale the optimizer's scale (the optimizer's own scale tensor is
+retired, Note [scale handles]): ``opt.scale`` is the scaler's tensor, ``opt.state_dict()``
+carries it, and loading either checkpoint loads the one scale. The optimizer's own unscale
+methods then refuse (the scaler moves the scale, in ``update()``).
+
+*Several optimizers.* Each one's ``found_inf`` comes from its own grads, so each skips on its
+own; ``update()`` is torch's: it sums every optimizer's ``found_inf`` and backs off once.
+
+*scaledoptim optimizers* are stepped through the protocol (Note [step requests] in
+optimizer.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
+scale without moving it (or, after ``unscale_``, to skip on the ``found_inf`` found then). A
+fused optimizer reads ``found_inf`` on device and never reads the host in ``scale``,
+``unscale_``, ``step`` or ``update``; since it cannot know on the host whether a step was
+skipped, ``step`` returns what ``opt.step()`` returned (as torch's GradScaler does for torch's
+fused optimizers). *Other optimizers* get torch's GradScaler code unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.amp.grad_scaler import OptState
+
+from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
+from ..torch_ops import unscale_in_place_
+from .optimizer import Optimizer, StepRequest, check_no_fp16_grads
+from .outputs import scale_outputs
+
+__all__ = ["GradScaler"]
+
+_DRIVER = "scaledoptim.GradScaler"
+
+
+class GradScaler(torch.amp.GradScaler):
+    r"""A drop-in :class:`torch.amp.GradScaler` whose scale is the scale of the scaledoptim
+    optimizers it steps.
+
+    Same constructor, methods, return values and ``state_dict`` format as
+    :class:`torch.amp.GradScaler` (it is a subclass), so any framework that takes a GradScaler
+    takes this one. With scaledoptim's optimizers:
+
+    * ``opt.scale`` and ``get_scale()`` are the same scale once the scaler has stepped
+      ``opt``, and ``opt.state_dict()`` carries it;
+    * the run follows :class:`torch.amp.GradScaler` + the matching ``torch.optim`` optimizer
+      exactly: the same scales, the same skipped iterations, the same params within kernel
+      rounding;
+    * :meth:`scale`, :meth:`unscale_`, :meth:`step` and :meth:`update` never read the host with
+      a fused optimizer (:class:`scaledoptim.AdamW`, ...): a skipped step is skipped on device.
+      A generic scaledoptim optimizer (:func:`scaledoptim.with_scaling`) costs one host read per
+      :meth:`step`, as under torch's GradScaler.
+
+    With any other optimizer it is :class:`torch.amp.GradScaler`. Differences: :meth:`scale`
+    also takes dicts (torch's returns an iterator over the keys) and lets ``None`` through;
+    invalid settings raise ``ValueError``/``TypeError`` (torch asserts, or accepts a growth factor
+    of 0.5); a bad state_dict is refused before anything changes.
+
+    Args:
+        device: the device type of the scale (``"cuda"``, ``"cpu"``, ...). As torch's, a
+            ``"cuda"`` scaler on a machine without CUDA warns and disables itself.
+        init_scale: the scale before the first step.
+        growth_factor: multiplies the scale after ``growth_interval`` clean iterations (> 1).
+        backoff_factor: multiplies the scale after an iteration with inf/nan grads (in (0, 1)).
+        growth_interval: consecutive clean iterations before the scale grows.
+        enabled: ``False`` makes every method a pass-through: :meth:`scale` returns its input,
+            :meth:`step` is ``optimizer.step()``, ``state_dict()`` is ``{}``.
+
+    Example::
+
+        >>> scaler = scaledoptim.GradScaler("cuda")
+        >>> opt = scaledoptim.AdamW(model.parameters())
+        >>> with torch.autocast("cuda", dtype=torch.float16):
+        ...     loss = loss_fn(model(x), y)
+        >>> scaler.scale(loss).backward()
+        >>> scaler.unscale_(opt)                      # optional: to clip unscaled grads
+        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        >>> scaler.step(opt)                          # skipped on device if found_inf
+        >>> scaler.update()
+        >>> assert opt.scale.item() == scaler.get_scale()
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        self._loss_scale: LossScale | None = None
+        # Whether the scale was loaded or moved by update(): adopting an optimizer whose scale
+        # came from a checkpoint, a fresh scaler warns (that scale would be dropped).
+        self._touched = False
+        if enabled:
+            # The settings, validated before torch's __init__ stores them (through the
+            # properties below) and kept here until the first scale() makes the LossScale.
+            self._config = ScalingConfig(
+                init_scale=init_scale, growth_factor=growth_factor,
+                backoff_factor=backoff_factor, growth_interval=growth_interval,
+            )  # fmt: skip
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+
+    # ------------------------------------------------------------------ one place for the state
+    def _scaling_config(self) -> ScalingConfig:
+        return self._loss_scale.config if self._loss_scale is not None else self._config
+
+    def _set_config(self, **changes: Any) -> None:
+        config = dataclasses.replace(self._scaling_config(), **changes)  # validates
+        self._config = config
+        if self._loss_scale is not None:
+            self._loss_scale.config = config
+
+    # torch's GradScaler keeps these as plain attributes; here they are the LossScale's config,
+    # which the optimizers the scaler steps share (Note [GradScaler facade]).
+    @property
+    def _growth_factor(self) -> float:
+        return self._scaling_config().growth_factor
+
+    @_growth_factor.setter
+    def _growth_factor(self, value: float) -> None:
+        self._set_config(growth_factor=value)
+
+    @property
+    def _backoff_factor(self) -> float:
+        return self._scaling_config().backoff_factor
+
+    @_backoff_factor.setter
+    def _backoff_factor(self, value: float) -> None:
+        self._set_config(backoff_factor=value)
+
+    @property
+    def _growth_interval(self) -> int:
+        return self._scaling_config().growth_interval
+
+    @_growth_interval.setter
+    def _growth_interval(self, value: int) -> None:
+        self._set_config(growth_interval=value)
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device | str) -> None:
+        if self._growth_tracker is not None:
+            raise AssertionError("_growth_tracker initialized before _scale")
+        config = dataclasses.replace(self._config, init_scale=self._init_scale)
+        loss_scale = LossScale(config, torch.device(dev))
+        loss_scale.growth_tracker.fill_(self._init_growth_tracker)
+        self._loss_scale = loss_scale
+        self._scale = loss_scale.scale
+        self._growth_tracker = loss_scale.growth_tracker
+
+    # ------------------------------------------------------------------ the iteration
+    def scale(self, outputs: Any) -> Any:
+        r"""Multiplies a tensor, or every tensor of nested lists/tuples/dicts, by the scale.
+
+        As :meth:`torch.amp.GradScaler.scale` (the scale is created on the device of the first
+        tensor, and a 0-dim scale keeps each output's dtype); dicts come back as dicts, ``None``
+        entries pass through. Returns ``outputs`` unchanged when the scaler is disabled.
+        """
+        if not self._enabled:
+            return outputs
+        if self._scale is None:
+            first = _first_tensor(outputs)
+            if first is None:
+                return outputs  # nothing to scale (torch does not create the scale either)
+            self._lazy_init_scale_growth_tracker(first.device)
+        return scale_outputs(outputs, self._scale)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divides the optimizer's grads by the scale, in place, and checks them for inf/nan.
+
+        As :meth:`torch.amp.GradScaler.unscale_`: optional (to clip or inspect unscaled grads
+        before :meth:`step`), once per optimizer per iteration, no host sync; fp16 grads are
+        refused (``ValueError``: :meth:`step` without ``unscale_`` takes them, unscaling in fp32
+        inside the update). For a scaledoptim optimizer every check runs before anything
+        changes, and the optimizer takes the scaler's scale as its own.
+        """
+        if not self._enabled:
+            return
+        if not isinstance(optimizer, Optimizer):
+            super().unscale_(optimizer)
+            return
+        self._check_scale_growth_tracker("unscale_")
+        self._check_stage(optimizer, "unscale_")
+        self._check_can_adopt(optimizer)
+        plan_step = optimizer._plan_step()
+        check_no_fp16_grads(plan_step.grads, "GradScaler.unscale_()")
+        plan = optimizer._plan_unscale(self._scale, plan_step, own=False)
+        assert plan.inv_scale is not None and self._loss_scale is not None
+        optimizer._adopt_scale(self._loss_scale, _DRIVER)
+        unscale_in_place_(plan_step.grads, plan.found_inf, plan.inv_scale)
+        found_inf = optimizer._agree(plan.found_inf)
+        state = self._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
+        state["stage"] = OptState.UNSCALED
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """Unscales the grads (unless :meth:`unscale_` did) and steps, skipping on inf/nan.
+
+        As :meth:`torch.amp.GradScaler.step`; ``*args``/``**kwargs`` go to ``optimizer.step``
+        and closures are refused. A scaledoptim optimizer steps through ``optimizer.step()``
+        (hooks, schedulers and the profiler see it) with the scaler's ``found_inf``: a fused one
+        skips on device (no host read) and the return value is ``optimizer.step()``'s, skipped or
+        not; a generic one reads ``found_inf`` on the host and returns ``None`` when skipped.
+
+        Returns:
+            what ``optimizer.step()`` returned, or ``None`` for a step skipped on the host.
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if not isinstance(optimizer, Optimizer):
+            return super().step(optimizer, *args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._check_scale_growth_tracker("step")
+        stage = self._check_stage(optimizer, "step")
+        assert self._loss_scale is not None
+        if stage is OptState.UNSCALED:
+            (found_inf,) = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()
+            request = StepRequest(unscale=False, found_inf=found_inf)
+        else:
+            self._check_can_adopt(optimizer)
+            request = StepRequest(
+                unscale=True,
+                scaled_by=self._scale,
+                moves_scale=False,
+                adopt=(self._loss_scale, _DRIVER),
+            )
+        result = optimizer._run_step(request, *args, **kwargs)
+        if request.found is None:
+            raise RuntimeError(
+                f"{type(optimizer).__name__}.step() did not run the step scaledoptim.GradScaler "
+                "asked for: a subclass that overrides step() must call super().step()"
+            )
+        state = self._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = {request.found.device: request.found}
+        state["stage"] = OptState.STEPPED
+        return result
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Moves the scale once for the iteration: backs off if any optimizer's grads held
+        inf/nan, grows after ``growth_interval`` clean iterations (torch's
+        ``_amp_update_scale_``, on device); or sets ``new_scale``.
+
+        As :meth:`torch.amp.GradScaler.update`; a Python ``new_scale`` must be a usable float32
+        scale (finite, > 0, with a finite reciprocal). The optimizers the scaler steps move with
+        it: their scale is this one.
+        """
+        if not self._enabled:
+            return
+        if isinstance(new_scale, (int, float)) and not isinstance(new_scale, bool):
+            if not is_float32_scale(new_scale):
+                raise ValueError(
+                    f"Invalid new_scale {new_scale}: a loss scale must be finite and > 0 in "
+                    "float32, with a finite float32 reciprocal"
+                )
+            new_scale = float(new_scale)
+        super().update(new_scale)
+        if self._loss_scale is not None:
+            self._loss_scale.handle["scaled"] = False  # the scale moved for the scaled backward
+        self._touched = True
+
+    # ------------------------------------------------------------------ checkpoints and copies
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a ``state_dict()`` of this class or of :class:`torch.amp.GradScaler` (the same
+        format): the run continues as the scaler that saved it would have.
+
+        Every key is validated before anything changes. The optimizers the scaler steps see the
+        loaded scale at once (it is theirs). A no-op when the scaler is disabled.
+
+        Raises:
+            RuntimeError: an empty state_dict (saved by a disabled scaler), as torch raises.
+            TypeError, ValueError: anything but a valid GradScaler state_dict (missing or
+                unknown keys, wrong types, a scale that is not a usable float32 scale, a growth
+                tracker not below ``growth_interval``), naming the key.
+        """
+        if not self._enabled:
+            return
+        if isinstance(state_dict, Mapping) and len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled "
+                "instance of GradScaler."
+            )
+        device = self._loss_scale.device if self._loss_scale is not None else torch.device("cpu")
+        loaded = loss_scale_from_gradscaler_state(state_dict, self._scaling_config(), device)
+        # Validated: now change.
+        self._config = loaded.config
+        self._init_scale = float(state_dict["scale"])
+        self._init_growth_tracker = int(state_dict["_growth_tracker"])
+        if self._loss_scale is not None:
+            self._loss_scale.assign_(loaded)
+        self._touched = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # torch's: refuses mid-iteration, reads the scale
+        if self._enabled:
+            # The LossScale is rebuilt, from _init_scale and _init_growth_tracker, at the next
+            # scale() (as torch rebuilds _scale); a copy does not step the original's optimizers.
+            state["_config"] = self._scaling_config()
+            state["_loss_scale"] = None
+        return state
+
+    # ------------------------------------------------------------------ checks
+    def _check_stage(self, optimizer: torch.optim.Optimizer, method: str) -> OptState:
+        """The optimizer's stage this iteration, refusing what torch refuses (same messages)."""
+        state = self._per_optimizer_states.get(id(optimizer))
+        stage = OptState.READY if state is None else state["stage"]
+        if method == "unscale_" and stage is OptState.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
+        if method == "unscale_" and stage is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        if method == "step" and stage is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        return stage
+
+    def _check_can_adopt(self, optimizer: Optimizer) -> None:
+        """Refuses, before anything changes, an optimizer whose scale cannot become this
+        scaler's; warns when adopting it drops a scale it loaded from a checkpoint."""
+        loss_scale = self._loss_scale
+        assert loss_scale is not None
+        state = optimizer._scaling()
+        if state.loss_scale is loss_scale:
+            return
+        name = type(optimizer).__name__
+        if state.loss_scale.sharers > 1:
+            raise RuntimeError(
+                f"{name} shares its scale with other optimizers (scaledoptim.share_scale): a "
+                "GradScaler shares its own scale among every optimizer it steps, so step "
+                "optimizers that were never given to share_scale()"
+            )
+        if state.unscaled:
+            raise RuntimeError(
+                f"{name}.unscale() was called this iteration: a GradScaler unscales itself. Use "
+                "scaler.unscale_(opt) instead, or the optimizer's own protocol throughout"
+            )
+        device = optimizer._params_device()
+        if device != loss_scale.device:
+            raise RuntimeError(
+                f"This GradScaler's scale lives on {loss_scale.device} (where scaler.scale() "
+                f"first met a tensor), but {name}'s params are on {device}: a scaledoptim "
+                "optimizer takes the scaler's scale as its own, so scale outputs on its device"
+            )
+        if state.loaded and not self._touched:
+            warnings.warn(
+                f"scaledoptim.GradScaler takes over {name}'s scale, which was loaded from a "
+                "checkpoint, but the scaler's own state was never loaded: the run continues "
+                f"from the scaler's scale ({self._init_scale:g}), not the checkpoint's. Load "
+                "the scaler's state_dict too (scaler.load_state_dict(...)), as with "
+                "torch.amp.GradScaler.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _first_tensor(outputs: Any) -> torch.Tensor | None:
+    """The first tensor of a nested list/tuple/dict (what torch makes the scale's device)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, Mapping):
+        outputs = list(outputs.values())
+    if isinstance(outputs, (list, tuple)):
+        for value in outputs:
+            found = _first_tensor(value)
+            if found is not None:
+                return found
+    return None
+
