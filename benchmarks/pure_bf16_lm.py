@@ -13,8 +13,8 @@ import itertools
 
 import torch
 
-import scaledoptim
 from scaledoptim.examples.tasks import SIZES, language_model
+from scaledoptim.testing.optim_db import rows
 
 VARIANTS = {
     "fp32 params": (torch.float32, {}),
@@ -22,7 +22,8 @@ VARIANTS = {
     "bf16, master_weights": (torch.bfloat16, dict(master_weights=True)),
     "bf16, stochastic_rounding": (torch.bfloat16, dict(stochastic_rounding=True)),
 }
-OPTIMIZERS = {"adamw": scaledoptim.AdamW, "lion": scaledoptim.Lion, "lamb": scaledoptim.LAMB}
+#: Every fused row of optim_db that takes the rounding options, by its lower-case name.
+OPTIMIZERS = {info.name.lower(): info.cls for info in rows(fused=True, rounding=True)}
 
 
 def run(

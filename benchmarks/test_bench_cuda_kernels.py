@@ -12,12 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.kernel_reference import (
+from scaledoptim import kernels
+from scaledoptim.testing.optim_db import row
+from tests.support.gpu import (
     CUDA_KERNEL_MARKS,
-    checked_adam_step_,
     needs_cupy,  # noqa: F401 (the fixture CUDA_KERNEL_MARKS uses)
-    zero_adam_state,
 )
+from tests.support.launches import row_update
 
 pytestmark = list(CUDA_KERNEL_MARKS)
 
@@ -40,14 +41,19 @@ def _scaled_grads(sizes):
 
 
 def _scaledoptim_step(sizes):
+    """A loss-scaled AdamW step as the optimizer runs it on device (optim_db's AdamW row, with
+    the baseline's hyper-parameters): clear found_inf, check the grads, then the update
+    (unscaling in registers; skipped where found_inf is set)."""
     params = [torch.randn(n, device="cuda") for n in sizes]
     grads = _scaled_grads(sizes)
-    m, v, steps = zero_adam_state(params)
+    update = row_update(row("AdamW"), params, grads, lr=1e-3, weight_decay=0.01)
     found_inf = torch.zeros((), device="cuda")
     inv_scale = torch.full((), 1 / SCALE, device="cuda")
 
     def step():
-        checked_adam_step_(params, grads, m, v, steps, found_inf, inv_scale)
+        found_inf.zero_()
+        kernels.non_finite_check_(grads, found_inf)
+        update.launch(found_inf, inv_scale)
 
     step()  # compile and build tables outside the timed rounds
     return step

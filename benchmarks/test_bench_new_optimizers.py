@@ -1,19 +1,21 @@
-"""Step time of the new fused optimizers against the nearest torch path, as ratios in one run.
+"""Step time of the fused rows of optim_db that torch.optim lacks (Lion, LAMB) against the
+nearest torch path, as ratios in one run.
 
 Run: ``python -m pytest benchmarks/test_bench_new_optimizers.py -p no:cacheprovider``. Each group
-(optimizer, device, parameter shapes) divides by its baseline: GradScaler + torch.optim.Adagrad
-(fused=True) for Adagrad, and GradScaler + a foreach Lion / LAMB written here for those (torch.optim
-has neither). scaledoptim runs ``unscale_and_step`` on the default backend of the device. CUDA
-cases are skipped without a GPU.
+(optimizer, device, parameter shapes) divides by its baseline: GradScaler + a foreach version of
+the optimizer written here (a row without one times scaledoptim alone). scaledoptim runs
+``unscale_and_step`` on the default backend of the device, with the row's default config at lr
+1e-9. The rows with a torch.optim class are in test_bench_optimizer_step.py. CUDA cases are
+skipped without a GPU.
 """
 
 from __future__ import annotations
 
 import pytest
-import test_bench_optimizer_step as bench
 import torch
+from bench_steps import DEVICES, SCALE, run, with_gradscaler
 
-import scaledoptim
+from scaledoptim.testing.optim_db import rows
 
 
 class ForeachLion(torch.optim.Optimizer):
@@ -82,15 +84,13 @@ class ForeachLAMB(torch.optim.Optimizer):
 
 
 SHAPES = {"1x4M": [4_000_000], "500x10k": [10_000] * 500}
-OPTIMIZERS = {  # name: (torch baseline class and its extra kwargs, scaledoptim class, kwargs for both)
-    "adagrad": ((torch.optim.Adagrad, {"fused": True}), scaledoptim.Adagrad, {"lr": 1e-9}),
-    "lion": ((ForeachLion, {}), scaledoptim.Lion, {"lr": 1e-9}),
-    "lamb": ((ForeachLAMB, {}), scaledoptim.LAMB, {"lr": 1e-9}),
-}
+OPTIMIZERS = {info.name: info for info in rows(fused=True, reference=False)}
+#: The torch baseline of a row: a foreach version of its math, as a user would write it.
+FOREACH = {"Lion": ForeachLion, "LAMB": ForeachLAMB}
 
 every_case = [
     pytest.mark.parametrize("shape", SHAPES, ids=str),
-    pytest.mark.parametrize("device", bench.DEVICES),
+    pytest.mark.parametrize("device", DEVICES),
     pytest.mark.parametrize("optimizer", OPTIMIZERS),
 ]
 
@@ -101,27 +101,28 @@ def cases(test):
     return test
 
 
-@pytest.fixture(autouse=True)
-def _new_shapes(monkeypatch):
-    monkeypatch.setattr(bench, "SHAPES", SHAPES)  # bench._run draws params from bench.SHAPES
+def _run(benchmark, optimizer: str, device: str, shape: str, make_step) -> None:
+    run(benchmark, f"{optimizer}-{device}-{shape}", device, SHAPES[shape], make_step)
 
 
 @cases
 def test_torch_baseline_with_gradscaler(benchmark, optimizer, device, shape) -> None:
-    """The nearest torch path: GradScaler, then torch's fused Adagrad or a foreach Lion / LAMB."""
+    """The nearest torch path: GradScaler, then a foreach version of the optimizer."""
     benchmark.extra_info["baseline"] = True
-    (torch_class, extra), _, kwargs = OPTIMIZERS[optimizer]
-    bench._run(benchmark, optimizer, device, shape,
-               lambda params: bench._with_gradscaler(torch_class(params, **extra, **kwargs), device))  # fmt: skip
+    if optimizer not in FOREACH:
+        pytest.skip(f"no foreach {optimizer} written here to compare with")
+    foreach_class = FOREACH[optimizer]
+    _run(benchmark, optimizer, device, shape,
+         lambda params: with_gradscaler(foreach_class(params, lr=1e-9), device))  # fmt: skip
 
 
 @cases
 def test_scaledoptim_unscale_and_step(benchmark, optimizer, device, shape) -> None:
-    _, scaled_class, kwargs = OPTIMIZERS[optimizer]
+    info = OPTIMIZERS[optimizer]
 
     def make_step(params):
-        opt = scaled_class(params, **kwargs).configure_scaling(init_scale=bench.SCALE)
+        opt = info.make(params, lr=1e-9).configure_scaling(init_scale=SCALE)
         S = opt.scale
         return lambda: opt.unscale_and_step(grads_scaled_by=S)
 
-    bench._run(benchmark, optimizer, device, shape, make_step)
+    _run(benchmark, optimizer, device, shape, make_step)

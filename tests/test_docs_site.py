@@ -104,7 +104,7 @@ def test_api_page_has_no_raw_links_undocumented_bases_or_source_notes(api_html):
     # Readers of the site cannot open the sources' Note [...] blocks.
     notes = re.findall(r"Note \[[^\]]*\]", _text(api_html))
     assert not notes, f"the API reference points at source notes: {notes}"
-    # Every base a class names is rendered on the page, or is torch's or a builtin.
+    # Every base a class names is rendered on the page, or is torch's, a builtin or stdlib's.
     ids = set(re.findall(r'id="([^"]+)"', api_html))
     bases = re.findall(r'<p class="doc doc-class-bases">(.*?)</p>', api_html, flags=re.DOTALL)
     assert len(bases) >= 8
@@ -115,7 +115,8 @@ def test_api_page_has_no_raw_links_undocumented_bases_or_source_notes(api_html):
                 assert link.group(1) in ids, base
                 continue
             (title,) = re.findall(r'title="([^"]+)"', base)
-            assert title.startswith("torch.") or hasattr(builtins, title), (
+            # torch's, a builtin, or the standard library's protocols and abstract bases.
+            assert title.startswith(("torch.", "abc.", "typing.")) or hasattr(builtins, title), (
                 f"a class names the undocumented base {title}: document it in docs/api.md or "
                 "hide the bases of that class (show_bases: false)"
             )

@@ -169,7 +169,7 @@ def test_sdist_carries_every_tracked_file_including_the_tests(clone, venv, tmp_p
         f"missing: {sorted(tracked - shipped)}, extra: {sorted(shipped - tracked - {'PKG-INFO'})}"
     )
     # Named, as the sdist promises all of the test suite or none of it.
-    for test_file in ("tests/conftest.py", "tests/prerequisites.py", "tests/optimizer_table.py"):
+    for test_file in ("tests/conftest.py", "tests/prerequisites.py", "tests/support/training.py"):
         assert test_file in shipped
     assert git_files(clone, "tests/kernels/data") <= shipped
     assert git_files(clone, "cuda") <= shipped

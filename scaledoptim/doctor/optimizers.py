@@ -1,8 +1,9 @@
-"""The fused optimizers the doctor checks: one row each, in one tuple.
+"""The fused optimizers the doctor checks: the fused rows of
+:data:`scaledoptim.testing.optim_db.optim_db`, each with its default config.
 
-To check a new optimizer, add a row: its name in ``scaledoptim``, hyper-parameters that exercise
-its options, and the reference it must match (``torch.optim``'s class of the same name unless
-given).
+To check a new optimizer, add its row to ``optim_db``: the doctor, the tests and the benchmarks
+read the same table. A row's reference is ``torch.optim``'s class of the same math, or, where
+torch has none, the optimizer's own torch form run in float64.
 """
 
 from __future__ import annotations
@@ -14,37 +15,48 @@ import torch
 
 import scaledoptim
 
+from ..testing.optim_db import OptimInfo, rows
+
 __all__ = ["OPTIMIZERS", "OptimizerRow"]
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerRow:
-    """One fused optimizer, its options, and its reference.
+    """A fused row of optim_db as the doctor checks it.
 
     Args:
-        name: the class's name in :mod:`scaledoptim` (looked up when a check runs).
-        kwargs: constructor options (turn on what the kernel branches on: momentum, amsgrad).
-        reference: a ``torch.optim.Optimizer`` class with the same options and state names;
-            ``None``: ``torch.optim``'s class called ``name``.
+        info: the row; the doctor runs its default config.
     """
 
-    name: str
-    kwargs: dict[str, Any]
-    reference: type[torch.optim.Optimizer] | None = None
+    info: OptimInfo
+
+    @property
+    def name(self) -> str:
+        """The class's name in :mod:`scaledoptim`."""
+        return self.info.name
+
+    @property
+    def reference(self) -> type[torch.optim.Optimizer] | None:
+        """``torch.optim``'s class, or ``None``: the optimizer's own torch form in float64."""
+        return self.info.reference
+
+    @property
+    def reference_dtype(self) -> torch.dtype | None:
+        """The dtype the reference's params must have (``None``: any)."""
+        return self.info.reference_dtype
 
     def ours(self, params: Any) -> scaledoptim.Optimizer:
-        """A scaledoptim optimizer over ``params``."""
-        return getattr(scaledoptim, self.name)(params, **self.kwargs)
+        """A scaledoptim optimizer over ``params``: the class called :attr:`name` in
+        :mod:`scaledoptim` when the check runs (so the class a user patched in is the one
+        checked), else the row's."""
+        cls = getattr(scaledoptim, self.name, self.info.cls)
+        opt = cls(params, **self.info.default.kwargs)
+        assert isinstance(opt, scaledoptim.Optimizer)
+        return opt
 
     def theirs(self, params: Any) -> torch.optim.Optimizer:
-        """The reference optimizer over ``params``."""
-        reference = self.reference or getattr(torch.optim, self.name)
-        return reference(params, **self.kwargs)
+        """The reference over ``params`` (float64 params when :attr:`reference` is ``None``)."""
+        return self.info.reference_for(params)
 
 
-OPTIMIZERS: tuple[OptimizerRow, ...] = (
-    OptimizerRow("AdamW", {"lr": 1e-2, "weight_decay": 0.1}),
-    OptimizerRow("Adam", {"lr": 1e-2, "betas": (0.8, 0.99), "weight_decay": 0.1, "amsgrad": True}),
-    OptimizerRow("SGD", {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "nesterov": True}),
-    OptimizerRow("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 0.01}),
-)
+OPTIMIZERS: tuple[OptimizerRow, ...] = tuple(OptimizerRow(info) for info in rows(fused=True))

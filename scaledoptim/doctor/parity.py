@@ -1,4 +1,5 @@
-"""Each fused optimizer, in each param dtype, against torch.optim's class on fp32 copies.
+"""Each fused optimizer, in each param dtype, against its reference on CPU copies: torch.optim's
+class in fp32, or (where torch has none) the optimizer's own torch form in float64.
 
 On a GPU the optimizer runs on it (our kernels through CuPy, or torch's fused ops without CuPy);
 on a CPU through our kernels' emulator. Each step starts the reference from our current state, so
@@ -76,29 +77,30 @@ def _reference_step(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
 ) -> list[torch.Tensor]:
-    """The reference's step from our current state, on fp32 CPU copies, rounded once."""
+    """The reference's step from our current state, on CPU copies (fp32, or float64 for the
+    optimizer's own torch form, which runs on torch's ops), rounded once."""
+    dtype = row.reference_dtype or torch.float32
     # copy=True: on the CPU, .cpu().float() of an fp32 param would be the param itself
-    ref_params = [
-        torch.nn.Parameter(p.detach().to("cpu", torch.float32, copy=True)) for p in params
-    ]
-    ref = row.theirs(ref_params)
+    ref_params = [torch.nn.Parameter(p.detach().to("cpu", dtype, copy=True)) for p in params]
     state_dict = copy.deepcopy(opt.state_dict())
     state_dict.pop("loss_scale")
     state_dict["state"] = {  # on the CPU, as the reference's params are
         i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
         for i, s in state_dict["state"].items()
     }
-    ref.load_state_dict(state_dict)
-    for p, g in zip(ref_params, grads):
-        p.grad = g
-    ref.step()
+    with kernels_env("torch"):
+        ref = row.theirs(ref_params)
+        ref.load_state_dict(state_dict)
+        for p, g in zip(ref_params, grads):
+            p.grad = g.to(dtype)
+        ref.step()
     return [r.detach().to(p.dtype, copy=True) for r, p in zip(ref_params, params)]
 
 
 def _mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
     """16-bit: one ulp of the dtype. fp32: 1e-6 relative, where an element that cancels down to a
     small value is held to 1e-6 of the tensor's largest magnitude (kernels fuse multiply-adds
-    that torch rounds separately). As tests/test_dtypes.py holds every path."""
+    that torch rounds separately). As tests/optim/test_dtypes.py holds every path."""
     if actual.dtype == torch.float32:
         rtol, atol = 1e-6, 1e-6 * expected.abs().max().item()
     else:

@@ -33,7 +33,8 @@ __all__ = [
 
 class FusedOptimizer(Optimizer, abc.ABC):
     r"""Base of scaledoptim's fused optimizers, and of yours: subclass it, declare the state,
-    point it at a kernel.
+    point it at a kernel. A :class:`scaledoptim.Optimizer` (the whole loss-scaling protocol),
+    abstract until the hooks below are defined.
 
     A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol:
 

@@ -25,8 +25,8 @@ TensorLists = list[list[Tensor]]
 
 
 class GradReduction(Protocol):
-    """A reduction over every grad of a step into :attr:`out`, run once before any group's update
-    (LAMB's global grad norm). :attr:`out` is zeroed first."""
+    """A reduction over every grad of a step into ``out``, run once before any group's update
+    (LAMB's global grad norm). ``out`` is zeroed first."""
 
     kernel: MultiTensorKernel  # over one list, the step's grads (scaled: it applies inv_scale)
     out: Tensor  # 0-dim float32 on the grads' device
@@ -43,12 +43,12 @@ class GradReduction(Protocol):
 class Update(Protocol):
     """One fused optimizer's update, as the engine and its backends see it.
 
-    The update reads ``found_inf`` on device and changes nothing when it is non-zero (Note
-    [found_inf contract] in ``cuda/common.cuh``); step counters are advanced by the step's
+    The update reads ``found_inf`` on device and changes nothing when it is non-zero (the
+    ``found_inf`` contract of the kernel-author guide); step counters are advanced by the step's
     epilogue on our kernels, by :meth:`torch_update` on torch's ops.
     """
 
-    #: The update kernel; its lists are :data:`TensorLists`.
+    #: The update kernel; its lists are ``TensorLists``.
     kernel: ClassVar[MultiTensorKernel]
     #: Kernels launched before :attr:`kernel`, over the same lists with the same arguments
     #: (LAMB's moments and norms); usually none.

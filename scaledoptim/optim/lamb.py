@@ -271,8 +271,19 @@ class _GlobalGradNorm:
         return LambNormArgs(found_inf, inv_scale, self.out.data_ptr())
 
     def torch_form(self, grads: list[Tensor]) -> None:
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-        self.out.copy_(torch.stack(norms).square().sum())
+        # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
+        # float64 params, and LAMB's torch form in float64 is its test reference) in float64.
+        narrow = [g for g in grads if g.dtype != torch.float64]
+        wide = [g for g in grads if g.dtype == torch.float64]
+        squares = [
+            torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)).square().sum()
+            for ts, dtype in ((narrow, torch.float32), (wide, torch.float64))
+            if ts
+        ]
+        if squares:
+            self.out.copy_(squares[0] if len(squares) == 1 else squares[0] + squares[1])
+        else:
+            self.out.zero_()
 
 
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:

@@ -138,7 +138,8 @@ class Optimizer(ScaleOwner):
     _scaledoptim_warned_torch_scaler: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Wraps a subclass's own ``step`` in the protocol's guard (Note [step requests]), and
+        """Wraps a subclass's own ``step`` in the protocol's guard (so that a plain ``step()``
+        never applies scaled grads or steps past an overflow), and
         in torch's step hooks and profiler record, so that instances given the class by
         :func:`~scaledoptim.patch_optimizer` (whose ``__init__`` has run) get them too."""
         super().__init_subclass__(**kwargs)
@@ -232,7 +233,8 @@ class Optimizer(ScaleOwner):
         Raises:
             RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
                 sparse grads, grads on another device than the scale, a scale tensor that is no
-                longer in use (Note [scale handles]), ``grads_scaled_by=None`` after a backward
+                longer in use (see "S = opt.scale stays the scale in use" in the concepts
+                guide), ``grads_scaled_by=None`` after a backward
                 scaled by :attr:`scale`, or an optimizer a :class:`scaledoptim.GradScaler` steps.
             ValueError: if the scale is not finite and positive, or for fp16 grads.
         """
@@ -336,8 +338,8 @@ class Optimizer(ScaleOwner):
             TypeError: a closure that takes no argument given with a scale (it could not run
                 its backward scaled by ``S``), before anything changes.
             RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
-                (the grads are scaled), a scale tensor no longer in use (Note [scale
-                handles]), or an optimizer a :class:`scaledoptim.GradScaler` steps.
+                (the grads are scaled), a scale tensor no longer in use (see :meth:`unscale`),
+                or an optimizer a :class:`scaledoptim.GradScaler` steps.
         """
         self._check_own_protocol("unscale_and_step")
         if closure is not None:

@@ -25,7 +25,7 @@ def share_scale(*optimizers: Optimizer) -> torch.Tensor:
     The shared scale is the first optimizer's scale *tensor*: ``opt.scale`` of every sharer
     returns it, and a handle to the first's scale taken before stays live. The other
     optimizers' old scale tensors are no longer in use; passing one is refused with an error
-    that names this tensor (Note [scale handles]).
+    that names this tensor.
 
     Calling it again with the same optimizers returns the same scale. An optimizer is shared
     once: one that already shares with others, or one given twice, is refused.

@@ -9,6 +9,13 @@ Each row names its reference: the ``torch.optim`` class of the same math, or ``N
 has none (Lion, LAMB); then the reference is the optimizer's own torch form run in float64
 (:meth:`OptimInfo.reference_for`), so the math is written once, in the optimizer's file.
 
+A row's configs together exercise every branch of its update. Most are a *sweep*
+(:func:`sweep`): the grid of options the kernel branches on, which the kernel-level tests (parity
+in every dtype pair, found_inf, AddressSanitizer, GPU) run config by config, cheaply; the
+optimizer-level tests that compare numbers (trajectories against GradScaler, every dtype and path,
+layouts, resume, no host reads) run the row's :attr:`OptimInfo.generic_configs`, and the tests of
+the protocol, which does not branch on the update's options, run its :attr:`OptimInfo.default`.
+
 This module needs only torch and scaledoptim: tests build their strategies from the plain
 ranges it gives.
 """
@@ -21,13 +28,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from scaledoptim.fused import FusedOptimizer
 from scaledoptim.kernels import MultiTensorKernel
-from scaledoptim.optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion
+from scaledoptim.optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion, adagrad, adam, lamb, lion, sgd
 from scaledoptim.protocol import LBFGS
 
-__all__ = ["Config", "ErrorInput", "OptimInfo", "Tolerance", "grid", "optim_db", "row", "rows"]
+__all__ = [
+    "Config", "ErrorInput", "Functional", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
+    "rows", "sweep",
+]  # fmt: skip
 
 #: The param dtypes of mixed-precision training; the fused kernels take each of them.
 LOW_AND_FULL = (torch.float32, torch.float16, torch.bfloat16)
@@ -35,10 +46,15 @@ LOW_AND_FULL = (torch.float32, torch.float16, torch.bfloat16)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Constructor options that exercise a branch of an optimizer's update."""
+    """Constructor options that exercise a branch of an optimizer's update.
+
+    ``generic``: the optimizer-level tests that compare numbers run it too; ``False`` (a
+    :func:`sweep` config): only the kernel-level tests, which run every config.
+    """
 
     name: str
     kwargs: dict[str, Any]
+    generic: bool = True
 
     def __str__(self) -> str:
         return self.name
@@ -67,6 +83,12 @@ class Tolerance:
     state_atol: float = 1e-7
 
 
+#: ``functional(group, lists, found_inf, inv_scale)``: an optimizer's public functional entry point
+#: (``scaledoptim.optim.x.x_``) called on its kernel's tensor lists, in the kernel's order (the
+#: stochastic-rounding seeds as the int32 tensors a caller passes), with ``group``'s options.
+Functional = Callable[[dict[str, Any], list[list[Tensor]], Tensor | None, Tensor | None], None]
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimInfo:
     """One optimizer as the generic tests, the doctor and the benchmarks see it.
@@ -77,7 +99,7 @@ class OptimInfo:
         reference: the ``torch.optim`` class with the same options, math and state names, or
             ``None``: the optimizer's own torch form in float64 (see :meth:`reference_for`).
         configs: option sets that, together, exercise every branch of the update; the first
-            is the row's default for tests that need one.
+            is the row's default (what the protocol tests and the doctor run).
         error_inputs: options the constructor must refuse.
         ranges: float options a property test may draw, as ``(low, high)``; a tuple option
             (``betas``) as a tuple of ranges.
@@ -86,6 +108,7 @@ class OptimInfo:
         mixed_param_dtypes: the param dtypes a test may mix in one launch (a float64 reference
             can hold a 16-bit param that nearly cancels its update to more than an ulp).
         needs_closure: ``step()`` evaluates a closure (LBFGS).
+        functional: its public functional entry point (see :data:`Functional`), or ``None``.
     """
 
     name: str
@@ -98,6 +121,7 @@ class OptimInfo:
     tolerance: Tolerance = Tolerance()
     mixed_param_dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
     needs_closure: bool = False
+    functional: Functional | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -122,8 +146,25 @@ class OptimInfo:
         return bool(kernels) and kernels[-1].lists[-3:-1] == ("master_params", "sr_seeds")
 
     @property
+    def launched_kernels(self) -> tuple[MultiTensorKernel, ...]:
+        """Every kernel a step of it launches besides the check and the epilogue: its grad
+        reduction's (asked of an instance over one param) and :attr:`kernels`."""
+        cls = self.cls
+        if not issubclass(cls, FusedOptimizer):
+            return ()
+        param = torch.zeros(1)
+        opt = cls([param], **self.default.kwargs)
+        reduction = opt.grad_reduction([param])
+        return (*([] if reduction is None else [reduction.kernel]), *self.kernels)
+
+    @property
     def default(self) -> Config:
         return self.configs[0]
+
+    @property
+    def generic_configs(self) -> tuple[Config, ...]:
+        """The configs the optimizer-level tests that compare numbers run (not the sweep)."""
+        return tuple(config for config in self.configs if config.generic)
 
     def config(self, name: str) -> Config:
         """The config called ``name``."""
@@ -158,20 +199,81 @@ class OptimInfo:
 def grid(
     name: Callable[[dict[str, Any]], str] | None = None, **choices: Iterable[Any]
 ) -> tuple[Config, ...]:
-    """A :class:`Config` for every combination of ``choices``, named after its values."""
+    """A :class:`Config` for every combination of ``choices``, named after the options that vary
+    (a flag by its name when set, another value as ``key=value``)."""
+    options = {key: tuple(values) for key, values in choices.items()}
+    varying = [key for key, values in options.items() if len(values) > 1]
     configs = []
-    for values in itertools.product(*choices.values()):
-        kwargs = dict(zip(choices, values))
-        label = name(kwargs) if name else "-".join(f"{k}={v}" for k, v in kwargs.items())
-        configs.append(Config(label, kwargs))
+    for values in itertools.product(*options.values()):
+        kwargs = dict(zip(options, values))
+        labels = [
+            key if kwargs[key] is True else f"{key}={kwargs[key]}"
+            for key in varying
+            if kwargs[key] is not False
+        ]
+        configs.append(Config(name(kwargs) if name else "-".join(labels) or "base", kwargs))
     return tuple(configs)
 
 
-def _adam_configs(lr: float) -> tuple[Config, ...]:
-    return (
-        *grid(amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,)),
-        Config("betas-0.8-0.99", dict(lr=lr, betas=(0.8, 0.99))),
+def sweep(*configs: Config) -> tuple[Config, ...]:
+    """``configs`` for the kernel-level tests only (see :class:`Config`)."""
+    return tuple(dataclasses.replace(config, generic=False) for config in configs)
+
+
+def _adam_sweep(lr: float) -> tuple[Config, ...]:
+    return sweep(
+        *grid(amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,))
     )
+
+
+def _adam_functional(
+    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+) -> None:  # fmt: skip
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, seeds, steps = lists
+    adam.adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, found_inf=found_inf,
+               inv_scale=inv_scale, master_params=masters, sr_seeds=seeds,
+               **adam._adam_options(group))  # fmt: skip
+
+
+def _sgd_functional(
+    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+) -> None:  # fmt: skip
+    params, grads, buffers, masters, seeds, steps = lists
+    sgd.sgd_(params, grads, buffers, steps, found_inf=found_inf, inv_scale=inv_scale,
+             master_params=masters, sr_seeds=seeds, **sgd._sgd_options(group))  # fmt: skip
+
+
+def _adagrad_functional(
+    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+) -> None:  # fmt: skip
+    params, grads, sums, masters, seeds, steps = lists
+    adagrad.adagrad_(params, grads, sums, steps, found_inf=found_inf, inv_scale=inv_scale,
+                     master_params=masters, sr_seeds=seeds,
+                     **adagrad._adagrad_options(group))  # fmt: skip
+
+
+def _lion_functional(
+    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+) -> None:  # fmt: skip
+    params, grads, exp_avgs, masters, seeds, steps = lists
+    lion.lion_(params, grads, exp_avgs, steps, found_inf=found_inf, inv_scale=inv_scale,
+               master_params=masters, sr_seeds=seeds, **lion._lion_options(group))  # fmt: skip
+
+
+def _lamb_functional(
+    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+) -> None:  # fmt: skip
+    params, grads, exp_avgs, exp_avg_sqs, param_norms_sq, update_norms_sq, masters, seeds, steps = (
+        lists
+    )
+    lamb.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, found_inf=found_inf,
+               inv_scale=inv_scale, master_params=masters, sr_seeds=seeds,
+               norms_sq=(param_norms_sq, update_norms_sq), **lamb._lamb_options(group))  # fmt: skip
 
 
 _ADAM_ERRORS = (
@@ -181,6 +283,7 @@ _ADAM_ERRORS = (
     ErrorInput(
         "negative weight_decay", dict(weight_decay=-0.1), ValueError, "Invalid weight_decay"
     ),
+    ErrorInput("differentiable", dict(differentiable=True), ValueError, "differentiable"),
 )
 _ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps": (1e-10, 1e-3)}
 
@@ -189,17 +292,29 @@ optim_db: tuple[OptimInfo, ...] = (
         "AdamW",
         AdamW,
         torch.optim.AdamW,
-        (Config("default", dict(lr=1e-2, weight_decay=0.1)), *_adam_configs(1e-2)),
+        (
+            Config("default", dict(lr=1e-2, weight_decay=0.1)),
+            Config("amsgrad-maximize", dict(lr=1e-2, amsgrad=True, maximize=True)),
+            *_adam_sweep(1e-2),
+        ),
         _ADAM_ERRORS,
         _ADAM_RANGES,
+        functional=_adam_functional,
     ),
     OptimInfo(
         "Adam",
         Adam,
         torch.optim.Adam,
-        (Config("default", dict(lr=1e-2, weight_decay=0.1)), *_adam_configs(1e-2)),
+        (
+            Config(
+                "amsgrad-betas-wd", dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)
+            ),
+            Config("wd", dict(lr=1e-2, weight_decay=0.1)),
+            *_adam_sweep(1e-2),
+        ),
         _ADAM_ERRORS,
         _ADAM_RANGES,
+        functional=_adam_functional,
     ),
     OptimInfo(
         "SGD",
@@ -216,7 +331,26 @@ optim_db: tuple[OptimInfo, ...] = (
                 "dampening-maximize",
                 dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01, maximize=True),
             ),
-            Config("nesterov-maximize", dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True)),
+            *sweep(
+                *(
+                    config
+                    for config in grid(
+                        lr=(0.05,),
+                        momentum=(0.0, 0.9),
+                        dampening=(0.0, 0.3),
+                        nesterov=(False, True),
+                        weight_decay=(0.0, 0.1),
+                        maximize=(False, True),
+                    )
+                    # Dampening and Nesterov act through momentum; Nesterov with dampening is
+                    # refused (by torch.optim.SGD too).
+                    if not (config.kwargs["nesterov"] or config.kwargs["dampening"])
+                    or (
+                        config.kwargs["momentum"]
+                        and not (config.kwargs["nesterov"] and config.kwargs["dampening"])
+                    )
+                ),
+            ),
         ),
         (
             ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
@@ -226,8 +360,15 @@ optim_db: tuple[OptimInfo, ...] = (
             ErrorInput(
                 "nesterov without momentum", dict(lr=0.1, nesterov=True), ValueError, "Nesterov"
             ),
+            ErrorInput(
+                "nesterov with dampening",
+                dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True),
+                ValueError,
+                "Nesterov",
+            ),
         ),
         {"lr": (1e-4, 1.0)},
+        functional=_sgd_functional,
     ),
     OptimInfo(
         "Adagrad",
@@ -235,7 +376,7 @@ optim_db: tuple[OptimInfo, ...] = (
         torch.optim.Adagrad,
         (
             Config("lr_decay-wd", dict(lr=0.1, lr_decay=0.01, weight_decay=0.01)),
-            Config("default", dict(lr=0.1)),
+            Config("plain", dict(lr=0.1)),
             Config(
                 "every-option",
                 dict(
@@ -246,6 +387,15 @@ optim_db: tuple[OptimInfo, ...] = (
                     eps=1e-3,
                     maximize=True,
                 ),
+            ),
+            *sweep(
+                *grid(
+                    lr=(0.1,),
+                    initial_accumulator_value=(0.1,),
+                    maximize=(False, True),
+                    weight_decay=(0.0, 0.1),
+                    lr_decay=(0.0, 0.05),
+                )
             ),
         ),
         (
@@ -259,6 +409,7 @@ optim_db: tuple[OptimInfo, ...] = (
             ),
         ),
         {"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
+        functional=_adagrad_functional,
     ),
     OptimInfo(
         "Lion",
@@ -269,6 +420,7 @@ optim_db: tuple[OptimInfo, ...] = (
             Config(
                 "wd-maximize", dict(lr=1e-3, betas=(0.8, 0.95), weight_decay=0.5, maximize=True)
             ),
+            *sweep(*grid(lr=(1e-2,), maximize=(False, True), weight_decay=(0.0, 0.5))),
         ),
         (
             ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
@@ -277,6 +429,7 @@ optim_db: tuple[OptimInfo, ...] = (
             ),
         ),
         {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.999))},
+        functional=_lion_functional,
     ),
     OptimInfo(
         "LAMB",
@@ -304,10 +457,12 @@ optim_db: tuple[OptimInfo, ...] = (
                     bias_correction=False,
                 ),
             ),
-            Config("no-trust-ratio", dict(lr=1e-2, weight_decay=0.0)),
-            Config(
-                "norm-below-the-clip",
-                dict(lr=1e-2, weight_decay=0.1, use_nvlamb=True, max_grad_norm=100.0),
+            *sweep(
+                Config("no-trust-ratio", dict(lr=1e-2, weight_decay=0.0)),
+                Config(
+                    "norm-below-the-clip",
+                    dict(lr=1e-2, weight_decay=0.1, use_nvlamb=True, max_grad_norm=100.0),
+                ),
             ),
         ),
         (
@@ -317,7 +472,10 @@ optim_db: tuple[OptimInfo, ...] = (
         {"lr": (1e-4, 1e-1)},
         # The trust ratio divides norms summed in another order than float64's.
         tolerance=Tolerance(param_rtol=2e-6, param_atol=2e-6, state_rtol=1e-5),
+        # Against a float64 reference, a 16-bit param that nearly cancels its update is off by
+        # more than an ulp (the every-dtype tests hold them to one ulp at boundary sizes).
         mixed_param_dtypes=(torch.float32,),
+        functional=_lamb_functional,
     ),
     OptimInfo(
         "LBFGS",
@@ -342,14 +500,23 @@ def row(name: str) -> OptimInfo:
 
 
 def rows(
-    *, fused: bool | None = None, reference: bool | None = None, closure: bool | None = None
+    *,
+    fused: bool | None = None,
+    reference: bool | None = None,
+    closure: bool | None = None,
+    rounding: bool | None = None,
+    functional: bool | None = None,
 ) -> tuple[OptimInfo, ...]:
     """The rows with these properties (``None``: either): ``fused`` (our kernels),
-    ``reference`` (a torch.optim reference), ``closure`` (``step()`` needs a closure)."""
+    ``reference`` (a torch.optim reference), ``closure`` (``step()`` needs a closure),
+    ``rounding`` (takes ``master_weights`` and ``stochastic_rounding``), ``functional`` (has a
+    functional entry point)."""
     return tuple(
         info
         for info in optim_db
         if (fused is None or info.fused == fused)
         and (reference is None or (info.reference is not None) == reference)
         and (closure is None or info.needs_closure == closure)
+        and (rounding is None or info.rounding == rounding)
+        and (functional is None or (info.functional is not None) == functional)
     )

@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_world
-from optimizer_table import assert_bit_identical, batch, make_model
 from torch.nn.parallel import DistributedDataParallel
 
 import scaledoptim
+from tests.support.training import assert_bit_identical, batch, make_model
 
 STEPS = 8
 INJECTED = {1: (0, 0), 3: (1, 1), 4: (1, 0), 6: (0, 1)}  # step -> (rank, micro-batch) of the inf

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_world
-from optimizer_table import assert_bit_identical, loss_of, make_model, snapshot
-from test_sync_free import no_host_reads
 from torch.nn.parallel import DistributedDataParallel
 
 import scaledoptim
+from scaledoptim.doctor.sync_free import no_host_reads
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
 STEPS = 10
 INJECTED = {1: 0, 4: 1, 5: 3, 8: 2}  # step -> the one rank (modulo world size) that overflows

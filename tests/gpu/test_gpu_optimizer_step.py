@@ -1,25 +1,17 @@
-"""The no-closure ``unscale_and_step`` of the fused optimizers on a real GPU: captured in a CUDA
-graph it replays bit for bit as eager steps do (an inf grad makes the replay a skip), and it never
-syncs with the host. Skipped without a CUDA device."""
+"""The no-closure ``unscale_and_step`` of every fused row of optim_db (its default config) on a
+real GPU: captured in a CUDA graph it replays bit for bit as eager steps do (an inf grad makes
+the replay a skip), and it never syncs with the host. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import scaledoptim
 from scaledoptim.doctor.graphs import replay_against_eager
-from tests.kernels.kernel_reference import (
-    CUDA_KERNEL_MARKS,
-    needs_cupy,  # noqa: F401 (the fixture CUDA_KERNEL_MARKS uses)
-)
+from scaledoptim.testing.optim_db import rows
+from tests.support.gpu import CUDA_KERNEL_MARKS
 
 pytestmark = list(CUDA_KERNEL_MARKS)
-
-OPTIMIZERS = {
-    "AdamW": lambda params: scaledoptim.AdamW(params, lr=1e-2, weight_decay=0.1),
-    "SGD": lambda params: scaledoptim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
-}
 # (elements, dtype): one element, a multi-chunk odd size, and a 16-bit param in the same group.
 PARAMS = ((1, torch.float32), (3 * 65536 + 7, torch.float32), (4099, torch.bfloat16))
 
@@ -29,18 +21,18 @@ def _params() -> list[torch.Tensor]:
     return [torch.randn(n, device="cuda").to(dtype) for n, dtype in PARAMS]
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_a_captured_step_replays_bit_for_bit_and_skips_on_inf(name: str) -> None:
-    seen = replay_against_eager(OPTIMIZERS[name], _params(), replays=4)  # raises on a mismatch
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def test_a_captured_step_replays_bit_for_bit_and_skips_on_inf(info) -> None:
+    seen = replay_against_eager(info.make, _params(), replays=4)  # raises on a mismatch
     assert seen.replays_matched == 4
     assert seen.found_inf_after_inf == 1.0  # the tensor returned by the capturing call
     assert seen.scale_after_inf == seen.scale_before_inf / 2 == 2.0**15
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_unscale_and_step_does_not_sync_under_sync_debug_mode_error(name: str) -> None:
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def test_unscale_and_step_does_not_sync_under_sync_debug_mode_error(info) -> None:
     params = [torch.nn.Parameter(p) for p in _params()]
-    opt = OPTIMIZERS[name](params)
+    opt = info.make(params)
     found = []
     for step in range(4):
         for p in params:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(_REPO_ROOT) not in sys.path:  # runs from a checkout without `pip install -e .`
-    sys.path.insert(0, str(_REPO_ROOT))
-
-from scaledoptim.kernels import launch_config  # noqa: E402
-from tests.kernels.kernel_reference import CHUNK, EMULATOR_THREADS  # noqa: E402
+from scaledoptim.kernels import launch_config
+from tests.support.tensors import CHUNK, EMULATOR_THREADS
 
 
 @pytest.fixture(autouse=True)

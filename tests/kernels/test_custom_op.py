@@ -12,21 +12,31 @@ import torch
 import scaledoptim
 from scaledoptim import kernels
 from scaledoptim.kernels import library
-from tests.kernels.kernel_lists import adam_lists
-from tests.kernels.kernel_reference import adam_options
+from scaledoptim.testing.optim_db import row
+from tests.support.launches import RowUpdate, row_update
 
 BACKENDS = ("eager", "aot_eager", "inductor")
+ADAMW = row("AdamW")
 
 
-def adamw_lists(amsgrad: bool = False) -> list[list[torch.Tensor]]:
+def adamw_update(amsgrad: bool = False) -> RowUpdate:
+    """AdamW's update (its kernel's lists and the optimizer for its args) over two params."""
     generator = torch.Generator().manual_seed(0)
     params = [torch.randn(70, generator=generator), torch.randn(3, 5, generator=generator)]
     grads = [torch.randn(p.shape, generator=generator) for p in params]
-    return adam_lists(params, grads, adam_options(amsgrad=amsgrad), generator)
+    return row_update(ADAMW, params, grads, amsgrad=amsgrad)
+
+
+def adamw_lists(amsgrad: bool = False) -> list[list[torch.Tensor]]:
+    return adamw_update(amsgrad).lists
 
 
 def adamw_args(lr: float, amsgrad: bool = False) -> scaledoptim.optim.adam.AdamArgs:
-    return scaledoptim.optim.adam.adam_args(None, None, **adam_options(lr=lr, amsgrad=amsgrad))
+    update = adamw_update(amsgrad)
+    update.group["lr"] = lr
+    args = update.opt.kernel_args(update.group, None, None)
+    assert isinstance(args, scaledoptim.optim.adam.AdamArgs)
+    return args
 
 
 def assert_lists_equal(actual, expected) -> None:

@@ -1,53 +1,54 @@
-"""Note [found_inf contract]: a non-zero found_inf leaves every byte of an update kernel's step
-untouched (its counters included), for every update kernel of KERNEL_CASES and every option."""
+"""Note [found_inf contract]: a non-zero found_inf leaves every byte of an update's step untouched
+(its counters included), for every fused row of optim_db and every config of it, launched as the
+kernel backend launches it; a zero found_inf steps and advances every counter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.kernels.kernel_reference import (
-    DTYPES,
-    assert_bytes_unchanged,
-    boundary_params_and_grads,
-    snapshot,
-)
-from tests.kernels.kernel_table import CASE_OPTIONS, UPDATE_CASES, case_id, launch_case
+from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.launches import RowUpdate, row_update
+from tests.support.tensors import DTYPES, assert_bytes_unchanged, boundary_params_and_grads, clones
 
 SKIP_FLAGS = (1.0, 2.0, -1.0, float("nan"), float("inf"))
+CONFIGS = [
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
+    for info in rows(fused=True)
+    for config in info.configs
+]
 
 
-def lists_mid_training(case, options, dtype):
-    """The case's lists with random state (scratch left zero) and every counter at 7 (not a first step)."""
+def mid_training(info: OptimInfo, config: Config, dtype: torch.dtype) -> RowUpdate:
+    """The row's update with random state (scratch left zero) and every counter at 7 (not a
+    first step)."""
     generator = torch.Generator().manual_seed(0)
     params, grads = boundary_params_and_grads(dtype, dtype, generator)
-    lists = case.make_lists(params, grads, options, generator)
-    for t in (t for ts in case.state(lists) for t in ts):
+    update = row_update(info, params, grads, config)
+    for t in (t for ts in update.state for t in ts):
         t.copy_(torch.rand(t.shape, generator=generator))
-    for s in lists[-1]:
+    for s in update.steps:
         s.fill_(7.0)
-    return lists
+    return update
 
 
-@pytest.mark.parametrize(("case", "options"), CASE_OPTIONS)
-def test_nonzero_found_inf_leaves_every_byte_alone(case, options):
-    # The param/grad dtype cycles with the option, so each kernel meets every flag in every
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
+def test_nonzero_found_inf_leaves_every_byte_alone(info, config):
+    # The param/grad dtype cycles with the config, so each kernel meets every flag in every
     # dtype (an emulated launch costs a millisecond even when skipped).
-    dtype = DTYPES[case.all_options().index(options) % len(DTYPES)]
-    lists = lists_mid_training(case, options, dtype)
-    everything = [t for ts in lists for t in ts]
-    before = snapshot(everything)
+    dtype = DTYPES[info.configs.index(config) % len(DTYPES)]
+    update = mid_training(info, config, dtype)
+    before = clones(update.tensors)
     for flag in SKIP_FLAGS:  # each launch is skipped, so every flag sees the same tensors
-        launch_case(case, lists, options, torch.tensor(flag), torch.tensor(0.5))
-        assert_bytes_unchanged(before, everything)
+        update.launch(torch.tensor(flag), torch.tensor(0.5))
+        assert_bytes_unchanged(before, update.tensors)
 
 
-@pytest.mark.parametrize("case", UPDATE_CASES, ids=case_id)
-def test_zero_found_inf_steps_and_advances_counters(case):
-    for options in case.all_options():
-        lists = lists_mid_training(case, options, torch.float32)
-        params, steps = lists[0], lists[-1]
-        before = snapshot(params)
-        launch_case(case, lists, options, torch.zeros(()), None)
-        assert all(s.item() == 8.0 for s in steps)
-        assert all(not torch.equal(b, p) for b, p in zip(before, params) if p.numel())
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def test_zero_found_inf_steps_and_advances_counters(info):
+    for config in info.configs:
+        update = mid_training(info, config, torch.float32)
+        before = clones(update.params)
+        update.launch(torch.zeros(()), None)
+        assert all(s.item() == 8.0 for s in update.steps)
+        assert all(not torch.equal(b, p) for b, p in zip(before, update.params) if p.numel())

@@ -1,15 +1,24 @@
-"""Every emulated update kernel of KERNEL_CASES against its torch.optim reference (foreach=False),
-step by step: every option of its grid, every param x grad dtype, boundary sizes and misaligned
-views; mixed dtypes and hyper-parameters by hypothesis."""
+"""Every fused row of optim_db on the emulated kernels against the row's reference
+(``torch.optim``'s class, or the optimizer's own torch form in float64), step by step, launched
+as the kernel backend launches it (tests/support/launches.py).
+
+Every config of every row (the sweep: a config is a few emulated launches) in every param x grad
+dtype pair, on boundary sizes and misaligned views; mixed dtypes and hyper-parameters drawn from
+the row's ranges by hypothesis; and each row's functional entry point against the launch.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.kernels.kernel_reference import (
+from scaledoptim.testing.optim_db import OptimInfo, rows
+from tests.support.launches import check_parity, row_update
+from tests.support.tensors import (
     CHUNK,
     DTYPES,
     assert_bytes_unchanged,
@@ -17,36 +26,35 @@ from tests.kernels.kernel_reference import (
     misaligned,
     mixed_params_and_grads,
 )
-from tests.kernels.kernel_table import (
-    CASE_OPTIONS,
-    UPDATE_CASES,
-    case_id,
-    check_parity,
-    launch_case,
-)
+
+CONFIGS = [
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
+    for info in rows(fused=True)
+    for config in info.configs
+]
 
 
-def test_update_rows_are_well_formed():
-    for case in UPDATE_CASES:
-        kernel = case.kernel
-        assert kernel.lists[:2] == ("params", "grads") and kernel.lists[-1] == "steps", kernel
-        assert kernel.dtype_lists == (0, 1) and kernel.per_tensor_lists[-1] == kernel.n_lists - 1
-        assert case.reference is not None and case.functional is not None and case.grid
-        for options in case.all_options():
-            lists = case.make_lists([torch.ones(2)], [torch.ones(2)], options, torch.Generator())
-            assert len(lists) == kernel.n_lists
+def hyperparameters(info: OptimInfo) -> st.SearchStrategy[dict[str, Any]]:
+    """The float options of the row's ranges: ``(low, high)``, or a tuple of those (betas)."""
+
+    def floats(bounds: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+        if isinstance(bounds[0], tuple):
+            return st.tuples(*(st.floats(low, high) for low, high in bounds))
+        return st.floats(*bounds)
+
+    return st.fixed_dictionaries({key: floats(bounds) for key, bounds in info.ranges.items()})
 
 
-@pytest.mark.parametrize(("case", "options"), CASE_OPTIONS)
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
 @pytest.mark.parametrize("grad_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
-def test_matches_reference_every_option_and_dtype(param_dtype, grad_dtype, case, options):
+def test_matches_reference_every_config_and_dtype(param_dtype, grad_dtype, info, config):
     generator = torch.Generator().manual_seed(1)
     params, grads = boundary_params_and_grads(param_dtype, grad_dtype, generator)
-    check_parity(case, params, grads, options, inv_scale=0.25)
+    check_parity(info, config, params, grads, inv_scale=0.25)
 
 
-@pytest.mark.parametrize("case", UPDATE_CASES, ids=case_id)
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
 @settings(max_examples=25, deadline=None)
 @given(
     data=st.data(),
@@ -54,33 +62,32 @@ def test_matches_reference_every_option_and_dtype(param_dtype, grad_dtype, case,
     inv_scale=st.one_of(st.none(), st.sampled_from([2.0**-16, 0.5, 1.0])),
     seed=st.integers(0, 2**16),
 )
-def test_matches_reference_for_mixed_dtypes_and_hyperparameters(
-    case, data, sizes, inv_scale, seed
-):
-    param_dtypes = st.sampled_from(case.mixed_param_dtypes)
+def test_matches_reference_for_mixed_dtypes_and_hyperparameters(info, data, sizes, inv_scale, seed):
+    param_dtypes = st.sampled_from(info.mixed_param_dtypes)
     dtypes = data.draw(
         st.lists(st.tuples(param_dtypes, st.sampled_from(DTYPES)), min_size=1, max_size=6),
         label="dtypes",
     )
-    options = case.options(
-        **data.draw(st.sampled_from(case.grid), label="options"),
-        **data.draw(st.fixed_dictionaries(case.hyper), label="hyper"),
-    )
+    config = data.draw(st.sampled_from(info.configs), label="config")
+    changes = data.draw(hyperparameters(info), label="hyper")
     params, grads = mixed_params_and_grads(sizes, dtypes, seed)
-    check_parity(case, params, grads, options, inv_scale, n_steps=2, seed=seed)
+    check_parity(info, config, params, grads, inv_scale, n_steps=2, seed=seed, **changes)
 
 
-@pytest.mark.parametrize("case", UPDATE_CASES, ids=case_id)
-def test_the_functional_entry_point_is_the_table_launch(case):
-    """``kernels.xxx_(*lists, ...)`` launches exactly what the optimizer's path does."""
-    for options in case.all_options():
+@pytest.mark.parametrize("info", rows(fused=True, functional=True), ids=str)
+def test_the_functional_entry_point_launches_what_the_optimizer_does(info):
+    """``scaledoptim.optim.x.x_(*lists, ...)`` launches exactly what the optimizer's path does."""
+    for config in info.configs:
         generator = torch.Generator().manual_seed(2)
         params, grads = boundary_params_and_grads(torch.bfloat16, torch.float16, generator)
-        ours = case.make_lists(params, grads, options, generator)
+        ours = row_update(info, params, grads, config)
         # Copies aligned as the originals: a reduction (LAMB's norms) sums vector lanes in an
         # order that depends on the alignment.
-        theirs = [[misaligned(t) if t.storage_offset() else t.clone() for t in ts] for ts in ours]
+        theirs = [
+            [misaligned(t) if t.storage_offset() else t.clone() for t in ts] for ts in ours.lists
+        ]
         found_inf, inv_scale = torch.zeros(()), torch.tensor(0.5)
-        launch_case(case, ours, options, found_inf, inv_scale)
-        case.functional(*theirs, found_inf=found_inf, inv_scale=inv_scale, **options)
-        assert_bytes_unchanged([t for ts in theirs for t in ts], [t for ts in ours for t in ts])
+        ours.launch(found_inf, inv_scale)
+        assert info.functional is not None
+        info.functional(ours.group, theirs, found_inf, inv_scale)
+        assert_bytes_unchanged([t for ts in theirs for t in ts], ours.tensors)

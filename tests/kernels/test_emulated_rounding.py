@@ -1,152 +1,103 @@
-"""The param rounding lists of every optimizer kernel (Note [param rounding]): fp32 masters and
-stochastic rounding, against an fp32-param run of the same kernel and the torch-native rounding."""
+"""The param rounding lists of every fused row's kernel (Note [param rounding]): fp32 masters and
+stochastic rounding, against an fp32-param run of the same update and the torch-native
+rounding. Each row runs its default config, launched as the kernel backend launches it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import scaledoptim
-from scaledoptim import kernels
+from scaledoptim.testing.optim_db import OptimInfo, row, rows
 from scaledoptim.torch_ops import initial_seed, stochastic_round_
-from tests.kernels.kernel_reference import (
-    adam_options,
-    assert_bytes_unchanged,
-    boundary_params_and_grads,
-    sgd_options,
-    snapshot,
-)
-from tests.kernels.kernel_reference_more import adagrad_options, lion_options
+from tests.support.launches import RowUpdate, row_update
+from tests.support.tensors import assert_bytes_unchanged, boundary_params_and_grads, clones
+
+ROUNDING = rows(fused=True, rounding=True)
 
 
-def _adam(params, grads, state, steps, **rounding):
-    scaledoptim.optim.adam.adam_(params, grads, *state[:2], [], steps, **adam_options(lr=1e-2), **rounding)
-
-
-def _sgd(params, grads, state, steps, **rounding):
-    scaledoptim.optim.sgd.sgd_(params, grads, state[0], steps, **sgd_options(), **rounding)
-
-
-def _adagrad(params, grads, state, steps, **rounding):
-    scaledoptim.optim.adagrad.adagrad_(params, grads, state[0], steps, **adagrad_options(lr=0.1), **rounding)
-
-
-def _lion(params, grads, state, steps, **rounding):
-    scaledoptim.optim.lion.lion_(params, grads, state[0], steps, **lion_options(weight_decay=0.1), **rounding)
-
-
-# Everything a kernel table row needs: each optimizer kernel, through its functional form.
-CASE = dict(
-    launches={"adam": _adam, "sgd": _sgd, "adagrad": _adagrad, "lion": _lion},
-    options=["master", "stochastic"],
-)
-
-
-def _setup(seed=3):
-    params, grads = boundary_params_and_grads(
+def _bf16_params_and_grads(seed: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    return boundary_params_and_grads(
         torch.bfloat16, torch.float32, torch.Generator().manual_seed(seed)
     )
-    state = [[torch.zeros(p.shape) for p in params] for _ in range(2)]
-    return params, grads, state, [torch.zeros(()) for _ in params]
 
 
-def _fp32_twin(params, state, steps):
-    return (
-        [p.float() for p in params],
-        [[t.clone() for t in s] for s in state],
-        [s.clone() for s in steps],
-    )
+def _fp32_twin(info: OptimInfo, params: list[torch.Tensor], grads) -> RowUpdate:
+    """The same update over fp32 copies of ``params``, rounding nothing."""
+    return row_update(info, [p.float() for p in params], grads)
 
 
-@pytest.mark.parametrize("name", CASE["launches"])
-def test_master_weights_step_exactly_like_fp32_params(name):
-    launch = CASE["launches"][name]
-    params, grads, state, steps = _setup()
+def _step(*updates: RowUpdate) -> None:
+    for update in updates:
+        update.launch(torch.zeros(()), None)
+
+
+@pytest.mark.parametrize("info", ROUNDING, ids=str)
+def test_master_weights_step_exactly_like_fp32_params(info):
+    params, grads = _bf16_params_and_grads()
     masters = [p.float() for p in params]
-    fp32_params, fp32_state, fp32_steps = _fp32_twin(params, state, steps)
+    ours = row_update(info, params, grads, master_params=masters)
+    twin = _fp32_twin(info, params, grads)
     for _ in range(3):
-        launch(
-            params,
-            grads,
-            state,
-            steps,
-            found_inf=torch.zeros(()),
-            inv_scale=None,
-            master_params=masters,
-        )
-        launch(
-            fp32_params, grads, fp32_state, fp32_steps, found_inf=torch.zeros(()), inv_scale=None
-        )
-        assert_bytes_unchanged(fp32_params, masters)
+        _step(ours, twin)
+        assert_bytes_unchanged(twin.params, masters)
         assert_bytes_unchanged([m.to(torch.bfloat16) for m in masters], params)
 
 
-@pytest.mark.parametrize("name", CASE["launches"])
-def test_stochastic_rounding_is_the_torch_rounding_of_the_fp32_update(name):
-    launch = CASE["launches"][name]
-    params, grads, state, steps = _setup()
+@pytest.mark.parametrize("info", ROUNDING, ids=str)
+def test_stochastic_rounding_is_the_torch_rounding_of_the_fp32_update(info):
+    params, grads = _bf16_params_and_grads()
     seeds = [initial_seed(i) for i in range(len(params))]
-    fp32_params, fp32_state, fp32_steps = _fp32_twin(params, state, steps)
+    ours = row_update(info, params, grads, sr_seeds=seeds)
+    twin = _fp32_twin(info, params, grads)
     for _ in range(3):
-        launch(
-            params, grads, state, steps, found_inf=torch.zeros(()), inv_scale=None, sr_seeds=seeds
-        )
-        launch(
-            fp32_params, grads, fp32_state, fp32_steps, found_inf=torch.zeros(()), inv_scale=None
-        )
+        _step(ours, twin)
         expected = [torch.empty_like(p) for p in params]
-        stochastic_round_(expected, fp32_params, seeds, fp32_steps)
+        stochastic_round_(expected, twin.params, seeds, twin.steps)
         assert_bytes_unchanged(expected, params)
-        for p, p32 in zip(params, fp32_params):  # one of the two neighbours of the fp32 value
+        for p, p32 in zip(params, twin.params):  # one of the two neighbours of the fp32 value
             assert ((p.float() - p32).abs() <= p32.abs() * 2**-7).all()
-        fp32_params = [p.float() for p in params]  # continue from the same bf16 values
+        for p, p32 in zip(params, twin.params):  # continue from the same bf16 values
+            p32.copy_(p)
 
 
-@pytest.mark.parametrize("name", CASE["launches"])
-@pytest.mark.parametrize("option", CASE["options"])
-def test_a_skipped_step_changes_neither_param_nor_master(name, option):
-    launch = CASE["launches"][name]
-    params, grads, state, steps = _setup()
-    rounding = (
-        dict(master_params=[p.float() + 1e-3 for p in params])
-        if option == "master"
-        else dict(sr_seeds=[initial_seed(i) for i in range(len(params))])
-    )
-    before = snapshot(
-        params + [t for s in state for t in s] + steps + rounding.get("master_params", [])
-    )
-    launch(params, grads, state, steps, found_inf=torch.ones(()), inv_scale=None, **rounding)
-    assert_bytes_unchanged(
-        before, params + [t for s in state for t in s] + steps + rounding.get("master_params", [])
-    )
+@pytest.mark.parametrize("info", ROUNDING, ids=str)
+@pytest.mark.parametrize("option", ["master", "stochastic"])
+def test_a_skipped_step_changes_neither_param_nor_master(info, option):
+    params, grads = _bf16_params_and_grads()
+    if option == "master":
+        update = row_update(info, params, grads, master_params=[p.float() + 1e-3 for p in params])
+    else:
+        update = row_update(
+            info, params, grads, sr_seeds=[initial_seed(i) for i in range(len(params))]
+        )
+    before = clones(update.tensors)
+    update.launch(torch.ones(()), None)
+    assert_bytes_unchanged(before, update.tensors)
 
 
 def test_stochastic_rounding_is_unbiased():
     """1 + 0.3 ulp rounds up in 30% of the elements (65536 of them: 0.3 +- 0.006 at 3 sigma)."""
+    sgd = row("SGD")
     ulp = 2.0**-7
     params = [torch.ones(65536, dtype=torch.bfloat16)]
     grads = [torch.full((65536,), -0.3 * ulp)]
-    scaledoptim.optim.sgd.sgd_(
-        params, grads, [], [torch.zeros(())], **sgd_options(lr=1.0, momentum=0.0),
-        found_inf=None, inv_scale=None, sr_seeds=[initial_seed(0)],
-    )  # fmt: skip
+    update = row_update(sgd, params, grads, sgd.config("plain"), lr=1.0, sr_seeds=[initial_seed(0)])
+    update.launch(None, None)
     values = params[0].float()
     assert set(values.unique().tolist()) == {1.0, 1.0 + ulp}
     assert abs((values > 1).float().mean().item() - 0.3) < 0.006
 
 
-def test_masters_and_seeds_are_exclusive_and_seeds_are_int32():
-    params, grads, state, steps = _setup()
+@pytest.mark.parametrize("info", rows(fused=True, rounding=True, functional=True), ids=str)
+def test_masters_and_seeds_are_exclusive_and_seeds_are_int32(info):
+    params, grads = _bf16_params_and_grads()
+    update = row_update(info, params, grads)
+    *lists, steps = [*update.lists[:-3], update.steps]
+    masters, seeds = [p.float() for p in params], [initial_seed(i) for i in range(len(params))]
+    assert info.functional is not None
     with pytest.raises(ValueError, match="exclusive"):
-        _lion(params, grads, state, steps, found_inf=None, inv_scale=None,
-              master_params=[p.float() for p in params], sr_seeds=[initial_seed(0)] * len(params))  # fmt: skip
+        info.functional(update.group, [*lists, masters, seeds, steps], None, None)
     with pytest.raises(ValueError, match="0-dim int32"):
-        _lion(
-            params,
-            grads,
-            state,
-            steps,
-            found_inf=None,
-            inv_scale=None,
-            sr_seeds=[torch.zeros(())] * len(params),
+        info.functional(
+            update.group, [*lists, [], [torch.zeros(())] * len(params), steps], None, None
         )

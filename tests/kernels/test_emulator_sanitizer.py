@@ -1,5 +1,6 @@
-"""Every kernel of KERNEL_CASES stays in bounds for odd sizes and misaligned views, checked by
-AddressSanitizer in one subprocess (data/sanitized_launches.py) that reports each kernel."""
+"""Every fused row's update (its grad reduction, kernels and step epilogue, every config) and the
+inf/nan check stay in bounds for odd sizes and misaligned views, checked by AddressSanitizer in
+one subprocess (data/sanitized_launches.py) that reports each row."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from prerequisites import missing
 
-from tests.kernels.kernel_table import KERNEL_CASES, case_id
+from scaledoptim.testing.optim_db import rows
 
 SCRIPT = Path(__file__).parent / "data" / "sanitized_launches.py"
 
@@ -48,11 +49,11 @@ def clean_run() -> subprocess.CompletedProcess:
     return run_sanitized("clean")
 
 
-@pytest.mark.parametrize("case", KERNEL_CASES, ids=case_id)
-def test_odd_sizes_and_misaligned_views_stay_in_bounds(clean_run, case):
-    # ASan aborts at the first bad access, so a kernel that reads out of bounds, and every
-    # kernel after it, never reports clean.
-    assert f"clean {case.name}" in clean_run.stdout.splitlines(), clean_run.stderr[-4000:]
+@pytest.mark.parametrize("name", [*(info.name for info in rows(fused=True)), "non_finite_check"])
+def test_odd_sizes_and_misaligned_views_stay_in_bounds(clean_run, name):
+    # ASan aborts at the first bad access, so a launch that reads out of bounds, and every
+    # launch after it, never reports clean.
+    assert f"clean {name}" in clean_run.stdout.splitlines(), clean_run.stderr[-4000:]
 
 
 def test_sanitizer_catches_an_out_of_bounds_table():

@@ -1,7 +1,7 @@
-"""Regression tests of single kernels that the generic tests of KERNEL_CASES do not cover: the
-read-only inf/nan check (finds any bad element, never writes a tensor or clears the flag) and
-SGD's fused rounding. The 16-bit conversions are in test_emulated_dtypes.py, the launcher in
-test_launcher.py."""
+"""Regression tests of single kernels that the row-driven kernel tests do not cover: the
+read-only inf/nan check (finds any bad element, never writes a tensor or clears the flag), SGD's
+fused rounding and SGD's first step over a momentum buffer of garbage. The 16-bit conversions
+are in test_emulated_dtypes.py, the launcher in test_launcher.py."""
 
 from __future__ import annotations
 
@@ -10,24 +10,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import scaledoptim
 from scaledoptim import kernels
-from tests.kernels.kernel_reference import (
+from scaledoptim.testing.optim_db import row
+from tests.support.launches import row_update
+from tests.support.references import assert_param_close, reference_step
+from tests.support.tensors import (
     CHUNK,
     DTYPES,
-    assert_param_close,
+    boundary_params_and_grads,
+    boundary_sizes,
     make_tensors,
     mixed_params_and_grads,
-    reference_sgd,
-    sgd_options,
-    test_sizes,
 )
 
 BAD_VALUES = (float("inf"), float("-inf"), float("nan"))
 
 
 def tensors_with(dtype, bad_at=None, bad=float("nan")):
-    tensors = make_tensors(test_sizes(CHUNK), dtype, torch.Generator().manual_seed(0), scale=100.0)
+    tensors = make_tensors(boundary_sizes(CHUNK), dtype, torch.Generator().manual_seed(0), scale=100.0)
     if bad_at is not None:
         tensor, index = bad_at
         tensors[tensor].view(-1)[index] = bad
@@ -52,7 +52,7 @@ def test_check_leaves_flag_and_tensors_alone_when_finite(dtype):
     bad=st.sampled_from(BAD_VALUES),
 )
 def test_check_finds_any_bad_element(dtype, tensor, position, bad):
-    sizes = test_sizes(CHUNK) + [test_sizes(CHUNK)[-1]]
+    sizes = [*boundary_sizes(CHUNK), boundary_sizes(CHUNK)[-1]]
     index = int(position * sizes[tensor])
     tensors = tensors_with(dtype, (tensor, index), bad)
     found_inf = torch.zeros(())
@@ -70,10 +70,29 @@ def test_the_check_never_clears_the_flag():
 def test_sgd_update_that_nearly_cancels_the_param_keeps_torchs_fused_rounding(param_dtype):
     """p - lr * g with g == p and lr close to 1: computed with separate roundings the update
     lands 2 fp16 ulps from torch (found by hypothesis); one fmaf, as torch does, keeps it."""
+    sgd = row("SGD")
     params, grads = mixed_params_and_grads([115], [(param_dtype, torch.float16)], seed=1)
     grads[0].copy_(params[0])
-    options = sgd_options(momentum=0.0, lr=0.99999)
-    steps = [torch.zeros(())]
-    expected, _ = reference_sgd(params, grads, [[]], steps, None, options)
-    scaledoptim.optim.sgd.sgd_(params, grads, [], steps, **options, found_inf=None, inv_scale=None)
+    plain = sgd.config("plain")
+    expected, _ = reference_step(sgd, params, [g.float() for g in grads], [{}], plain, lr=0.99999)
+    row_update(sgd, params, grads, plain, lr=0.99999).launch(None, None)
     assert_param_close(params[0], expected[0])
+
+
+@pytest.mark.parametrize(
+    "config", [c for c in row("SGD").configs if c.kwargs.get("momentum")], ids=str
+)
+def test_sgd_first_step_overwrites_whatever_the_momentum_buffer_holds(config):
+    """torch creates the buffer from the first taken step's grad; ours exists before (zeroed or
+    loaded), and the kernel must not read it while the step counter is 0."""
+    sgd = row("SGD")
+    generator = torch.Generator().manual_seed(4)
+    params, grads = boundary_params_and_grads(torch.float32, torch.bfloat16, generator)
+    update = row_update(sgd, params, grads, config)
+    (buffers,) = (ts for key, ts in zip(update.keys, update.state) if key == "momentum_buffer")
+    for buffer in buffers:
+        buffer.copy_(torch.randn(buffer.shape, generator=generator) * 100)
+    expected, _ = reference_step(sgd, params, [g.float() for g in grads], [{}] * len(params), config)
+    update.launch(torch.zeros(()), None)
+    for actual, e in zip(params, expected):
+        assert_param_close(actual, e)

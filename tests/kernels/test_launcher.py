@@ -14,7 +14,6 @@ from scaledoptim.kernels import launcher
 from scaledoptim.kernels.config import launch_config
 from scaledoptim.kernels.emulator import emulator_library
 from scaledoptim.kernels.table import MAX_CHUNKS, max_tensors, plan_launches, table_type
-from tests.kernels.kernel_reference import adam_options, sgd_options, zero_adam_state
 
 SCALE_SOURCE = Path(__file__).parent / "data" / "scale.cu"
 
@@ -58,7 +57,8 @@ def test_more_tensors_than_one_table_holds():
     generator = torch.Generator().manual_seed(0)
     params = [torch.randn(i % 7, generator=generator) for i in range(n)]
     grads = [torch.randn(p.shape, generator=generator) for p in params]
-    m, v, steps = zero_adam_state(params)
+    m, v = ([torch.zeros_like(p) for p in params] for _ in range(2))
+    steps = [torch.zeros(()) for _ in params]
     expected = [p - 0.1 * torch.sign(g) for p, g in zip(params, grads)]  # Adam's first step
     scaledoptim.optim.adam.adam_(
         params,
@@ -67,7 +67,14 @@ def test_more_tensors_than_one_table_holds():
         v,
         [],
         steps,
-        **adam_options(lr=0.1, eps=0.0, weight_decay=0.0),
+        lr=0.1,
+        beta1=0.9,
+        beta2=0.999,
+        eps=0.0,
+        weight_decay=0.0,
+        decoupled_weight_decay=True,
+        amsgrad=False,
+        maximize=False,
         found_inf=None,
         inv_scale=None,
     )
@@ -112,7 +119,7 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
     x = torch.randn(4, 4)
     with pytest.raises(ValueError, match="not dense"):
         kernels.launch(SCALE, [[x[:, ::2]]], ScaleArgs(1.0))
-    with pytest.raises(TypeError, match="dtype torch.float64"):
+    with pytest.raises(TypeError, match=r"dtype torch\.float64"):
         kernels.launch(SCALE, [[x.double()]], ScaleArgs(1.0))
     with pytest.raises(ValueError, match="takes 1 tensor lists"):
         kernels.launch(SCALE, [[x], [x]], ScaleArgs(1.0))
@@ -124,7 +131,12 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
             [x, x],
             [],
             [torch.zeros(())],
-            **sgd_options(momentum=0.0),
+            lr=0.1,
+            momentum=0.0,
+            dampening=0.0,
+            nesterov=False,
+            weight_decay=0.0,
+            maximize=False,
             found_inf=None,
             inv_scale=None,
         )

@@ -6,7 +6,7 @@ update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they n
 grads and state of one dtype and they do not advance step counters. So this backend runs 16-bit
 params through fp32 working copies (state and math are fp32, the param is rounded once), which
 also routes around torch 2.13's CPU ``_fused_sgd_`` leaving bf16/fp16 params of 16 or more
-elements unchanged (``tests/test_torch_kernels.py`` shows it). Counters are each torch form's
+elements unchanged (``tests/fused/test_torch_kernels.py`` shows it). Counters are each torch form's
 business.
 
 It never unscales in the update: on CPU an in-place unscale followed by the plain fused update

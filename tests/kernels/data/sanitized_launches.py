@@ -1,7 +1,9 @@
-"""Run by test_emulator_sanitizer.py under AddressSanitizer: ``clean`` launches every kernel of
-KERNEL_CASES, with every option of its grid and every param x grad dtype, on odd-sized tensors
-and misaligned views, printing ``clean <kernel>`` after each; ``overflow`` deliberately reads
-past a tensor, to prove the sanitizer is watching."""
+"""Run by test_emulator_sanitizer.py under AddressSanitizer: ``clean`` launches the update of
+every fused row of optim_db (its grad reduction, kernels and step epilogue), with every config
+and every param x grad dtype pair, on odd-sized tensors and misaligned views (state and rounding
+lists misaligned too), printing ``clean <row>`` after each, and the inf/nan check, printing
+``clean non_finite_check``; ``overflow`` deliberately reads past a tensor, to prove the
+sanitizer is watching."""
 
 from __future__ import annotations
 
@@ -10,21 +12,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo
 
-import ctypes  # noqa: E402
-import itertools  # noqa: E402
+import ctypes
+import itertools
 
-import torch  # noqa: E402
+import torch
 
-from scaledoptim import kernels  # noqa: E402
-from scaledoptim.kernels import emulator, launch_config  # noqa: E402
-from scaledoptim.kernels.table import plan_launches  # noqa: E402
-from tests.kernels.kernel_reference import (  # noqa: E402
-    CHUNK,
-    DTYPES,
-    EMULATOR_THREADS,
-    misaligned,
-)
-from tests.kernels.kernel_table import KERNEL_CASES, launch_case  # noqa: E402
+from scaledoptim import kernels
+from scaledoptim.kernels import emulator, launch_config
+from scaledoptim.kernels.table import plan_launches
+from scaledoptim.testing.optim_db import rows
+from tests.support.launches import row_update
+from tests.support.tensors import CHUNK, DTYPES, EMULATOR_THREADS, misaligned
 
 launch_config.chunk_size = CHUNK
 launch_config.emulator_threads_per_block = EMULATOR_THREADS
@@ -39,23 +37,26 @@ def odd_and_misaligned(dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def clean() -> None:
-    generator = torch.Generator().manual_seed(0)
     dtype_pairs = list(itertools.product(DTYPES, DTYPES))
-    for case in KERNEL_CASES:
-        options = case.all_options()
-        # Every option and every param x grad dtype pair at least once, cycling the shorter.
-        for i in range(max(len(options), len(dtype_pairs))):
+    for info in rows(fused=True):
+        configs = info.configs
+        # Every config and every param x grad dtype pair at least once, cycling the shorter.
+        for i in range(max(len(configs), len(dtype_pairs))):
             p_dtype, g_dtype = dtype_pairs[i % len(dtype_pairs)]
             params, grads = odd_and_misaligned(p_dtype), odd_and_misaligned(g_dtype)
-            lists = case.make_lists(params, grads, options[i % len(options)], generator)
-            if case.update:  # the state misaligned too
-                lists[2:-1] = [[misaligned(t) for t in ts] for ts in lists[2:-1]]
+            update = row_update(info, params, grads, configs[i % len(configs)])
+            # The state, scratch and rounding lists misaligned too.
+            update.lists[2:-1] = [[misaligned(t) for t in ts] for ts in update.lists[2:-1]]
             found_inf = torch.zeros(())
-            launch_case(case, lists, options[i % len(options)], found_inf, torch.tensor(2.0))
-            assert found_inf.item() == 0, case.name  # finite tensors
-            if case.update:  # the counters advanced once, found_inf being zero
-                assert all(s.item() == 1 for s in lists[-1]), case.name
-        print(f"clean {case.name}", flush=True)
+            update.launch(found_inf, torch.tensor(2.0))
+            assert found_inf.item() == 0, info.name  # finite tensors
+            assert all(s.item() == 1 for s in update.steps), info.name  # advanced once
+        print(f"clean {info.name}", flush=True)
+    for dtype in DTYPES:
+        found_inf = torch.zeros(())
+        kernels.non_finite_check_(odd_and_misaligned(dtype), found_inf)
+        assert found_inf.item() == 0
+    print("clean non_finite_check", flush=True)
 
 
 def overflow() -> None:

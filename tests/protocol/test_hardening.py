@@ -2,7 +2,9 @@
 
 Every row of ``BAD`` must raise a clear error naming the fix and leave params, optimizer state
 and the loss scale bit-identical. Every row of ``LEGAL`` is something unusual that must work:
-there the row asserts the behaviour. Both tables run over an Adam-family and an SGD optimizer.
+there the row asserts the behaviour. Both tables run over an Adam-family and an SGD optimizer,
+rows of optim_db chosen by name (the protocol does not branch on the update: the generic tests
+over every row are tests/protocol/test_errors.py and tests/fused/test_plan_then_commit.py).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-from optimizer_table import (
-    CASES,
+
+import scaledoptim
+from scaledoptim.testing.optim_db import row
+from tests.support.training import (
     assert_bit_identical,
     loss_of,
     make_model,
@@ -23,9 +27,10 @@ from optimizer_table import (
     snapshot,
 )
 
-import scaledoptim
-
-OPTIMIZERS = [CASES[0], CASES[5]]  # adamw, sgd-momentum-wd
+OPTIMIZERS = [
+    pytest.param((row("AdamW"), row("AdamW").default), id="AdamW-default"),
+    pytest.param((row("SGD"), row("SGD").config("momentum-wd")), id="SGD-momentum-wd"),
+]
 NOOP: Callable[[Any, Any], None] = lambda model, opt: None  # noqa: E731
 
 
@@ -42,7 +47,8 @@ class Bad:
 
 
 def _ready(case):
-    return ready_with_pending_backward(case, growth_interval=5)
+    info, config = case
+    return ready_with_pending_backward(info, config, growth_interval=5)
 
 
 def _closure(model, opt, *, overflow=False, touch_params=False):
@@ -157,7 +163,7 @@ BAD = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", OPTIMIZERS, ids=str)
+@pytest.mark.parametrize("case", OPTIMIZERS)
 @pytest.mark.parametrize("bad", BAD, ids=str)
 def test_bad_input_raises_naming_the_fix_and_changes_nothing(case, bad: Bad) -> None:
     model, opt = _ready(case)
@@ -200,7 +206,7 @@ def some_grads_are_none(case):
 
 
 def every_grad_is_none(case):
-    model, opt = _ready(case)
+    _, opt = _ready(case)
     opt.zero_grad()
     before = snapshot(opt)[:-3]  # without the scale's trackers: a clean (empty) step counts
     _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
@@ -242,7 +248,7 @@ def scale_that_requires_grad(case):
 
 
 def state_dict_after_dropping_a_pending_step(case):
-    model, opt = _ready(case)
+    _, opt = _ready(case)
     opt.unscale(grads_scaled_by=opt.scale)
     opt.zero_grad()  # the fix the between-steps error names
     assert opt.state_dict()["loss_scale"]["scale"].item() == opt.scale.item()
@@ -268,7 +274,7 @@ LEGAL = [
 ]
 
 
-@pytest.mark.parametrize("case", OPTIMIZERS, ids=str)
+@pytest.mark.parametrize("case", OPTIMIZERS)
 @pytest.mark.parametrize("legal", LEGAL, ids=lambda f: f.__name__)
 def test_legal_oddity_works(case, legal) -> None:
     legal(case)

@@ -1,19 +1,25 @@
-"""Bad input raises a clear error naming the fix, and leaves params, state and scale bit-identical."""
+"""Bad input raises a clear error naming the fix, and leaves params, state and scale bit-identical.
+
+The bad calls run the default config of every row whose ``step()`` takes no closure (the
+protocol's checks do not branch on the update's options); every row's error inputs are refused
+by its constructor.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
 import scaledoptim
+from scaledoptim.testing.optim_db import optim_db, row, rows
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
 
-def _trained(case):
+def _trained(info):
     model = make_model()
-    opt = case.ours(model.parameters(), **case.kwargs)
+    opt = info.make(model.parameters())
     for step in range(2):
         opt.zero_grad()
         scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
@@ -45,11 +51,11 @@ BAD_CALLS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("info", rows(closure=False), ids=str)
 @pytest.mark.parametrize("bad_call", BAD_CALLS, ids=lambda b: b[0])
-def test_bad_input_raises_and_changes_nothing(case, bad_call) -> None:
+def test_bad_input_raises_and_changes_nothing(info, bad_call) -> None:
     _, call, error, message = bad_call
-    model, opt = _trained(case)
+    model, opt = _trained(info)
     if bad_call[0] == "unscale twice":
         opt.unscale(grads_scaled_by=opt.scale)
         before = snapshot(opt)
@@ -63,7 +69,7 @@ def test_bad_input_raises_and_changes_nothing(case, bad_call) -> None:
 
 
 def test_grads_on_two_devices_are_rejected_before_anything_changes() -> None:
-    _model, opt = _trained(CASES[0])
+    _, opt = _trained(row("AdamW"))
     other = torch.nn.Parameter(torch.zeros(3, device="meta"))
     other.grad = torch.ones(3, device="meta")
     opt.add_param_group({"params": [other]})
@@ -74,12 +80,21 @@ def test_grads_on_two_devices_are_rejected_before_anything_changes() -> None:
 
 
 def test_zero_grad_forgets_an_unconsumed_unscale() -> None:
-    model, opt = _trained(CASES[0])
+    model, opt = _trained(row("AdamW"))
     opt.unscale(grads_scaled_by=opt.scale)
     opt.zero_grad()
     scaledoptim.scale_outputs(loss_of(model, 3), opt.scale).backward()
     opt.unscale(grads_scaled_by=opt.scale)  # no error: new grads
     opt.step_after_unscale()
+
+
+@pytest.mark.parametrize(
+    ("info", "error_input"),
+    [pytest.param(info, e, id=f"{info.name}-{e.name}") for info in optim_db for e in info.error_inputs],
+)
+def test_every_rows_error_inputs_are_refused(info, error_input) -> None:
+    with pytest.raises(error_input.error, match=error_input.match):
+        info.cls(make_model().parameters(), **error_input.kwargs)
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from optimizer_table import assert_bit_identical, loss_of, make_model, snapshot
 
 import scaledoptim
 from scaledoptim import torch_ops
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
@@ -24,7 +24,7 @@ def test_a_first_step_inside_capture_is_refused_and_a_warm_one_runs(monkeypatch)
     _backward(model, opt)
     before = snapshot(opt)
     monkeypatch.setattr(torch_ops, "capturing", lambda: True)
-    with pytest.raises(RuntimeError, match="inside CUDA graph capture. Take one eager step first"):
+    with pytest.raises(RuntimeError, match=r"inside CUDA graph capture\. Take one eager step first"):
         opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert_bit_identical(before, snapshot(opt))
     monkeypatch.setattr(torch_ops, "capturing", lambda: False)
@@ -32,7 +32,7 @@ def test_a_first_step_inside_capture_is_refused_and_a_warm_one_runs(monkeypatch)
     _backward(model, opt)
     monkeypatch.setattr(torch_ops, "capturing", lambda: True)
     opt.unscale_and_step(grads_scaled_by=opt.scale)  # state exists: nothing to create
-    with pytest.raises(RuntimeError, match="pass opt.scale"):
+    with pytest.raises(RuntimeError, match=r"pass opt\.scale"):
         opt.unscale_and_step(grads_scaled_by=torch.tensor(1024.0))
 
 
@@ -40,4 +40,4 @@ def test_the_loss_scale_is_not_created_inside_capture(monkeypatch) -> None:
     opt = scaledoptim.SGD(make_model().parameters(), lr=0.1)
     monkeypatch.setattr(torch_ops, "capturing", lambda: True)
     with pytest.raises(RuntimeError, match="Creating the loss scale"):
-        opt.scale
+        _ = opt.scale

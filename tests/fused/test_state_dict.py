@@ -1,4 +1,8 @@
-"""state_dict round trips: resuming is bit-identical, torch.optim state_dicts load, corrupt ones don't."""
+"""state_dict round trips: resuming is bit-identical, torch.optim state_dicts load, corrupt ones don't.
+
+Resuming runs every generic config of every fused row; loading torch.optim's state_dict, every
+generic config of the rows with a torch.optim reference.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,20 @@ import io
 
 import pytest
 import torch
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 
 import scaledoptim
+from scaledoptim.testing.optim_db import rows
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
+
+
+def _configs(selected):
+    return [
+        pytest.param(info, config, id=f"{info.name}-{config.name}")
+        for info in selected
+        for config in info.generic_configs
+    ]
 
 OVERFLOWS = {2, 5, 6}
 
@@ -26,13 +39,12 @@ def _train(model, opt, steps):
         _, _, S = opt.unscale_and_step(grads_scaled_by=S)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_resume_from_checkpoint_is_bit_identical(case, dtype) -> None:
+def _resume_is_bit_identical(info, config, dtype, **changes) -> None:
     """Checkpoint mid growth interval and mid hysteresis, through torch.save/torch.load."""
+
     def fresh():
         model = make_model(dtype)
-        opt = case.ours(model.parameters(), **case.kwargs)
+        opt = info.make(model.parameters(), config, **changes)
         return model, opt.configure_scaling(init_scale=2.0**8, growth_interval=3, hysteresis=2)
 
     model, opt = fresh()
@@ -51,16 +63,29 @@ def test_resume_from_checkpoint_is_bit_identical(case, dtype) -> None:
     assert_bit_identical(snapshot(opt), snapshot(resumed_opt))
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_plain_torch_state_dict_loads_with_default_scale(case) -> None:
+@pytest.mark.parametrize(("info", "config"), _configs(rows(fused=True)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_resume_from_checkpoint_is_bit_identical(info, config, dtype) -> None:
+    _resume_is_bit_identical(info, config, dtype)
+
+
+@pytest.mark.parametrize("info", rows(fused=True, rounding=True), ids=str)
+@pytest.mark.parametrize("rounding", ["master_weights", "stochastic_rounding"])
+def test_resume_with_a_rounding_option_is_bit_identical(info, rounding) -> None:
+    """bf16 params with fp32 masters or seeded stochastic rounding (the row's default config)."""
+    _resume_is_bit_identical(info, info.default, torch.bfloat16, **{rounding: True})
+
+
+@pytest.mark.parametrize(("info", "config"), _configs(rows(fused=True, reference=True)))
+def test_plain_torch_state_dict_loads_with_default_scale(info, config) -> None:
     ref_model, model = make_model(), make_model()
-    ref_opt = case.reference(ref_model.parameters(), **case.kwargs)
+    ref_opt = info.reference_for(ref_model.parameters(), config)
     for step in range(3):
         ref_opt.zero_grad()
         loss_of(ref_model, step).backward()
         ref_opt.step()
     model.load_state_dict(ref_model.state_dict())
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(init_scale=512.0)
+    opt = info.make(model.parameters(), config).configure_scaling(init_scale=512.0)
     opt.load_state_dict(ref_opt.state_dict())
     assert opt.scale.item() == 512.0
     for step in range(3, 6):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from optimizer_table import loss_of, make_model
 
 import scaledoptim
+from tests.support.training import loss_of, make_model
 
 
 class SignSGD(scaledoptim.Optimizer):
@@ -101,7 +101,7 @@ def test_shared_scale_moves_once_per_iteration_and_each_optimizer_skips_its_own_
     assert S is opt_g.scale is opt_d.scale and S.item() == 64.0
     scales = []
     for step, overflow_d in enumerate([False, False, True, False]):
-        for m, o in ((gen, opt_g), (disc, opt_d)):
+        for o in (opt_g, opt_d):
             o.zero_grad()
         scaledoptim.scale_outputs(loss_of(gen, step) + loss_of(disc, step), S).backward()
         if overflow_d:

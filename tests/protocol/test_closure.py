@@ -1,19 +1,17 @@
-"""Closure replay: LBFGS and any closure optimizer get finite grads; exhaustion changes nothing."""
+"""Closure replay: LBFGS and any closure optimizer get finite grads; exhaustion changes nothing.
+
+The replay tests of the closure forms run the default config of every row whose ``step()``
+takes no closure of its own (the replay does not branch on the update's options).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from optimizer_table import (
-    CASES,
-    OptimizerCase,
-    assert_bit_identical,
-    loss_of,
-    make_model,
-    snapshot,
-)
 
 import scaledoptim
+from scaledoptim.testing.optim_db import OptimInfo, rows
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
@@ -80,10 +78,10 @@ def test_wrapped_closure_gives_lbfgs_finite_grads_every_evaluation() -> None:
         assert all(torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("case", CASES[:1] + CASES[4:5], ids=str)
-def test_step_after_unscale_closure_form_replays(case: OptimizerCase) -> None:
+@pytest.mark.parametrize("info", rows(closure=False), ids=str)
+def test_step_after_unscale_closure_form_replays(info: OptimInfo) -> None:
     model = make_model()
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(init_scale=2.0**20)
+    opt = info.make(model.parameters()).configure_scaling(init_scale=2.0**20)
     calls = []
 
     def closure(S):
@@ -97,16 +95,16 @@ def test_step_after_unscale_closure_form_replays(case: OptimizerCase) -> None:
         return torch.tensor(0.0), found_inf, S
 
     before = [p.clone() for p in model.parameters()]
-    loss, found_inf, S = opt.step_after_unscale(closure, current_grad_scale=opt.scale)
+    _, found_inf, S = opt.step_after_unscale(closure, current_grad_scale=opt.scale)
     assert calls == [1.0, 1.0, 0.0]
     assert found_inf.item() == 0.0 and S.item() == 2.0**18
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
-@pytest.mark.parametrize("case", CASES[:1] + CASES[4:5], ids=str)
-def test_closure_that_never_becomes_finite_raises_and_changes_nothing(case) -> None:
+@pytest.mark.parametrize("info", rows(closure=False), ids=str)
+def test_closure_that_never_becomes_finite_raises_and_changes_nothing(info: OptimInfo) -> None:
     model = make_model()
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(max_replays=5)
+    opt = info.make(model.parameters()).configure_scaling(max_replays=5)
     opt.unscale_and_step(lambda S: scaledoptim.scale_outputs(loss_of(model, 0), S).backward(), grads_scaled_by=opt.scale)
     before = snapshot(opt)
     tries = []

@@ -5,6 +5,11 @@ the failure applies to, and must (a) raise an error whose message names the prob
 fix, (b) leave params, optimizer state, grads, the scale, its trackers and the stage
 bit-identical, and (c) leave the optimizer usable: once the input is repaired, the same call
 steps normally.
+
+Every failure runs on the default config of AdamW and SGD through every entry point; the
+failures an optimizer's own code checks (its state, its options) run on the default config of
+every other fused row of optim_db too, through ``unscale_and_step`` (the entry points share the
+plan, and the engine's checks of params, grads and the environment know no optimizer).
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from typing import Any
 
 import pytest
 import torch
-from optimizer_table import (
-    CASES,
+
+import scaledoptim
+from scaledoptim.testing.optim_db import rows
+from tests.support.training import (
     assert_bit_identical,
     loss_of,
     make_model,
@@ -24,12 +31,11 @@ from optimizer_table import (
     snapshot,
 )
 
-import scaledoptim
-
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
-OPTIMIZERS = [CASES[0], CASES[5]]  # adamw, sgd-momentum-wd: both have per-param state
 FORMS = ("unscale_and_step", "unscale", "step_after_unscale")
+#: The rows that meet every failure through every form.
+EVERY_FORM = ("AdamW", "SGD")
 Hook = Callable[[torch.nn.Module, scaledoptim.Optimizer], Any]
 
 
@@ -42,6 +48,7 @@ class Failure:
     problem: str  # regex: the message names the problem...
     fix: str  # ...and the fix
     forms: tuple[str, ...] = FORMS
+    per_optimizer: bool = True  # checked by the optimizer's code (state, options), not the engine's
 
     def __str__(self) -> str:
         return self.name
@@ -52,7 +59,8 @@ def _state_of_first_weight(model, opt) -> dict[str, Any]:
 
 
 def _state_key(opt) -> str:
-    return "exp_avg" if isinstance(opt, scaledoptim.Adam) else "momentum_buffer"
+    """The optimizer's first state entry (every default config has per-param state)."""
+    return next(key for key in opt.state_keys(opt.param_groups[0]) if key is not None)
 
 
 def _swap_state(value: Callable[[torch.Tensor], Any]) -> tuple[Hook, Hook]:
@@ -176,21 +184,21 @@ FAILURES = [
     Failure("state entry that is not a tensor", *_swap_state(lambda t: 3.0), TypeError, "is a float, not a tensor", CLEAR_STATE),
     Failure("integer state tensor", *_swap_state(lambda t: t.long()), ValueError, "torch.int64 tensor", CLEAR_STATE),
     Failure("state on another device", *_swap_state(lambda t: t.to("meta")), RuntimeError, "is on meta but its param is on cpu", "load_state_dict"),
-    Failure("state entry missing", *_drop_state_key(), ValueError, "but no '(exp_avg|momentum_buffer)'", CLEAR_STATE),
+    Failure("state entry missing", *_drop_state_key(), ValueError, "but no '{state_key}'", CLEAR_STATE),
     Failure("step counter of the wrong type", *_swap_step("seven"), TypeError, "'step'.*'seven'", CLEAR_STATE),
     Failure("param group missing a key", *_swap_group("lr", _DELETE), ValueError, r"param_groups\[0\] has no \['lr'\]", "add_param_group"),
     Failure("negative learning rate in a group", *_swap_group("lr", -0.1), ValueError, "Invalid learning rate: -0.1", "Invalid"),
     Failure("lr tensor of several elements in a group", *_swap_group("lr", torch.tensor([0.1, 0.2])), ValueError, "Tensor lr must be 1-element", "1-element"),
-    Failure("param on another device", *_extra_param(_meta_param), RuntimeError, "is on meta but the loss scale is on cpu", "one optimizer per device"),
-    Failure("sparse grad", *_swap_grad(lambda g: g.to_sparse()), RuntimeError, "sparse gradients", r"nn\.Embedding\(sparse=False\)"),
-    Failure("integer grad", *_swap_grad(lambda g: g.long(), via_data=True), TypeError, "dtype torch.int64", "Assign p.grad a floating tensor"),
-    Failure("grad of the wrong shape", *_swap_grad(lambda g: g[:3], via_data=True), ValueError, r"shape \(3, 6\)", "shaped like p"),
-    Failure("unknown SCALEDOPTIM_KERNELS", *_env("gpu"), ValueError, "SCALEDOPTIM_KERNELS='gpu'", "or leave it unset"),
+    Failure("param on another device", *_extra_param(_meta_param), RuntimeError, "is on meta but the loss scale is on cpu", "one optimizer per device", per_optimizer=False),
+    Failure("sparse grad", *_swap_grad(lambda g: g.to_sparse()), RuntimeError, "sparse gradients", r"nn\.Embedding\(sparse=False\)", per_optimizer=False),
+    Failure("integer grad", *_swap_grad(lambda g: g.long(), via_data=True), TypeError, "dtype torch.int64", "Assign p.grad a floating tensor", per_optimizer=False),
+    Failure("grad of the wrong shape", *_swap_grad(lambda g: g[:3], via_data=True), ValueError, r"shape \(3, 6\)", "shaped like p", per_optimizer=False),
+    Failure("unknown SCALEDOPTIM_KERNELS", *_env("gpu"), ValueError, "SCALEDOPTIM_KERNELS='gpu'", "or leave it unset", per_optimizer=False),
 ]  # fmt: skip
 
 
-def _ready(case):
-    return ready_with_pending_backward(case, growth_interval=3)
+def _ready(info):
+    return ready_with_pending_backward(info, growth_interval=3)
 
 
 def _everything(model, opt) -> tuple[list[torch.Tensor], Any]:
@@ -211,17 +219,25 @@ def test_the_failure_table_is_large_enough() -> None:
     assert len(FAILURES) >= 15 and len({f.name for f in FAILURES}) == len(FAILURES)
 
 
-@pytest.mark.parametrize("case", OPTIMIZERS, ids=str)
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("failure", FAILURES, ids=str)
-def test_a_failure_changes_nothing_and_names_the_fix(case, form, failure: Failure) -> None:
-    model, opt = _ready(case)
+CASES = [
+    pytest.param(info, form, failure, id=f"{failure}-{info.name}-{form}")
+    for failure in FAILURES
+    for info in rows(fused=True)
+    for form in FORMS
+    if info.name in EVERY_FORM or (form == "unscale_and_step" and failure.per_optimizer)
+]
+
+
+@pytest.mark.parametrize(("info", "form", "failure"), CASES)
+def test_a_failure_changes_nothing_and_names_the_fix(info, form, failure: Failure) -> None:
+    model, opt = _ready(info)
     if form == "step_after_unscale":
         opt.unscale(grads_scaled_by=opt.scale)
     failure.break_it(model, opt)
     tensors, stage = _everything(model, opt)
+    problem = failure.problem.replace("{state_key}", _state_key(opt))
     try:
-        with pytest.raises(failure.error, match=failure.problem) as raised:
+        with pytest.raises(failure.error, match=problem) as raised:
             _call(form, opt)
         assert _fix_named(failure.fix, str(raised.value)), f"no fix in: {raised.value}"
         after, after_stage = _everything(model, opt)

@@ -1,61 +1,54 @@
-"""Every path and every param dtype against an fp32 reference, and the torch kernel we route around."""
+"""Every path and every param dtype against the row's reference (the torch.optim class in fp32,
+or the optimizer's own torch form in float64), rounded once; random inf/nan never changes a
+param on that step.
+
+Runs every generic config of every fused row (the kernel tests sweep the rest).
+"""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from optimizer_table import CASES, OptimizerCase, assert_bit_identical, snapshot
 
-import scaledoptim
+from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.references import assert_within_one_ulp, reference_step
+from tests.support.training import assert_bit_identical, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CONFIGS = [
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
+    for info in rows(fused=True)
+    for config in info.generic_configs
+]
 
 
 def _params(dtype: torch.dtype, sizes=(1, 5, 16, 33)) -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(n).to(dtype)) for n in sizes]
 
 
-def _fp32_reference_step(case: OptimizerCase, opt, params, grads_fp32) -> list[torch.Tensor]:
-    """torch.optim's step from our current state, in fp32, rounded once to the param dtype."""
-    ref_params = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
-    ref = case.reference(ref_params, **case.kwargs)
-    state_dict = copy.deepcopy(opt.state_dict())
-    state_dict.pop("loss_scale")
-    ref.load_state_dict(state_dict)
-    for p, g in zip(ref_params, grads_fp32):
-        p.grad = g.clone()
-    ref.step()
-    return [r.detach().to(p.dtype) for r, p in zip(ref_params, params)]
+def _reference_step(info: OptimInfo, config: Config, opt, params, grads_fp32) -> list[torch.Tensor]:
+    """The reference's step from our current state, rounded once to the param dtype."""
+    states = [opt.state.get(p, {}) for p in params]
+    expected, _ = reference_step(info, params, grads_fp32, states, config)
+    return [e.to(p.dtype) for e, p in zip(expected, params)]
 
 
-def _assert_within_one_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """16-bit: one ulp of the dtype. fp32: 1e-6 relative, where an element that cancels down to
-    a small value is held to 1e-6 of the tensor's largest magnitude (kernels may fuse the
-    multiply-adds that torch rounds separately)."""
-    info = torch.finfo(actual.dtype)
-    if actual.dtype == torch.float32:
-        rtol, atol = 1e-6, 1e-6 * expected.abs().max().item()
-    else:
-        rtol, atol = info.eps, info.tiny
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=rtol, atol=atol)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("path", ["step", "unscale_and_step", "unscale+step_after_unscale"])
-def test_every_path_and_dtype_matches_the_fp32_reference(case, dtype, path) -> None:
+def test_every_path_and_dtype_matches_the_reference(info, config, dtype, path) -> None:
     params = _params(dtype)
-    opt = case.ours(params, **case.kwargs).configure_scaling(init_scale=2.0**10)
+    opt = info.make(params, config).configure_scaling(init_scale=2.0**10)
     for _ in range(4):
         grads_fp32 = [torch.randn(p.shape) for p in params]
         S = opt.scale.item()
-        expected = _fp32_reference_step(case, opt, params, [g.to(dtype).float() for g in grads_fp32])
+        expected = _reference_step(
+            info, config, opt, params, [g.to(dtype).float() for g in grads_fp32]
+        )
         for p, g in zip(params, grads_fp32):
             p.grad = g.to(dtype) if path == "step" else (g.to(dtype).float() * S).to(dtype)
         if path == "step":
@@ -71,21 +64,24 @@ def test_every_path_and_dtype_matches_the_fp32_reference(case, dtype, path) -> N
             opt.step_after_unscale()
         for p, e in zip(params, expected):
             assert p.dtype == dtype
-            _assert_within_one_ulp(p.detach(), e)
+            assert_within_one_ulp(p.detach(), e)
         assert all(v.dtype == torch.float32 for s in opt.state.values() for v in s.values())
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    case=st.sampled_from(CASES),
+    case=st.sampled_from(CONFIGS),
     dtype=st.sampled_from(DTYPES),
     sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
     bad_value=st.sampled_from([float("inf"), float("-inf"), float("nan")]),
     data=st.data(),
 )
-def test_random_inf_nan_never_changes_a_param_on_that_step(case, dtype, sizes, bad_value, data) -> None:
+def test_random_inf_nan_never_changes_a_param_on_that_step(
+    case, dtype, sizes, bad_value, data
+) -> None:
+    info, config = case.values
     params = _params(dtype, sizes)
-    opt = case.ours(params, **case.kwargs)
+    opt = info.make(params, config)
     for p in params:
         p.grad = torch.randn(p.shape).to(dtype)
     opt.unscale_and_step(grads_scaled_by=opt.scale)  # state exists: the skip must leave it too

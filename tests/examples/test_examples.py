@@ -107,8 +107,8 @@ def test_lbfgs_host_reads_are_lbfgs_own_plus_the_replays_and_the_table_says_whos
     reference, ours = lbfgs["fp32-lbfgs"], lbfgs["scaledoptim-lbfgs"]
     assert set(reference.host_reads_by_module) == {"torch.optim.lbfgs"}
     assert reference.host_reads_by_module["torch.optim.lbfgs"] > 10
-    assert set(ours.host_reads_by_module) == {"torch.optim.lbfgs", "scaledoptim.replay"}
-    replay = ours.host_reads_by_module["scaledoptim.replay"]
+    assert set(ours.host_reads_by_module) == {"torch.optim.lbfgs", "scaledoptim.protocol.replay"}
+    replay = ours.host_reads_by_module["scaledoptim.protocol.replay"]
     assert 2 * ours.evaluations_per_step <= replay <= 3 * ours.evaluations_per_step
     assert sum(ours.host_reads_by_module.values()) == pytest.approx(ours.host_reads_per_step)
     note = " ".join(format_table(list(lbfgs.values())).split())
@@ -229,7 +229,7 @@ def test_hf_gpt2_trains_like_the_built_in_models() -> None:
     assert "hf-gpt2 (transformers.GPT2LMHeadModel)" in format_table(list(results.values()))
 
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 # The README's claims about the main command on a CPU, each with what the demo must print for
 # it: (task, pairs of variants whose "held-out loss vs" line is checked, the bound).
 LOSS_CLAIMS = {

@@ -16,9 +16,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from optimizer_table import assert_bit_identical, snapshot
 
 import scaledoptim
+from tests.support.training import assert_bit_identical, snapshot
 
 CONFIG = dict(init_scale=16.0, growth_interval=3, hysteresis=2, min_scale=1.0, max_scale=64.0, max_replays=3)
 
@@ -108,7 +108,7 @@ def _apply(run: Run, model: ProtocolModel, action: str, arg) -> None:
         with pytest.raises(RuntimeError, match="unscale"):
             _call(run, action, arg, S)
     elif action == "step_after_unscale" and not model.unscaled:
-        with pytest.raises(RuntimeError, match="call opt.unscale"):
+        with pytest.raises(RuntimeError, match=r"call opt\.unscale"):
             opt.step_after_unscale()
     else:
         _call(run, action, arg, S)

@@ -15,22 +15,46 @@ import warnings
 
 import pytest
 import torch
-from optimizer_table import CASES, assert_bit_identical, loss_of, make_model, snapshot
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
 
 import scaledoptim
+from scaledoptim.testing.optim_db import Config, OptimInfo, row
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
-ADAMW, SGD_MOMENTUM = CASES[0], CASES[5]
+# (row, config) pairs of optim_db, by name: each item compares with the row's torch.optim class.
+Case = tuple[OptimInfo, Config]
+ADAMW: Case = (row("AdamW"), row("AdamW").default)
+ADAM: Case = (row("Adam"), row("Adam").config("wd"))
+ADAM_AMSGRAD: Case = (row("Adam"), row("Adam").config("amsgrad-betas-wd"))
+SGD_MOMENTUM: Case = (row("SGD"), row("SGD").config("momentum-wd"))
+
+
+def _id(case: Case) -> str:
+    return f"{case[0].name}-{case[1].name}"
+
+
+def _ours(case: Case, params):
+    return case[0].make(params, case[1])
+
+
+def _theirs(case: Case, params):
+    return case[0].reference_for(params, case[1])
+
+
+def _state_key(case: Case) -> str:
+    """The first per-param state entry of the case's optimizer."""
+    opt = _ours(case, [torch.nn.Parameter(torch.zeros(1))])
+    return next(key for key in opt.state_keys(opt.param_groups[0]) if key is not None)
 
 
 def _conv_pair(case, seed=0):
     torch.manual_seed(seed)
     ours = torch.nn.Conv2d(3, 4, 3)
     ref = copy.deepcopy(ours)
-    return ours, ref, case.ours(ours.parameters(), **case.kwargs), case.reference(ref.parameters(), **case.kwargs)
+    return ours, ref, _ours(case, ours.parameters()), _theirs(case, ref.parameters())
 
 
 def _conv_backward(model, opt, step):
@@ -62,7 +86,7 @@ def _layout_run(case, switch_at):
     channels_last before step ``switch_at``; returns (ours, torch's) after every step."""
     data = torch.randn(4, 3, 3, 5, generator=torch.Generator().manual_seed(0))
     ours, ref = torch.nn.Parameter(data.clone()), torch.nn.Parameter(data.clone())
-    opt, ref_opt = case.ours([ours], **case.kwargs), case.reference([ref], **case.kwargs)
+    opt, ref_opt = _ours(case, [ours]), _theirs(case, [ref])
     trace = []
     for step in range(5):
         if step == switch_at:
@@ -82,7 +106,7 @@ def _layout_run(case, switch_at):
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=_id)
 def test_item1_state_in_another_layout_steps_like_torch_optim(case, kernel_backend) -> None:
     """The param turns channels_last after the optimizer has state: every step equals
     torch.optim's. Our kernels walk storage flat, so there it is bit for bit the run that never
@@ -96,7 +120,7 @@ def test_item1_state_in_another_layout_steps_like_torch_optim(case, kernel_backe
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=_id)
 def test_item1_contiguous_checkpoint_into_channels_last_model(case) -> None:
     ours, ref, opt, ref_opt = _conv_pair(case)
     for step in range(2):
@@ -107,8 +131,8 @@ def test_item1_contiguous_checkpoint_into_channels_last_model(case) -> None:
     saved, ref_saved = opt.state_dict(), ref_opt.state_dict()
     ours.to(memory_format=torch.channels_last)
     ref.to(memory_format=torch.channels_last)
-    opt = case.ours(ours.parameters(), **case.kwargs)
-    ref_opt = case.reference(ref.parameters(), **case.kwargs)
+    opt = _ours(case, ours.parameters())
+    ref_opt = _theirs(case, ref.parameters())
     opt.load_state_dict(saved)
     ref_opt.load_state_dict(ref_saved)
     for step in range(2, 5):
@@ -358,7 +382,7 @@ def _as_old_checkpoint(state_dict):
 
 def _two_models_trained(case, steps=3):
     model, ref = make_model(), make_model()
-    opt, ref_opt = case.ours(model.parameters(), **case.kwargs), case.reference(ref.parameters(), **case.kwargs)
+    opt, ref_opt = _ours(case, model.parameters()), _theirs(case, ref.parameters())
     for step in range(steps):
         for m, o in ((model, opt), (ref, ref_opt)):
             o.zero_grad()
@@ -369,12 +393,12 @@ def _two_models_trained(case, steps=3):
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, ADAM, SGD_MOMENTUM], ids=_id)
 def test_item7_an_old_checkpoint_loads_and_steps_like_torch_optim(case) -> None:
     model, ref, opt, ref_opt = _two_models_trained(case)
     old = _as_old_checkpoint(ref_opt.state_dict())
-    opt = case.ours(model.parameters(), **case.kwargs)
-    ref_opt = case.reference(ref.parameters(), **case.kwargs)
+    opt = _ours(case, model.parameters())
+    ref_opt = _theirs(case, ref.parameters())
     opt.load_state_dict(copy.deepcopy(old))
     ref_opt.load_state_dict(copy.deepcopy(old))
     for key in _NEWER_KEYS:
@@ -392,13 +416,13 @@ def test_item7_an_old_checkpoint_loads_and_steps_like_torch_optim(case) -> None:
 
 @pytest.mark.usefixtures("kernel_backend")
 def test_item7_an_adam_checkpoint_loaded_into_adamw_keeps_adamw_semantics() -> None:
-    adam_case, adamw_case = CASES[2], CASES[0]
+    adam_case, adamw_case = ADAM, ADAMW
     _, _, adam, _ = _two_models_trained(adam_case)
     saved = adam.state_dict()
     assert saved["param_groups"][0]["decoupled_weight_decay"] is False
     model, ref = make_model(), make_model()
-    opt = scaledoptim.AdamW(model.parameters(), **adam_case.kwargs)
-    ref_opt = torch.optim.AdamW(ref.parameters(), **adam_case.kwargs)
+    opt = scaledoptim.AdamW(model.parameters(), **adam_case[1].kwargs)
+    ref_opt = torch.optim.AdamW(ref.parameters(), **adam_case[1].kwargs)
     opt.load_state_dict(copy.deepcopy(saved))
     ref_opt.load_state_dict({k: v for k, v in copy.deepcopy(saved).items() if k != "loss_scale"})
     assert opt.param_groups[0]["decoupled_weight_decay"] is True
@@ -417,13 +441,13 @@ def test_item7_an_adam_checkpoint_loaded_into_adamw_keeps_adamw_semantics() -> N
 # ---------------------------------------------------------------- 8. load_state_dict hooks
 @pytest.mark.usefixtures("kernel_backend")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=_id)
 def test_item8_load_state_dict_hooks_see_what_torch_optims_see(case, dtype) -> None:
     model = make_model(dtype)
-    opt = case.ours(model.parameters(), **case.kwargs)
+    opt = _ours(case, model.parameters())
     _train(model, opt, range(2))
     saved = opt.state_dict()
-    fresh = case.ours(model.parameters(), **case.kwargs)
+    fresh = _ours(case, model.parameters())
     seen = {}
 
     def pre_hook(optimizer, state_dict):
@@ -548,12 +572,12 @@ def test_item9_step_then_zero_grad_keeps_the_round() -> None:
 
 # ---------------------------------------------------------------- 10. params torch accepts
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=_id)
 def test_item10_a_transposed_param_steps_like_torch_optim(case) -> None:
     data = torch.randn(7, 5)
     ours = torch.nn.Parameter(data.clone().t())
     ref = torch.nn.Parameter(data.clone().t())
-    opt, ref_opt = case.ours([ours], **case.kwargs), case.reference([ref], **case.kwargs)
+    opt, ref_opt = _ours(case, [ours]), _theirs(case, [ref])
     for step in range(3):
         grad = torch.randn(5, 7, generator=torch.Generator().manual_seed(step))
         ours.grad, ref.grad = grad.clone(), grad.clone()
@@ -564,14 +588,14 @@ def test_item10_a_transposed_param_steps_like_torch_optim(case) -> None:
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [ADAMW, CASES[3], SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, ADAM_AMSGRAD, SGD_MOMENTUM], ids=_id)
 def test_item10_float64_params_step_like_torch_optim(case) -> None:
     """float64 params (next to float32 ones) step on every backend, as torch.optim's do."""
     torch.manual_seed(0)
     params = [torch.randn(5, dtype=torch.float64), torch.randn(3), torch.randn(4, dtype=torch.float64)]
     ours = [torch.nn.Parameter(p.clone()) for p in params]
     ref = [torch.nn.Parameter(p.clone()) for p in params]
-    opt, ref_opt = case.ours(ours, **case.kwargs), case.reference(ref, **case.kwargs)
+    opt, ref_opt = _ours(case, ours), _theirs(case, ref)
     for step in range(4):
         for o, r in zip(ours, ref):
             grad = torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(step))
@@ -588,19 +612,19 @@ def test_item10_float64_params_step_like_torch_optim(case) -> None:
 
 
 def _tensor_options(case):
-    options = dict(case.kwargs)
+    options = dict(case[1].kwargs)
     options["lr"] = torch.tensor(options["lr"])
-    if "betas" in options or case.ours is not scaledoptim.SGD:
+    if "betas" in options or case[0].cls is not scaledoptim.SGD:
         options["betas"] = tuple(torch.tensor(b) for b in options.get("betas", (0.9, 0.999)))
     return options
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [ADAMW, CASES[2], SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, ADAM, SGD_MOMENTUM], ids=_id)
 def test_item10_tensor_hyperparameters_are_accepted_like_torch_optim(case) -> None:
     model, ref = make_model(), make_model()
-    opt = case.ours(model.parameters(), **_tensor_options(case))
-    ref_opt = case.reference(ref.parameters(), **_tensor_options(case))
+    opt = case[0].cls(model.parameters(), **_tensor_options(case))
+    ref_opt = case[0].reference(ref.parameters(), **_tensor_options(case))
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     ref_scheduler = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
     for step in range(3):
@@ -698,16 +722,16 @@ def _wrong_state(kind, param):
 
 @pytest.mark.usefixtures("kernel_backend")
 @pytest.mark.parametrize("kind", ["wrong-size", "wrong-shape"])
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=_id)
 def test_item14_a_wrong_size_state_is_refused_on_load(case, kind) -> None:
     param = torch.nn.Parameter(torch.randn(3, 5))
     param.grad = torch.randn(3, 5)
-    opt = case.ours([param], **case.kwargs)
+    opt = _ours(case, [param])
     opt.unscale_and_step(grads_scaled_by=1.0)
     saved = opt.state_dict()
-    key = "exp_avg" if case is ADAMW else "momentum_buffer"
+    key = _state_key(case)
     saved["state"][0][key] = _wrong_state(kind, param)
-    fresh = case.ours([param], **case.kwargs)
+    fresh = _ours(case, [param])
     with pytest.raises(ValueError, match=r"Corrupt optimizer state_dict.*\(3, 5\)"):
         fresh.load_state_dict(saved)
     assert len(fresh.state) == 0
@@ -715,13 +739,13 @@ def test_item14_a_wrong_size_state_is_refused_on_load(case, kind) -> None:
 
 @pytest.mark.usefixtures("kernel_backend")
 @pytest.mark.parametrize("kind", ["wrong-size", "wrong-shape"])
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=str)
+@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=_id)
 def test_item14_a_wrong_size_state_is_refused_at_step_time(case, kind) -> None:
     param = torch.nn.Parameter(torch.randn(3, 5))
     param.grad = torch.randn(3, 5)
-    opt = case.ours([param], **case.kwargs)
+    opt = _ours(case, [param])
     opt.unscale_and_step(grads_scaled_by=1.0)
-    key = "exp_avg" if case is ADAMW else "momentum_buffer"
+    key = _state_key(case)
     opt.state[param][key] = _wrong_state(kind, param)  # edited after load
     before = snapshot(opt)
     for call in (opt.step, lambda: opt.unscale_and_step(grads_scaled_by=opt.scale)):

@@ -1,18 +1,30 @@
-"""Trajectory parity with torch.amp.GradScaler("cpu") + the matching torch.optim class."""
+"""Trajectory parity with torch.amp.GradScaler("cpu") + each row's reference (the torch.optim
+class, or the optimizer's own torch form in float64), on both backends.
+
+Runs every generic config of every row whose ``step()`` takes no closure (the sweep of configs
+is the kernel tests' business: tests/kernels/test_emulated_parity.py).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from optimizer_table import CASES, OptimizerCase, loss_of, make_model
 
 import scaledoptim
+from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.references import reference_optimizer
+from tests.support.training import loss_of, make_model
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
 STEPS = 14
 OVERFLOW_AT = {0: float("inf"), 4: float("nan"), 5: float("-inf"), 11: float("inf")}
 GROWTH_INTERVAL = 3
+CONFIGS = [
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
+    for info in rows(closure=False)
+    for config in info.generic_configs
+]
 
 
 def _inject(model: torch.nn.Module, step: int) -> None:
@@ -21,13 +33,13 @@ def _inject(model: torch.nn.Module, step: int) -> None:
         param.grad.view(-1)[step % param.numel()] = OVERFLOW_AT[step]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
 @pytest.mark.parametrize("form", ["unscale_and_step", "unscale+step_after_unscale"])
-def test_trajectory_matches_gradscaler(case: OptimizerCase, form: str) -> None:
+def test_trajectory_matches_gradscaler(info: OptimInfo, config: Config, form: str) -> None:
     ref_model, model = make_model(), make_model()
-    ref_opt = case.reference(ref_model.parameters(), **case.kwargs)
+    ref_opt = reference_optimizer(info, ref_model.parameters(), config)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=GROWTH_INTERVAL)
-    opt = case.ours(model.parameters(), **case.kwargs).configure_scaling(
+    opt = info.make(model.parameters(), config).configure_scaling(
         init_scale=2.0**10, growth_interval=GROWTH_INTERVAL
     )
     S = opt.scale
@@ -55,12 +67,12 @@ def test_trajectory_matches_gradscaler(case: OptimizerCase, form: str) -> None:
     assert skipped == len(OVERFLOW_AT)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_plain_step_matches_torch(case: OptimizerCase) -> None:
-    """Without scaling, ``step()`` is the torch.optim step."""
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
+def test_plain_step_matches_the_reference(info: OptimInfo, config: Config) -> None:
+    """Without scaling, ``step()`` is the reference's step."""
     ref_model, model = make_model(), make_model()
-    ref_opt = case.reference(ref_model.parameters(), **case.kwargs)
-    opt = case.ours(model.parameters(), **case.kwargs)
+    ref_opt = reference_optimizer(info, ref_model.parameters(), config)
+    opt = info.make(model.parameters(), config)
     for step in range(5):
         for m, o in ((ref_model, ref_opt), (model, opt)):
             o.zero_grad()

@@ -1,6 +1,11 @@
 """The fused optimizers' step cache (scaledoptim/fused/plan.py): a steady-state step reuses
 the last plan, and whatever a user can change between steps gives exactly the step a plan built
-from scratch gives, or the same error."""
+from scratch gives, or the same error.
+
+The reuse and the random sequences of changes run the default config of every fused row of
+optim_db (the cache does not branch on the update's options); AdamW's gets the most examples.
+The engine's corner cases run on AdamW.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,13 @@ from hypothesis import strategies as st
 
 import scaledoptim
 from scaledoptim.fused import plan
+from scaledoptim.testing.optim_db import rows
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")  # our kernels (emulated) and torch's ops
+
+#: Examples of the random sequences of changes: AdamW's as many as before the other rows came.
+EXAMPLES = {"AdamW": 25}
+OTHER_ROWS_EXAMPLES = 8
 
 
 def _params(channels_last: bool = True) -> list[torch.nn.Parameter]:
@@ -47,18 +57,20 @@ def _steady_state(opt, params) -> None:
         opt.unscale_and_step(grads_scaled_by=opt.scale)
 
 
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
 @pytest.mark.parametrize("set_to_none", [False, True])
-def test_steady_state_steps_reuse_the_plan(monkeypatch, set_to_none) -> None:
+def test_steady_state_steps_reuse_the_plan(monkeypatch, info, set_to_none) -> None:
     builds = _count_builds(monkeypatch)
     params = _params()
-    opt = scaledoptim.AdamW(params, lr=0.1)
+    opt = info.make(params)
+    state_made = all(opt.state.get(p) for p in params)  # Adagrad's, by its constructor
     for _ in range(6):
         opt.zero_grad(set_to_none=set_to_none)
         for p in params:
             p.grad = torch.randn_like(p) if p.grad is None else p.grad.copy_(torch.randn_like(p))
         opt.unscale_and_step(grads_scaled_by=opt.scale)
-    # The first step creates the state (not cacheable), the second builds the cache.
-    assert builds[0] == 2
+    # A first step that creates the state is not cacheable; the next builds the cache.
+    assert builds[0] == (1 if state_made else 2)
 
 
 def test_the_cache_keeps_no_grad_alive() -> None:
@@ -178,7 +190,8 @@ def _apply(change: str, opt, params, values: list[torch.Tensor]) -> None:
     elif change == "state tensor replaced":
         fresh()
         state = opt.state[params[0]]
-        state["exp_avg"] = state["exp_avg"].clone() * 0.5
+        key = next(key for key in opt.state_keys(opt.param_groups[0]) if key is not None)
+        state[key] = state[key].clone() * 0.5
     elif change == "state reloaded":
         fresh()
         opt.load_state_dict(opt.state_dict())
@@ -199,20 +212,32 @@ def _step(change: str, opt, uncached: bool):
     return opt.unscale_and_step(grads_scaled_by=opt.scale)[1]
 
 
-# The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8),
-    seed=st.integers(0, 2**16),
-    channels_last=st.booleans(),  # a group of contiguous params, or one with another layout
-)
-def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(changes, seed, channels_last) -> None:
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(info) -> None:
+    # The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
+    @settings(
+        max_examples=EXAMPLES.get(info.name, OTHER_ROWS_EXAMPLES),
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+    @given(
+        changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8),
+        seed=st.integers(0, 2**16),
+        channels_last=st.booleans(),  # a group of contiguous params, or one with another layout
+    )
+    def steps_as_a_plan_from_scratch(changes, seed, channels_last) -> None:
+        _check_changes(info, changes, seed, channels_last)
+
+    steps_as_a_plan_from_scratch()
+
+
+def _check_changes(info, changes, seed, channels_last) -> None:
     generator = torch.Generator().manual_seed(seed)
     base = _params(channels_last)
     twins = []
     for _ in range(2):
         params = [torch.nn.Parameter(p.detach().clone(memory_format=torch.preserve_format)) for p in base]
-        twins.append((params, scaledoptim.AdamW(params, lr=0.01, weight_decay=0.1)))
+        twins.append((params, info.make(params)))
     for change in ["fresh grads", "fresh grads", *changes]:
         # In each param's layout, as autograd makes grads.
         values = [torch.empty_like(p).copy_(torch.randn(p.shape, generator=generator)) for p in base]

@@ -17,7 +17,7 @@ import torch
 from scaledoptim.doctor import CHECKS, compile_check, gpu_report, host_cost
 from scaledoptim.doctor.cli import main
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENVIRONMENT_KEYS = {
     "scaledoptim", "python", "platform", "torch", "torch_cuda", "cupy", "nvrtc", "device",
     "compute_capability", "SCALEDOPTIM_KERNELS", "fused_step_backend",

@@ -1,36 +1,46 @@
-"""Memory layouts: transposed grads, channels_last params, strided views, on both update paths."""
+"""Memory layouts: transposed grads, channels_last params, strided views, on both update paths.
+
+The layout tests run every generic config of every fused row against the row's reference.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from optimizer_table import CASES, OptimizerCase
 
 import scaledoptim
+from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.references import reference_optimizer
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
+CONFIGS = [
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
+    for info in rows(fused=True)
+    for config in info.generic_configs
+]
 
-def _step_pair(case: OptimizerCase, param_data: torch.Tensor, grad: torch.Tensor):
+
+def _step_pair(info: OptimInfo, config: Config, param_data: torch.Tensor, grad: torch.Tensor):
     ours = torch.nn.Parameter(param_data.clone())
     ref = torch.nn.Parameter(param_data.detach().clone().contiguous())
     ours.grad, ref.grad = grad, grad.contiguous()
-    case.ours([ours], **case.kwargs).unscale_and_step(grads_scaled_by=1.0)
-    case.reference([ref], **case.kwargs).step()
+    info.make([ours], config).unscale_and_step(grads_scaled_by=1.0)
+    reference_optimizer(info, [ref], config).step()
     return ours, ref
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_transposed_grad_is_applied_element_for_element(case) -> None:
-    ours, ref = _step_pair(case, torch.randn(5, 7), torch.randn(7, 5).t())
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
+def test_transposed_grad_is_applied_element_for_element(info, config) -> None:
+    ours, ref = _step_pair(info, config, torch.randn(5, 7), torch.randn(7, 5).t())
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_channels_last_params_step_like_contiguous_ones(case) -> None:
+@pytest.mark.parametrize(("info", "config"), CONFIGS)
+def test_channels_last_params_step_like_contiguous_ones(info, config) -> None:
     data = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     grad = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
-    ours, ref = _step_pair(case, data, grad)
+    ours, ref = _step_pair(info, config, data, grad)
     assert ours.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
 
