@@ -38,15 +38,32 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
 
     torch checks the grads before multiplying, so 16-bit grads are checked again after: at a
     scale below 1 an unscaled fp16 value can exceed the dtype's range, and that is an overflow.
+    A sparse grad is unscaled through its values, as ``torch.amp.GradScaler`` does; a 16-bit one
+    is checked again coalesced, since values at one index sum when it is applied. A complex grad
+    is unscaled as its real view.
     """
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    sparse_16bit: list[Tensor] = []
     for grad in grads:
+        if grad.is_sparse:
+            if grad.dtype in _LOW_PRECISION and not grad.is_coalesced():
+                sparse_16bit.append(grad)
+            grad = grad._values()
+        if grad.is_complex():
+            grad = torch.view_as_real(grad)
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for dtype, same_dtype in by_dtype.items():
         torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
         if dtype in _LOW_PRECISION:
-            one = torch.ones((), dtype=torch.float32, device=found_inf.device)
-            torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, one)
+            _check_non_finite_(same_dtype, found_inf)
+    for grad in sparse_16bit:
+        _check_non_finite_([grad.coalesce()._values()], found_inf)
+
+
+def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
+    """Sets ``found_inf`` on inf/nan in ``tensors`` (of one dtype), changing none of them."""
+    one = torch.ones((), dtype=torch.float32, device=found_inf.device)
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, one)
 
 
 def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:

@@ -6,7 +6,12 @@
 * ``backends/``: what runs an update (our kernels, or torch's ops); ``select`` picks one.
 """
 
-from .optimizer import FusedOptimizer, check_hyperparameter, hyperparameter, reject_differentiable
+from .optimizer import (
+    FusedOptimizer,
+    check_hyperparameter,
+    check_tensor_hyperparameter,
+    hyperparameter,
+)
 from .update import GradReduction, Group, TensorLists, Update
 
 __all__ = [
@@ -16,6 +21,6 @@ __all__ = [
     "TensorLists",
     "Update",
     "check_hyperparameter",
+    "check_tensor_hyperparameter",
     "hyperparameter",
-    "reject_differentiable",
 ]

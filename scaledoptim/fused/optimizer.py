@@ -23,7 +23,12 @@ from .rounding import check_rounding_options, check_rounding_params
 from .state import cast_loaded_state
 from .update import GradReduction, Group, TensorLists
 
-__all__ = ["FusedOptimizer", "check_hyperparameter", "hyperparameter", "reject_differentiable"]
+__all__ = [
+    "FusedOptimizer",
+    "check_hyperparameter",
+    "check_tensor_hyperparameter",
+    "hyperparameter",
+]
 
 
 class FusedOptimizer(Optimizer, abc.ABC):
@@ -47,6 +52,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
     * ``torch_update(group, tensor_lists, found_inf)``: the same update with torch ops, for the
       torch-native backend (16-bit params arrive as fp32 working copies, grads unscaled, and it
       must advance ``steps`` itself, on device).
+    * optionally ``torch_optim`` (the torch.optim class of the same update) with
+      ``torch_optim_update`` and ``check_torch_optim``: then params the fused update cannot
+      serve (complex, sparse grads, views with gaps, ``differentiable=True``, hyper-parameter
+      tensors on an accelerator) take torch.optim's own implementation in the same step (Note
+      [torch.optim route] in ``backends/torch_optim.py``); without it they are refused.
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
     state creation and checkpoints) is inherited, and so are two options of every group when the
@@ -69,6 +79,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
     kernel: ClassVar[MultiTensorKernel]
     #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
+    #: The torch.optim class whose implementation takes what the fused update cannot (none).
+    torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
     #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
     _plans_in_step: ClassVar[bool] = True
     #: Unused since the protocol hands ``step()`` a request instead (Note [step requests]);
@@ -88,6 +100,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
         for group in self.param_groups:
             check_rounding_options(group, self._takes_rounding_lists())
             check_rounding_params(group)
+        if defaults.get("fused"):  # torch.optim's checks, made after its groups are built
+            if defaults.get("differentiable"):
+                raise RuntimeError("`fused` does not support `differentiable`")
+            if defaults.get("foreach"):
+                raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
     # ------------------------------------------------------------------ the Update a subclass defines
     @abc.abstractmethod
@@ -110,6 +127,15 @@ class FusedOptimizer(Optimizer, abc.ABC):
     ) -> None:
         """The update with torch ops (see the class docs)."""
 
+    def torch_optim_update(
+        self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None
+    ) -> None:
+        """torch.optim's implementation of the update (see :attr:`torch_optim`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no torch.optim implementation")
+
+    def check_torch_optim(self, group: Group, params: list[torch.Tensor]) -> None:
+        """Raises what torch.optim's step would raise for ``params`` (nothing by default)."""
+
     def scratch_lists(self, group: Group, params: list[torch.Tensor]) -> TensorLists:
         """Per-param scratch lists of the kernel after the state lists (none by default)."""
         return []
@@ -128,7 +154,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
         :meth:`~scaledoptim.Optimizer.step_after_unscale`; after a backward scaled by
         :attr:`~scaledoptim.Optimizer.scale` it unscales and skips on overflow, as
         :meth:`~scaledoptim.Optimizer.unscale_and_step`; otherwise it steps as torch.optim's.
-        Never reads the host.
+        Never reads the host, but to skip params that take torch.optim's own non-fused
+        implementation (complex, sparse grads, views with gaps, ``differentiable=True``: one
+        read of ``found_inf``, as torch.amp.GradScaler makes for it; Note [torch.optim route]).
 
         Args:
             closure: optional, re-evaluates the model and returns the loss.
@@ -240,33 +268,29 @@ def check_hyperparameter(
         raise ValueError(f"Invalid {name}: {value}")
 
 
-def hyperparameter(name: str, value: object) -> object:
+def hyperparameter(name: str, value: Any) -> Any:
     """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
-    current value (torch.optim accepts tensor ``lr`` and ``betas``; a scheduler updates the tensor
-    in place, and reading a CPU tensor costs no device sync). Anything else is returned as is.
+    current value (torch.optim accepts tensor ``lr``, ``betas``, SGD's ``weight_decay``; a
+    scheduler updates the tensor in place, and reading a CPU tensor costs no device sync). A
+    tensor on an accelerator is returned as it is: its group takes torch.optim's implementation,
+    which reads it on device (Note [torch.optim route]). Anything else is returned as is.
 
     Raises:
         ValueError: a tensor with more than one element (torch's message).
-        TypeError: a tensor on another device than the CPU: our kernels take hyper-parameters
-            by value at launch, so reading it would sync the device on every step.
     """
     if not isinstance(value, torch.Tensor):
         return value
     if value.numel() != 1:
         raise ValueError(f"Tensor {name} must be 1-element")
-    if value.device.type != "cpu":
-        raise TypeError(
-            f"{name} is a tensor on {value.device}; scaledoptim's fused optimizers read "
-            "hyper-parameters on the host at each step, which would sync the device every step. "
-            f"Pass a float or a CPU tensor ({name}=torch.tensor(x)); schedulers update either."
-        )
-    return value.item()
+    return value if value.device.type != "cpu" else value.item()
 
 
-def reject_differentiable(differentiable: bool) -> None:
-    """fused updates are not differentiable: say what is."""
-    if differentiable:
-        raise ValueError(
-            "differentiable=True is not supported by scaledoptim's fused optimizers; use the "
-            "torch.optim class (scaledoptim.with_scaling(torch.optim.X) keeps the protocol)"
-        )
+def check_tensor_hyperparameter(
+    label: str, name: str, value: object, low: float = 0.0, high: float | None = None
+) -> None:
+    """:func:`check_hyperparameter` for an option torch.optim also takes as a one-element tensor
+    (``name``: the option, as torch's ``"Tensor lr must be 1-element"`` names it). A tensor on an
+    accelerator is not read: a check at every step would sync the device."""
+    value = hyperparameter(name, value)
+    if not isinstance(value, torch.Tensor):
+        check_hyperparameter(label, value, low, high)

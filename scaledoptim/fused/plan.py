@@ -55,12 +55,16 @@ from ..torch_ops import refuse_during_capture
 from .backends import (
     KERNELS_ENV,
     TORCH_NATIVE,
+    TORCH_OPTIM,
     Backend,
     PreparedEpilogue,
     PreparedReduction,
     PreparedUnscale,
     PreparedUpdate,
+    route_key,
     select,
+    step_device,
+    torch_optim_indices,
 )
 from .rounding import (
     MASTER_KEY,
@@ -70,7 +74,7 @@ from .rounding import (
     resync_masters_,
     stage_rounding_state,
 )
-from .state import check_param, stage_state
+from .state import stage_state
 from .update import Group, TensorLists, Update
 
 __all__ = ["FusedStepPlan", "MasterWatch", "Planned", "StepCache", "plan_step"]
@@ -223,26 +227,29 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
         if not params:
             plan.groups.append(_GroupLists(group, params, [], []))
             continue
-        for param in params:
-            check_param(param)
+        routed = torch_optim_indices(optimizer, group, params)  # checks every param
         check_param_grads(params, device)
         plan.params += params
         plan.grads += [p.grad for p in params]
         # Updates walk param, grad and state storage in lockstep, so a grad whose strides
         # differ from its param's is copied into the param's layout (torch 2.13's CPU fused
         # AdamW silently mixes up the elements of a transposed grad).
+        # (torch.optim's implementation takes grads as they are: sparse ones have no strides.)
         grads = [
             p.grad
-            if p.grad.stride() == p.stride()
+            if i in routed or p.grad.stride() == p.stride()
             else torch.empty_like(p, dtype=p.grad.dtype).copy_(p.grad)
-            for p in params
+            for i, p in enumerate(params)
         ]
         plan.grads_copied |= any(g is not p.grad for g, p in zip(grads, params))
         keys = optimizer.state_keys(group)
         state_lists: TensorLists = [[] for key in keys if key is not None]
         steps = []
-        for param in params:
-            tensors, step, replacement = stage_state(param, optimizer.state.get(param, {}), keys)
+        for i, param in enumerate(params):
+            counter_device = step_device(group, param) if i in routed else None
+            tensors, step, replacement = stage_state(
+                param, optimizer.state.get(param, {}), keys, counter_device
+            )
             for state_list, tensor in zip(state_lists, tensors):
                 state_list.append(tensor)
             steps.append(step)
@@ -254,7 +261,7 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
         state = [[] if key is None else next(filled) for key in keys]
         lists = [params, grads, *state, *scratch, *rounding, steps]
         plan.groups.append(_GroupLists(group, params, lists, list(chain.from_iterable(scratch))))
-        for part_backend, picked in _split_by_support(plan.backend, params):
+        for part_backend, picked in _split_by_support(plan.backend, params, routed):
             chosen = (
                 lists
                 if len(picked) == len(params)
@@ -289,12 +296,16 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
     return plan
 
 
-def _split_by_support(backend: Backend, params: list[Tensor]) -> list[tuple[Backend, list[int]]]:
-    """The indices of ``params`` per backend: ``backend``'s, and torch's ops for the rest (those
-    our kernels cannot take: torch.optim takes float64 params, so the fused optimizers do too)."""
-    ours = [i for i, p in enumerate(params) if backend.supports(p)]
-    others = [i for i, p in enumerate(params) if not backend.supports(p)]
-    return [(b, picked) for b, picked in ((backend, ours), (TORCH_NATIVE, others)) if picked]
+def _split_by_support(
+    backend: Backend, params: list[Tensor], routed: set[int]
+) -> list[tuple[Backend, list[int]]]:
+    """The indices of ``params`` per backend: torch.optim's implementation for ``routed`` (Note
+    [torch.optim route]), ``backend``'s, and torch's ops for the rest (those our kernels cannot
+    take: torch.optim takes float64 params, so the fused optimizers do too)."""
+    ours = [i for i, p in enumerate(params) if i not in routed and backend.supports(p)]
+    others = [i for i, p in enumerate(params) if i not in routed and not backend.supports(p)]
+    split = ((backend, ours), (TORCH_NATIVE, others), (TORCH_OPTIM, sorted(routed)))
+    return [(b, picked) for b, picked in split if picked]
 
 
 def _seed_index(optimizer: Planned) -> dict[Tensor, int]:
@@ -333,9 +344,12 @@ def _stage_rounding(
 
 def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
     """What, besides the params and their state, decides a group's tensor lists (the value's type
-    too: ``1`` is no valid ``master_weights`` though it equals ``True``)."""
+    too: ``1`` is no valid ``master_weights`` though it equals ``True``) and its backends."""
     master, stochastic = group.get("master_weights", False), group.get("stochastic_rounding", False)
-    return (optimizer.state_keys(group), type(master), master, type(stochastic), stochastic)
+    return (
+        optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
+        route_key(optimizer, group),
+    )  # fmt: skip
 
 
 class MasterWatch:

@@ -14,7 +14,8 @@ __all__ = ["cast_loaded_state", "check_param", "stage_state", "state_dtype"]
 
 
 def state_dtype(param: torch.Tensor) -> torch.dtype:
-    """Optimizer state is at least fp32: 16-bit moments underflow (``(1 - beta2) * g**2``)."""
+    """Optimizer state is at least fp32: 16-bit moments underflow (``(1 - beta2) * g**2``).
+    A complex param's state is complex, as torch.optim's."""
     return torch.promote_types(param.dtype, torch.float32)
 
 
@@ -41,9 +42,13 @@ def check_param(param: torch.Tensor) -> None:
 
 
 def stage_state(
-    param: torch.Tensor, state: dict[str, Any], keys: Sequence[str | None]
+    param: torch.Tensor,
+    state: dict[str, Any],
+    keys: Sequence[str | None],
+    step_device: torch.device | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor, dict[str, Any] | None]:
-    """The param's state tensors for ``keys`` (``None`` keys are skipped) and its step counter.
+    """The param's state tensors for ``keys`` (``None`` keys are skipped) and its step counter,
+    a 0-dim float32 tensor on ``step_device`` (default: the param's device).
 
     Returns ``(tensors, step, replacement)``: ``replacement`` is the whole state dict to install
     when anything had to be created (a first step) or converted (an int or CPU step from an old
@@ -82,9 +87,10 @@ def stage_state(
         replacement[key], changed = value, True
         tensors.append(value)
     step = state.get("step")
-    if not _is_step_counter(step, param.device):
+    step_device = param.device if step_device is None else step_device
+    if not _is_step_counter(step, step_device):
         replacement["step"], changed = (
-            _as_step_counter(param, step, taken=0.0 if fresh else 1.0),
+            _as_step_counter(param, step, step_device, taken=0.0 if fresh else 1.0),
             True,
         )
     return tensors, replacement["step"], replacement if changed else None
@@ -115,10 +121,14 @@ def _check_state_tensor(param: torch.Tensor, key: str, value: Any, loading: bool
             f"Corrupt optimizer state: {key!r} of a param of shape {tuple(param.shape)} is a "
             f"{type(value).__name__}, not a tensor; {fix}"
         )
-    if value.shape != param.shape or not value.is_floating_point() or value.is_complex():
+    if value.shape != param.shape or not (
+        value.is_complex() == param.is_complex()
+        and (value.is_floating_point() or value.is_complex())
+    ):
+        kind = "complex" if param.is_complex() else "real floating"
         raise ValueError(
             f"Corrupt optimizer state_dict: state {key!r} is a {value.dtype} tensor of shape "
-            f"{tuple(value.shape)} but its param is a real floating tensor of shape "
+            f"{tuple(value.shape)} but its param is a {kind} tensor of shape "
             f"{tuple(param.shape)}; {fix}"
         )
     if not loading and value.device != param.device:
@@ -138,15 +148,17 @@ def _is_step_counter(step: Any, device: torch.device) -> bool:
     )
 
 
-def _as_step_counter(param: torch.Tensor, step: Any, taken: float) -> torch.Tensor:
-    """A 0-dim float32 counter on the param's device. A state without one (torch.optim.SGD's)
-    has ``taken`` steps; an old checkpoint's int or CPU tensor step is converted."""
+def _as_step_counter(
+    param: torch.Tensor, step: Any, device: torch.device, taken: float
+) -> torch.Tensor:
+    """A 0-dim float32 counter on ``device``. A state without one (torch.optim.SGD's) has
+    ``taken`` steps; an old checkpoint's int step, or a counter elsewhere, is converted."""
     if step is None:
-        return torch.full((), taken, dtype=torch.float32, device=param.device)
+        return torch.full((), taken, dtype=torch.float32, device=device)
     if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_complex():
-        return step.detach().reshape(()).to(dtype=torch.float32, device=param.device, copy=True)
+        return step.detach().reshape(()).to(dtype=torch.float32, device=device, copy=True)
     if isinstance(step, (int, float)) and not isinstance(step, bool):
-        return torch.full((), float(step), dtype=torch.float32, device=param.device)
+        return torch.full((), float(step), dtype=torch.float32, device=device)
     raise TypeError(
         f"Corrupt optimizer state: 'step' of a param of shape {tuple(param.shape)} is "
         f"{step!r}; it must be a number or a one-element tensor. Load a state_dict saved by "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import Tensor
 
 from ..kernels import MultiTensorKernel
@@ -52,6 +53,13 @@ class Update(Protocol):
     #: Kernels launched before :attr:`kernel`, over the same lists with the same arguments
     #: (LAMB's moments and norms); usually none.
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]]
+    #: The torch.optim class of the same update, whose own implementation steps the params the
+    #: fused update cannot serve (Note [torch.optim route] in ``backends/torch_optim.py``);
+    #: ``None``: such params are refused.
+    torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
+    #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
+    #: implementation, as torch.optim's ``step`` does.
+    defaults: dict[str, Any]
 
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists (``None`` for a
@@ -79,4 +87,17 @@ class Update(Protocol):
     def torch_update(self, group: Group, lists: TensorLists, found_inf: Tensor | None) -> None:
         """The same update with torch ops: 16-bit params arrive as fp32 working copies, grads
         unscaled; it must skip on ``found_inf`` and advance ``steps`` itself, on device."""
+        ...
+
+    def torch_optim_update(self, group: Group, lists: TensorLists, found_inf: Tensor | None) -> None:
+        """torch.optim's own implementation of the update (its functional API with the group's
+        ``foreach``, ``fused``, ``capturable``, ``differentiable``) over ``lists``: grads as they
+        are (sparse, complex), 16-bit params as fp32 working copies, step counters where the
+        torch.optim class keeps them. ``found_inf`` is given only to a ``fused`` group, whose
+        implementation skips on it on device; otherwise the step is known to be taken."""
+        ...
+
+    def check_torch_optim(self, group: Group, params: list[Tensor]) -> None:
+        """Raises, before anything changes, what torch.optim's step would raise at run time for
+        ``params`` (with their grads) on its own implementation; e.g. sparse grads."""
         ...

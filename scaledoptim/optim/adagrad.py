@@ -8,8 +8,13 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.optim.adagrad import adagrad as torch_adagrad
 
-from ..fused import FusedOptimizer, check_hyperparameter, reject_differentiable
+from ..fused import (
+    FusedOptimizer,
+    check_tensor_hyperparameter,
+    hyperparameter,
+)
 from ..fused.state import state_dtype
 from ..kernels import (
     CUDA_SOURCE_DIR,
@@ -68,8 +73,11 @@ class Adagrad(FusedOptimizer):
 
     Same signature, same math, same state names (``sum``, ``step``), created when a param
     joins the optimizer as torch does (``sum`` filled with ``initial_accumulator_value``).
-    Fused and sync-free; ``foreach`` and ``fused`` are accepted for compatibility. State is fp32
-    whatever the param dtype.
+    Fused and sync-free; ``foreach`` and ``fused`` do not change the fused path. ``lr`` may be a
+    one-element tensor (a CPU one is read at each step). Complex params, sparse grads, views
+    with gaps, ``differentiable=True`` and an ``lr`` tensor on an accelerator take
+    :func:`torch.optim.adagrad.adagrad` with the group's flags, in the same step (Note
+    [torch.optim route]). State is fp32 whatever the param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -78,6 +86,8 @@ class Adagrad(FusedOptimizer):
         weight_decay: weight decay (L2 penalty).
         initial_accumulator_value: initial value of the sum of squared gradients.
         eps: term added to the denominator for numerical stability.
+        foreach, fused, differentiable: torch.optim's flags, with its checks; see above for what
+            they change.
         maximize: maximize the objective instead of minimizing.
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
@@ -86,11 +96,12 @@ class Adagrad(FusedOptimizer):
     """
 
     kernel = ADAGRAD_KERNEL
+    torch_optim = torch.optim.Adagrad
 
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-2,
+        lr: float | Tensor = 1e-2,
         lr_decay: float = 0.0,
         weight_decay: float = 0.0,
         initial_accumulator_value: float = 0.0,
@@ -116,23 +127,34 @@ class Adagrad(FusedOptimizer):
         torch.optim.Adagrad does in its constructor."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        init = hyperparameter("initial_accumulator_value", group["initial_accumulator_value"])
         for param in group["params"]:
             if param not in self.state or not self.state[param]:
                 self.state[param] = {
                     "step": torch.zeros((), dtype=torch.float32, device=param.device),
-                    "sum": torch.full_like(param, group["initial_accumulator_value"], dtype=state_dtype(param),
-                                           memory_format=torch.preserve_format),
+                    "sum": torch.full_like(param, complex(init, init) if param.is_complex() else init,
+                                           dtype=state_dtype(param), memory_format=torch.preserve_format),
                 }  # fmt: skip
 
     def check_options(self, options: dict[str, Any]) -> None:
-        check_hyperparameter("learning rate", options["lr"])
-        check_hyperparameter("lr_decay value", options["lr_decay"])
-        check_hyperparameter("weight_decay value", options["weight_decay"])
-        check_hyperparameter(
-            "initial_accumulator_value value", options["initial_accumulator_value"]
-        )
-        check_hyperparameter("epsilon value", options["eps"])
-        reject_differentiable(options["differentiable"])
+        check_tensor_hyperparameter("learning rate", "lr", options["lr"])
+        for label, name in (
+            ("lr_decay value", "lr_decay"),
+            ("weight_decay value", "weight_decay"),
+            ("initial_accumulator_value value", "initial_accumulator_value"),
+            ("epsilon value", "eps"),
+        ):
+            check_tensor_hyperparameter(label, name, options[name])
+
+    def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        if group["weight_decay"] != 0 and any(
+            p.grad is not None and p.grad.is_sparse for p in params
+        ):
+            raise RuntimeError(
+                "weight_decay option is not compatible with sparse gradients; pass "
+                "weight_decay=0 for params with sparse grads (a param group of their own), or "
+                "use a dense layer (nn.Embedding(sparse=False))"
+            )
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("sum",)
@@ -156,10 +178,27 @@ class Adagrad(FusedOptimizer):
             params, grads, sums, steps, **_adagrad_options(group), found_inf=found_inf
         )
 
+    def torch_optim_update(
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
+    ) -> None:
+        """:func:`torch.optim.adagrad.adagrad`, called as ``torch.optim.Adagrad.step`` calls it."""
+        params, grads, sums, steps = tensor_lists
+        torch_adagrad(
+            params, grads, sums, steps, fused=group["fused"], found_inf=found_inf,
+            has_sparse_grad=any(g.is_sparse for g in grads), foreach=group["foreach"],
+            differentiable=group["differentiable"], has_complex=any(map(torch.is_complex, params)),
+            lr=group["lr"], weight_decay=group["weight_decay"], lr_decay=group["lr_decay"],
+            eps=group["eps"], maximize=group["maximize"],
+        )  # fmt: skip
+
 
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(lr=group["lr"], lr_decay=group["lr_decay"], weight_decay=group["weight_decay"],
-                eps=group["eps"], maximize=group["maximize"])  # fmt: skip
+    return dict(lr=hyperparameter("lr", group["lr"]), lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
+                weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+                eps=hyperparameter("eps", group["eps"]), maximize=group["maximize"])  # fmt: skip
 
 
 def adagrad_(

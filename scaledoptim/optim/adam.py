@@ -9,8 +9,13 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+from torch.optim.adam import adam as torch_adam
 
-from ..fused import FusedOptimizer, check_hyperparameter, hyperparameter, reject_differentiable
+from ..fused import (
+    FusedOptimizer,
+    check_tensor_hyperparameter,
+    hyperparameter,
+)
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -90,11 +95,13 @@ class Adam(FusedOptimizer):
     r"""Adam with the loss-scaling protocol, a drop-in for :class:`torch.optim.Adam`.
 
     Same signature, same math, same state names (``step``, ``exp_avg``, ``exp_avg_sq``,
-    ``max_exp_avg_sq``). Always fused: the whole update is one multi-tensor op that skips on
-    ``found_inf`` on device. ``lr`` and ``betas`` may be one-element CPU tensors, read at each
-    step (CUDA tensors are refused: reading them would sync). ``foreach``, ``fused`` and
-    ``capturable`` are accepted for compatibility and do not change the path. State is fp32
-    whatever the param dtype, and 16-bit params are updated in fp32 and rounded once.
+    ``max_exp_avg_sq``), same errors. Fused: the whole update is one multi-tensor op that skips
+    on ``found_inf`` on device; ``foreach``, ``fused`` and ``capturable`` do not change that
+    path. ``lr`` and ``betas`` may be one-element tensors (CPU ones are read at each step).
+    Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
+    accelerator take :func:`torch.optim.adam.adam` with the group's flags, in the same step
+    (Note [torch.optim route]). State is fp32 whatever the param dtype, and 16-bit params are
+    updated in fp32 and rounded once.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -105,6 +112,8 @@ class Adam(FusedOptimizer):
         amsgrad: use the maximum of past squared-gradient averages.
         maximize: maximize the objective instead of minimizing.
         decoupled_weight_decay: apply weight decay as AdamW does.
+        foreach, fused, capturable, differentiable: torch.optim's flags, with its checks; see
+            above for what they change.
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
@@ -112,6 +121,7 @@ class Adam(FusedOptimizer):
     """
 
     kernel = ADAM_KERNEL
+    torch_optim = torch.optim.Adam
     _legacy_options: ClassVar[dict[str, Any]] = {
         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
         "differentiable": False, "decoupled_weight_decay": False, "fused": None,
@@ -120,8 +130,8 @@ class Adam(FusedOptimizer):
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         amsgrad: bool = False,
@@ -135,6 +145,7 @@ class Adam(FusedOptimizer):
         master_weights: bool = False,
         stochastic_rounding: bool = False,
     ) -> None:
+        betas = _check_tensor_options(lr, betas, foreach=foreach, capturable=capturable)
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
             maximize=maximize, foreach=foreach, capturable=capturable,
@@ -145,13 +156,26 @@ class Adam(FusedOptimizer):
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
-        check_hyperparameter("learning rate", hyperparameter("lr", options["lr"]))
-        check_hyperparameter("epsilon value", options["eps"])
-        betas = [hyperparameter(f"betas[{i}]", beta) for i, beta in enumerate(options["betas"])]
-        check_hyperparameter("beta parameter at index 0", betas[0], high=1.0)
-        check_hyperparameter("beta parameter at index 1", betas[1], high=1.0)
-        check_hyperparameter("weight_decay value", options["weight_decay"])
-        reject_differentiable(options["differentiable"])
+        check_tensor_hyperparameter("learning rate", "lr", options["lr"])
+        check_tensor_hyperparameter("epsilon value", "eps", options["eps"])
+        for i, beta in enumerate(options["betas"]):
+            check_tensor_hyperparameter(f"beta parameter at index {i}", f"betas[{i}]", beta, high=1.0)
+        check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
+        if (
+            isinstance(options["lr"], Tensor)
+            and options["foreach"]
+            and not options["capturable"]
+        ):  # torch.optim checks this again at step (a group edited since)
+            raise RuntimeError(
+                "lr as a Tensor is not supported for capturable=False and foreach=True"
+            )
+
+    def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        if any(p.grad is not None and p.grad.is_sparse for p in params):
+            raise RuntimeError(
+                f"{type(self).__name__} does not support sparse gradients, please consider "
+                "SparseAdam instead, or a dense layer (nn.Embedding(sparse=False))"
+            )
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if group["amsgrad"] else None)
@@ -173,6 +197,25 @@ class Adam(FusedOptimizer):
         fused: Any = torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
         fused(*tensors, steps, **options, found_inf=found_inf)
 
+    def torch_optim_update(
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
+    ) -> None:
+        """:func:`torch.optim.adam.adam`, called as ``torch.optim.Adam.step`` calls it."""
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = tensor_lists
+        beta1, beta2 = group["betas"]
+        torch_adam(
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+            foreach=group["foreach"], capturable=group["capturable"],
+            differentiable=group["differentiable"], fused=group["fused"], found_inf=found_inf,
+            has_complex=any(map(torch.is_complex, params)),
+            decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
+            beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+            eps=group["eps"], maximize=group["maximize"],
+        )  # fmt: skip
+
 
 class AdamW(Adam):
     r"""AdamW with the loss-scaling protocol, a drop-in for :class:`torch.optim.AdamW`.
@@ -191,8 +234,8 @@ class AdamW(Adam):
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         amsgrad: bool = False,
@@ -219,11 +262,40 @@ class AdamW(Adam):
             group["decoupled_weight_decay"] = True
 
 
+def _check_tensor_options(
+    lr: float | Tensor,
+    betas: tuple[float | Tensor, float | Tensor],
+    *,
+    foreach: bool | None,
+    capturable: bool,
+) -> tuple[float | Tensor, float | Tensor]:
+    """torch.optim.Adam's checks of a tensor ``lr`` and ``betas``, made before anything else as
+    torch makes them; returns the betas as torch keeps them (one-element tensors as 0-dim)."""
+    if isinstance(lr, Tensor):
+        if foreach and not capturable:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+    if isinstance(betas[0], Tensor) != isinstance(betas[1], Tensor):
+        raise ValueError("betas must be either both floats or both Tensors")
+    for i, beta in enumerate(betas):
+        if isinstance(beta, Tensor):
+            if foreach and not capturable:
+                raise ValueError(
+                    f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True"
+                )
+            if beta.numel() != 1:
+                raise ValueError(f"Tensor betas[{i}] must be 1-element")
+    beta1, beta2 = (b.squeeze() if isinstance(b, Tensor) and b.dim() != 0 else b for b in betas)
+    return beta1, beta2
+
+
 def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = (hyperparameter("betas", beta) for beta in group["betas"])
     return dict(
-        lr=hyperparameter("lr", group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
-        weight_decay=group["weight_decay"], decoupled_weight_decay=group["decoupled_weight_decay"],
+        lr=hyperparameter("lr", group["lr"]), beta1=beta1, beta2=beta2,
+        eps=hyperparameter("eps", group["eps"]),
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]), decoupled_weight_decay=group["decoupled_weight_decay"],
         amsgrad=group["amsgrad"], maximize=group["maximize"],
     )  # fmt: skip
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor
+from torch.optim.sgd import sgd as torch_sgd
 
-from ..fused import FusedOptimizer, check_hyperparameter, hyperparameter, reject_differentiable
+from ..fused import (
+    FusedOptimizer,
+    check_tensor_hyperparameter,
+    hyperparameter,
+)
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -79,8 +84,11 @@ class SGD(FusedOptimizer):
 
     Same signature, same math, same state name (``momentum_buffer``), plus a ``step`` counter of
     taken steps kept on device, so that a skipped first step does not count as the step that
-    initialises the momentum buffer. ``lr`` may be a one-element CPU tensor, read at each step.
-    ``foreach`` and ``fused`` are accepted for compatibility.
+    initialises the momentum buffer. ``lr`` and ``weight_decay`` may be one-element tensors (CPU
+    ones are read at each step). ``foreach`` and ``fused`` do not change the fused path. Complex
+    params, sparse grads, views with gaps, ``differentiable=True`` and hyper-parameter tensors
+    on an accelerator take :func:`torch.optim.sgd.sgd` with the group's flags, in the same step
+    (Note [torch.optim route]).
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -90,6 +98,8 @@ class SGD(FusedOptimizer):
         weight_decay: weight decay (L2 penalty).
         nesterov: enables Nesterov momentum.
         maximize: maximize the objective instead of minimizing.
+        foreach, fused, differentiable: torch.optim's flags, with its checks; see above for what
+            they change.
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
@@ -97,6 +107,7 @@ class SGD(FusedOptimizer):
     """
 
     kernel = SGD_KERNEL
+    torch_optim = torch.optim.SGD
     _legacy_options: ClassVar[dict[str, Any]] = {
         "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
     }  # fmt: skip
@@ -104,10 +115,10 @@ class SGD(FusedOptimizer):
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
+        lr: float | Tensor = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
-        weight_decay: float = 0.0,
+        weight_decay: float | Tensor = 0.0,
         nesterov: bool = False,
         *,
         maximize: bool = False,
@@ -126,15 +137,27 @@ class SGD(FusedOptimizer):
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
-        check_hyperparameter("learning rate", hyperparameter("lr", options["lr"]))
-        check_hyperparameter("momentum value", options["momentum"])
-        check_hyperparameter("weight_decay value", options["weight_decay"])
-        if options["nesterov"] and (options["momentum"] <= 0 or options["dampening"] != 0):
+        check_tensor_hyperparameter("learning rate", "lr", options["lr"])
+        check_tensor_hyperparameter("momentum value", "momentum", options["momentum"])
+        check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
+        momentum = hyperparameter("momentum", options["momentum"])
+        dampening = hyperparameter("dampening", options["dampening"])
+        if options["nesterov"] and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        reject_differentiable(options["differentiable"])
+
+    def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        if group["weight_decay"] != 0 and any(
+            p.grad is not None and p.grad.is_sparse for p in params
+        ):
+            raise RuntimeError(
+                "SGD's weight_decay is not compatible with sparse gradients (torch.optim.SGD "
+                "raises 'add(sparse, dense) is not supported'); pass weight_decay=0 for params "
+                "with sparse grads (a param group of their own), or use a dense layer "
+                "(nn.Embedding(sparse=False))"
+            )
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
-        return ("momentum_buffer" if group["momentum"] != 0 else None,)
+        return ("momentum_buffer" if hyperparameter("momentum", group["momentum"]) != 0 else None,)
 
     def kernel_args(
         self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
@@ -150,29 +173,80 @@ class SGD(FusedOptimizer):
         """torch's fused SGD, with the first step decided on device.
 
         The momentum buffers start at zero, so ``momentum * 0 + (1 - dampening) * d_p`` is
-        torch's first-step ``buf = d_p`` whenever ``dampening == 0``. With dampening, the buffer
-        of a param whose first step is still to be taken is pre-set on device so the same
-        formula yields ``d_p``: a skipped step must not count as the first one.
+        torch's first-step ``buf = d_p`` whenever ``dampening == 0``; with dampening they are
+        started on device first (:func:`_start_buffers_`).
         """
         params, grads, buffers, steps = tensor_lists
         options = _sgd_options(group)
-        momentum, dampening = options["momentum"], options["dampening"]
-        if buffers and dampening != 0:
-            for buf, param, grad, step in zip(buffers, params, grads, steps):
-                d_p = grad.neg() if options["maximize"] else grad
-                if options["weight_decay"] != 0:
-                    d_p = d_p.add(param, alpha=options["weight_decay"])
-                buf.copy_(torch.where(step == 0, d_p * (dampening / momentum), buf))
+        if buffers and options["dampening"] != 0:
+            _start_buffers_(params, grads, buffers, steps, options)
         torch._fused_sgd_(
             params, grads, buffers, **options, is_first_step=False, found_inf=found_inf
         )
         advance_steps_(steps, found_inf)
 
+    def torch_optim_update(
+        self,
+        group: dict[str, Any],
+        tensor_lists: list[list[torch.Tensor]],
+        found_inf: torch.Tensor | None,
+    ) -> None:
+        """:func:`torch.optim.sgd.sgd`, called as ``torch.optim.SGD.step`` calls it.
+
+        torch creates a momentum buffer on a param's first step (``buf = d_p``), and ours exist
+        from the start, zero until then. torch's fused implementation skips on device, so it gets
+        the buffers started on device as :meth:`torch_update` starts them; the others get
+        ``None`` for a buffer whose first step this is (counters on the CPU: no sync) and the
+        buffer they create is copied into ours, which stays dense for a sparse grad (torch's
+        would be sparse; the values are the same).
+        """
+        params, grads, buffers, steps = tensor_lists
+        first = [False] * len(buffers)
+        if group["fused"]:
+            if buffers and group["dampening"] != 0:
+                _start_buffers_(params, grads, buffers, steps, _sgd_options(group))
+        elif buffers:
+            first = [step.item() == 0 for step in steps]
+        momentum_buffers: list[Tensor | None] = [
+            None if is_first else buffer for buffer, is_first in zip(buffers, first)
+        ]
+        torch_sgd(
+            params, grads, momentum_buffers, has_sparse_grad=any(g.is_sparse for g in grads),
+            foreach=group["foreach"], fused=group["fused"], found_inf=found_inf,
+            weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
+            dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
+        )  # fmt: skip
+        for buffer, created, is_first in zip(buffers, momentum_buffers, first):
+            if is_first:  # ours stays dense where torch's starts as a sparse grad's clone
+                created = cast(Tensor, created)  # the implementation created it
+                buffer.copy_(created.to_dense() if created.is_sparse else created)
+        advance_steps_(steps, found_inf)
+
+
+def _start_buffers_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[Tensor],
+    steps: list[Tensor],
+    options: dict[str, Any],
+) -> None:
+    """Presets, on device, the momentum buffer of each param whose first step this is, so that
+    ``momentum * buf + (1 - dampening) * d_p`` is torch's first-step ``buf = d_p`` (a skipped
+    step must not count as the first one)."""
+    momentum, dampening = options["momentum"], options["dampening"]
+    for buf, param, grad, step in zip(buffers, params, grads, steps):
+        d_p = grad.neg() if options["maximize"] else grad
+        if options["weight_decay"] != 0:
+            d_p = d_p.add(param, alpha=options["weight_decay"])
+        buf.copy_(torch.where(step == 0, d_p * (dampening / momentum), buf))
+
 
 def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        lr=hyperparameter("lr", group["lr"]), momentum=group["momentum"], dampening=group["dampening"],
-        nesterov=group["nesterov"], weight_decay=group["weight_decay"], maximize=group["maximize"],
+        lr=hyperparameter("lr", group["lr"]), momentum=hyperparameter("momentum", group["momentum"]),
+        dampening=hyperparameter("dampening", group["dampening"]),
+        nesterov=group["nesterov"], weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        maximize=group["maximize"],
     )  # fmt: skip
 
 

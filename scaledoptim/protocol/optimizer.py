@@ -89,6 +89,11 @@ class StepRequest:
     found: torch.Tensor | None = None
     scale: torch.Tensor | None = None
 
+#: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
+#: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
+#: Adafactor): their groups may lack them.
+_DEFAULTS_ONLY = frozenset({"differentiable"})
+
 
 class Optimizer(ScaleOwner):
     r"""A :class:`torch.optim.Optimizer` that owns its dynamic loss scale.
@@ -481,7 +486,9 @@ class Optimizer(ScaleOwner):
         raise a bare ``KeyError`` mid-step)."""
         for index, group in enumerate(self.param_groups):
             if not self.defaults.keys() <= group.keys():
-                missing = sorted(key for key in self.defaults if key not in group)
+                missing = sorted(key for key in self.defaults.keys() - group.keys() - _DEFAULTS_ONLY)
+                if not missing:
+                    continue
                 raise ValueError(
                     f"param_groups[{index}] has no {missing}: every param group must hold all of "
                     f"{type(self).__name__}'s options. Add groups with opt.add_param_group(...) "

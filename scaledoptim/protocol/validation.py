@@ -10,26 +10,18 @@ __all__ = ["check_param_grads"]
 
 
 def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> None:
-    """Rejects, before anything is modified, grads that are not floating, sparse, off
-    ``device``, or not shaped like their param. One pass: it runs on every step."""
+    """Rejects, before anything is modified, grads that are not floating (or complex, for a
+    complex param), off ``device``, or not shaped like their param. Sparse grads pass: torch's
+    optimizers that take them (SGD, Adagrad, SparseAdam) get them unscaled through their values.
+    One pass: it runs on every step."""
     for param in params:
         grad = param.grad
         assert grad is not None  # the caller passes the params that have a grad
-        if grad.is_complex() or param.is_complex():
+        if not (grad.is_floating_point() or (grad.is_complex() and param.is_complex())):
             raise TypeError(
-                f"A param or grad has dtype {grad.dtype}: scaledoptim does not support complex "
-                "params. Keep them as real pairs (torch.view_as_real) or give them an optimizer "
-                "of their own without scaling"
-            )
-        if not grad.is_floating_point():
-            raise TypeError(
-                f"A grad has dtype {grad.dtype}; grads must be floating point. Assign p.grad a "
-                "floating tensor (autograd always produces one)."
-            )
-        if grad.is_sparse:
-            raise RuntimeError(
-                "scaledoptim does not support sparse gradients; use a dense layer (e.g. "
-                "nn.Embedding(sparse=False)) or a torch.optim sparse optimizer without scaling"
+                f"A grad has dtype {grad.dtype} and its param {param.dtype}; grads must be "
+                "floating point (complex for a complex param). Assign p.grad a floating tensor "
+                "of its param's dtype (autograd always produces one)."
             )
         if grad.device != device:
             raise RuntimeError(

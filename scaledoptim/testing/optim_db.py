@@ -283,7 +283,12 @@ _ADAM_ERRORS = (
     ErrorInput(
         "negative weight_decay", dict(weight_decay=-0.1), ValueError, "Invalid weight_decay"
     ),
-    ErrorInput("differentiable", dict(differentiable=True), ValueError, "differentiable"),
+    ErrorInput(
+        "tensor lr with foreach",
+        dict(lr=torch.tensor(1e-3), foreach=True),
+        ValueError,
+        "lr as a Tensor is not supported",
+    ),
 )
 _ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps": (1e-10, 1e-3)}
 

@@ -229,7 +229,7 @@ def test_hf_gpt2_trains_like_the_built_in_models() -> None:
     assert "hf-gpt2 (transformers.GPT2LMHeadModel)" in format_table(list(results.values()))
 
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 # The README's claims about the main command on a CPU, each with what the demo must print for
 # it: (task, pairs of variants whose "held-out loss vs" line is checked, the bound).
 LOSS_CLAIMS = {

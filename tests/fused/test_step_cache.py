@@ -258,8 +258,8 @@ def _check_changes(info, changes, seed, channels_last) -> None:
 
 
 def test_the_check_follows_grads_that_moved_in_a_step_that_then_failed() -> None:
-    # Group 0's grads move and are repointed, then group 1's param is refused: the step fails.
-    # Once the param is restored (group 1 exactly as cached), the inf/nan check must read group
+    # Group 0's grads move and are repointed, then group 1's grad is refused: the step fails.
+    # Once the grad is restored (group 1 exactly as cached), the inf/nan check must read group
     # 0's grads where they are now.
     params = _params()
     opt = scaledoptim.AdamW([{"params": params[:2]}, {"params": params[2:]}])
@@ -267,11 +267,11 @@ def test_the_check_follows_grads_that_moved_in_a_step_that_then_failed() -> None
     old = [p.grad for p in params[:2]]  # alive, so the new grads cannot reuse their memory
     for p in params[:2]:
         p.grad = torch.randn_like(p)
-    storage = params[3].data
-    params[3].data = torch.randn(6)[::2]  # a view with gaps
-    with pytest.raises(RuntimeError, match="gaps"):
+    storage = params[3].grad.data
+    params[3].grad.data = torch.randn(2)  # a grad of the wrong shape
+    with pytest.raises(ValueError, match="shaped like p"):
         opt.unscale_and_step(grads_scaled_by=opt.scale)
-    params[3].data = storage
+    params[3].grad.data = storage
     params[0].grad[1, 2] = float("nan")
     _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert found_inf.item() == 1.0

@@ -7,7 +7,9 @@ anything runs); :func:`select` picks the backend for a device, in one place:
   the kernels compile and run on that device, and torch's fused multi-tensor ops otherwise
   (when CuPy is there but the kernels fail -- no NVRTC, an unsupported arch, a CuPy/driver
   mismatch -- with one warning naming the reason and the fix);
-* CPU tensors take torch's fused ops, or our kernels through the CPU emulator.
+* CPU tensors take torch's fused ops, or our kernels through the CPU emulator;
+* what neither can update (complex params, sparse grads, views with gaps, ``differentiable=True``)
+  takes torch.optim's own implementation (``torch_optim.py``, Note [torch.optim route]).
 
 Environment:
     SCALEDOPTIM_KERNELS: ``auto`` (default, the rules above), ``torch`` (torch's fused ops on
@@ -29,10 +31,12 @@ from ...kernels import non_finite_check_
 from .base import Backend, PreparedEpilogue, PreparedReduction, PreparedUnscale, PreparedUpdate
 from .kernels import KERNELS
 from .torch_native import TORCH_NATIVE
+from .torch_optim import TORCH_OPTIM, route_key, step_device, torch_optim_indices
 
 __all__ = [
-    "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "Backend", "PreparedEpilogue", "PreparedReduction",
-    "PreparedUnscale", "PreparedUpdate", "kernel_problem", "kernels_mode", "select",
+    "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "TORCH_OPTIM", "Backend", "PreparedEpilogue",
+    "PreparedReduction", "PreparedUnscale", "PreparedUpdate", "kernel_problem", "kernels_mode",
+    "route_key", "select", "step_device", "torch_optim_indices",
 ]  # fmt: skip
 
 #: The environment variable that picks the backends (see the module docs).

@@ -26,7 +26,7 @@ from ...torch_ops import stochastic_round_, unscale_in_place_
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend
 
-__all__ = ["TORCH_NATIVE", "TorchNativeBackend"]
+__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -47,8 +47,8 @@ class TorchNativeBackend(Backend):
 
     def prepare(
         self, update: Update, group: Group, lists: TensorLists, scratch: list[Tensor]
-    ) -> _TorchUpdate:
-        return _TorchUpdate(update, group, lists)
+    ) -> TorchUpdate:
+        return TorchUpdate(update, group, lists)
 
     def prepare_reduction(
         self, reduction: GradReduction, grad_lists: list[list[Tensor]]
@@ -82,7 +82,7 @@ class _TorchUnscale:
         pass  # it holds no grads
 
 
-class _TorchUpdate:
+class TorchUpdate:
     """One group's torch form, on fp32 working copies of 16-bit params."""
 
     def __init__(self, update: Update, group: Group, lists: TensorLists) -> None:
@@ -103,15 +103,22 @@ class _TorchUpdate:
         # Note [param rounding]: with masters the update runs on them in place.
         work = self.masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
-        self.update.torch_update(
-            self.group, [work, work_grads, *self.state_lists, steps], found_inf
-        )
+        self.run([work, work_grads, *self.state_lists, steps], found_inf)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
             stochastic_round_(params, work, self.seeds, steps)
             return
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
-        if rounded:
+        if not rounded:
+            return
+        if torch.is_grad_enabled():  # a differentiable step: autograd records copy_, not the foreach op
+            for param, value in rounded:
+                param.copy_(value)
+        else:
             torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
+
+    def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
+        """The update over the working lists."""
+        self.update.torch_update(self.group, lists, found_inf)
 
     def repoint(self, pointers: list[int]) -> None:
         pass  # it holds no grads
