@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def _fresh_accelerator_state():
     GradientState._reset_state()
 
 
-def _model() -> transformers.GPT2LMHeadModel:
+def _model() -> Any:
     config = transformers.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
@@ -55,11 +56,20 @@ def _args(tmp_path, **kwargs) -> transformers.TrainingArguments:
     return transformers.TrainingArguments(str(tmp_path), **{**defaults, **kwargs})
 
 
+def _inner(trainer: Any) -> Any:
+    """The scaledoptim optimizer inside accelerate's wrapper."""
+    return trainer.optimizer.optimizer
+
+
+def _scheduler(trainer: Any) -> Any:
+    return trainer.lr_scheduler
+
+
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _overflow_at(trainer_ref: list, model: torch.nn.Module, global_step: int) -> None:
+def _overflow_at(trainer_ref: list, model: Any, global_step: int) -> None:
     """Makes the grads of the optimizer step after ``global_step`` steps inf."""
     weight = model.transformer.wte.weight
 
@@ -71,7 +81,7 @@ def _overflow_at(trainer_ref: list, model: torch.nn.Module, global_step: int) ->
     weight.register_hook(hook)
 
 
-def _forward_dtypes(model: torch.nn.Module) -> list[torch.dtype]:
+def _forward_dtypes(model: Any) -> list[torch.dtype]:
     dtypes: list[torch.dtype] = []
     model.transformer.h[0].mlp.c_fc.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
     return dtypes
@@ -97,20 +107,20 @@ def test_fp16_trains_scaled_on_cpu_and_backs_off(tmp_path):
     _overflow_at(ref, model, global_step=1)  # the second step overflows
     trainer.train()
 
-    opt = trainer.optimizer.optimizer
+    opt = _inner(trainer)
     assert isinstance(opt, scaledoptim.AdamW)
     assert trainer.accelerator.mixed_precision == "no" and trainer.accelerator.scaler is None
     assert set(dtypes) == {torch.float16}  # fp16 autocast, on CPU
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert [entry["loss_scale"] for entry in logs] == [2.0**16, 2.0**15, 2.0**15, 2.0**15]
     assert opt.scale.item() == 2.0**15 < 2.0**16
-    assert trainer.lr_scheduler.last_epoch == 3  # four steps, one skipped
+    assert _scheduler(trainer).last_epoch == 3  # four steps, one skipped
     # Trainer's no-decay groups: biases and LayerNorms get none.
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == trainer.args.weight_decay and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in model.named_parameters()}
     assert all("bias" in names[id(p)] or "ln_" in names[id(p)] for p in no_decay["params"])
-    assert opt.param_groups[0]["lr"] == pytest.approx(trainer.lr_scheduler.get_last_lr()[0])
+    assert opt.param_groups[0]["lr"] == pytest.approx(_scheduler(trainer).get_last_lr()[0])
 
 
 def test_overflowed_step_is_skipped_and_scheduler_holds(tmp_path):
@@ -125,11 +135,11 @@ def test_overflowed_step_is_skipped_and_scheduler_holds(tmp_path):
     )
     trainer.train()
 
-    assert trainer.optimizer.optimizer is opt
+    assert _inner(trainer) is opt
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # skipped
     for state in opt.state.values():  # the fused step skipped on device: nothing moved
         assert all(not torch.is_tensor(v) or not v.any() for v in state.values())
-    assert trainer.lr_scheduler.last_epoch == 0  # the scheduler did not advance
+    assert _scheduler(trainer).last_epoch == 0  # the scheduler did not advance
     assert opt.scale.item() == 2.0**39
     assert trainer.state.log_history[0]["loss_scale"] == 2.0**39
     assert not math.isfinite(trainer.state.log_history[0]["grad_norm"])
@@ -189,9 +199,9 @@ def test_resume_from_checkpoint_reproduces_the_run(tmp_path):
     resumed, resumed_model = run(tmp_path / "resumed", resume=str(checkpoint))
     for (name, p), q in zip(full_model.named_parameters(), resumed_model.parameters(), strict=True):
         assert torch.equal(p, q), name
-    assert torch.equal(resumed.optimizer.optimizer.scale, full.optimizer.optimizer.scale)
-    assert resumed.optimizer.optimizer.scale.item() == 2.0**15
-    assert resumed.lr_scheduler.last_epoch == full.lr_scheduler.last_epoch == 5
+    assert torch.equal(_inner(resumed).scale, _inner(full).scale)
+    assert _inner(resumed).scale.item() == 2.0**15
+    assert _scheduler(resumed).last_epoch == _scheduler(full).last_epoch == 5
 
     def logged(trainer):
         return [
@@ -201,6 +211,33 @@ def test_resume_from_checkpoint_reproduces_the_run(tmp_path):
         ]
 
     assert logged(resumed) == logged(full) and len(logged(full)) == 3
+
+
+def test_gradient_accumulation_unscales_once_per_step_and_evaluates(tmp_path):
+    data = _data(16)
+    args = _args(
+        tmp_path,
+        fp16=True,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+    )
+    trainer = ScaledTrainer(model=_model(), args=args, train_dataset=data, eval_dataset=data[:8])
+    trainer.train()  # a second unscale in a window would raise
+
+    stock_args = _args(
+        tmp_path / "fp32", max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=2
+    )
+    stock = transformers.Trainer(model=_model(), args=stock_args, train_dataset=data)
+    stock.train()
+    ours = [e["grad_norm"] for e in trainer.state.log_history if "loss" in e]
+    theirs = [e["grad_norm"] for e in stock.state.log_history if "loss" in e]
+    assert ours == pytest.approx(
+        theirs, rel=2e-3
+    )  # every micro-batch scaled by one S, unscaled once
+    assert _scheduler(trainer).last_epoch == 2
+    metrics = trainer.evaluate()  # under fp16 autocast too
+    assert math.isfinite(metrics["eval_loss"]) and "loss_scale" not in metrics
 
 
 def test_bf16_trains_unscaled(tmp_path):
@@ -224,7 +261,7 @@ def test_bf16_trains_unscaled(tmp_path):
     assert trainer.state.log_history[0]["grad_norm"] == pytest.approx(
         reference, rel=2e-2
     )  # unscaled
-    assert trainer.lr_scheduler.last_epoch == 2
+    assert _scheduler(trainer).last_epoch == 2
 
 
 def test_fp16_refuses_an_optimizer_without_the_protocol(tmp_path):
