@@ -4,7 +4,10 @@
   precision plugin (needs the ``lightning`` extra).
 * :mod:`scaledoptim.integrations.accelerate`: :func:`unwrap_optimizer`, reaching scaledoptim's
   methods through Accelerate's optimizer wrapper.
+* :mod:`scaledoptim.integrations.transformers`: :class:`ScaledTrainer`, a ``transformers.Trainer``
+  that autocasts and scales with scaledoptim on any device (needs the ``examples-hf`` and
+  ``accelerate`` extras).
 
 Nothing here is imported until you import its module, so ``import scaledoptim`` never needs
-Lightning or Accelerate.
+Lightning, Accelerate or transformers.
 """

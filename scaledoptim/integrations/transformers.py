@@ -1,0 +1,274 @@
+"""A ``transformers.Trainer`` that autocasts and scales with scaledoptim, on any device.
+
+Note [ScaledTrainer hooks]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+``Trainer(fp16=True)`` hands mixed precision to accelerate, whose ``GradScaler`` drives the
+optimizer as a plain one (its ``opt.scale`` is then not the scale in use), and which trains in
+fp32 on CPU. ``ScaledTrainer`` keeps accelerate out of it and does the work itself, at the
+Trainer's and the Accelerator's public methods:
+
+* ``create_accelerator_and_postprocess``: the Accelerator is created with
+  ``mixed_precision="no"`` (``args.mixed_precision`` reads ``"no"`` during the call, and is
+  restored after), then checked (no ``GradScaler``, no mixed precision: a transformers release
+  that builds it otherwise fails here, loudly) and given :class:`_ScaledAccelerator`'s two
+  public overrides: ``backward`` multiplies the loss by the optimizer's ``opt.scale``, and
+  ``optimizer_step_was_skipped`` (which the Trainer asks before stepping the LR scheduler) says
+  whether the last unscale found inf/nan. This class swap is the one place that reaches past
+  the Trainer's own methods: ``tests/integrations/test_transformers_trainer.py`` checks it.
+* ``autocast_smart_context_manager``: the :func:`scaledoptim.autocast` region of every
+  ``compute_loss`` (training and evaluation).
+* ``training_step``: after the backward of the last micro-batch of an accumulation window,
+  ``opt.unscale(grads_scaled_by=S)``, so the Trainer's gradient clipping and its logged
+  ``grad_norm`` see unscaled grads; the Trainer's ``optimizer.step()`` then honours the
+  ``found_inf`` it recorded, as ``opt.step_after_unscale()`` does.
+* ``create_optimizer``: a :class:`scaledoptim.AdamW` from the arguments (the AdamW optimizers);
+  an optimizer given through ``optimizers=`` must have the loss-scaling protocol.
+* ``log``: adds ``loss_scale`` to the training logs.
+
+The scale is in the optimizer's ``state_dict``, which the Trainer saves as ``optimizer.pt``
+and loads on resume; accelerate's ``scaler.pt`` is neither written nor read (there is no
+accelerate scaler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from ..amp import autocast
+from ..optim import AdamW
+from ..protocol import Optimizer, patch_optimizer, scale_outputs
+from .accelerate import unwrap_optimizer
+
+try:
+    import transformers
+    from accelerate import Accelerator
+except ImportError as error:  # pragma: no cover - exercised only without the extras
+    raise ImportError(
+        "scaledoptim.integrations.transformers needs transformers and accelerate: "
+        'pip install -e ".[examples-hf,accelerate]" in a checkout, or pip install '
+        '"scaledoptim[examples-hf,accelerate]" where scaledoptim was installed from a wheel'
+    ) from error
+
+__all__ = ["ScaledTrainer"]
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# TrainingArguments.optim values that ScaledTrainer replaces by scaledoptim.AdamW.
+_ADAMW_NAMES = frozenset({"adamw_torch", "adamw_torch_fused", "adamw_hf"})
+
+
+class _ScalingRun:
+    """What the Trainer and its Accelerator share: the dtype and the last ``found_inf``."""
+
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        self.dtype = dtype
+        self.optimizer: Any = None  # the Trainer's optimizer (maybe accelerate's wrapper)
+        self.found_inf: torch.Tensor | None = None
+        self.skipped = False
+
+    @property
+    def scaled(self) -> bool:
+        return self.dtype is torch.float16
+
+    def scaled_optimizer(self) -> Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("ScaledTrainer has no optimizer yet: call trainer.train()")
+        return unwrap_optimizer(self.optimizer)
+
+
+class _ScaledAcceleration:
+    """The two overrides of Note [ScaledTrainer hooks], on top of an Accelerator class."""
+
+    _scaledoptim_run: _ScalingRun
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        run = self._scaledoptim_run
+        if run.scaled:
+            loss = scale_outputs(loss, run.scaled_optimizer().scale)
+        super().backward(loss, **kwargs)  # type: ignore[misc]
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        run = self._scaledoptim_run
+        if run.found_inf is not None:  # one host read per optimizer step, when asked
+            run.skipped = bool(run.found_inf.item())
+            run.found_inf = None
+        return run.skipped or bool(super().optimizer_step_was_skipped)  # type: ignore[misc]
+
+
+class _ScaledAccelerator(_ScaledAcceleration, Accelerator):
+    """The Trainer's Accelerator, with the overrides of :class:`_ScaledAcceleration`."""
+
+
+class ScaledTrainer(transformers.Trainer):
+    r"""A :class:`transformers.Trainer` whose mixed precision is scaledoptim's, on any device.
+
+    With ``TrainingArguments(fp16=True)`` every ``compute_loss`` runs under
+    :func:`scaledoptim.autocast` with float16 on the training device, **CPU included**, each
+    backward is scaled by the optimizer's :attr:`~scaledoptim.Optimizer.scale`, and the grads
+    are unscaled with :meth:`~scaledoptim.Optimizer.unscale` after the last backward of each
+    accumulation window, before the Trainer clips them (``max_grad_norm`` clips unscaled
+    grads, and the logged ``grad_norm`` is unscaled). A step whose grads overflowed is skipped
+    (the parameters and optimizer state stay as they were), the scale backs off, and the LR
+    scheduler does not advance. Training logs carry ``loss_scale`` (the scale of the next
+    step) in ``trainer.state.log_history``; the scale is in the optimizer's ``state_dict``, so
+    checkpoints save it and ``train(resume_from_checkpoint=...)`` continues the run exactly.
+    Accelerate is given ``mixed_precision="no"``: it creates no ``GradScaler`` and no autocast
+    of its own.
+
+    With ``bf16=True`` the loss is computed under bfloat16 autocast and nothing is scaled (any
+    optimizer works). Without either, it is a plain Trainer.
+
+    The optimizer is the one passed as ``optimizers=(optimizer, scheduler)``, which under
+    ``fp16=True`` must be a :class:`scaledoptim.Optimizer` (a torch optimizer can be given
+    the protocol with :func:`scaledoptim.patch_optimizer`), or else, for ``optim="adamw_torch"``
+    / ``"adamw_torch_fused"`` (the default), a :class:`scaledoptim.AdamW` with the arguments'
+    ``learning_rate``, ``adam_beta1``/``adam_beta2``, ``adam_epsilon`` and ``weight_decay``,
+    with the Trainer's parameter groups (no weight decay for biases and norms). Other
+    ``optim`` values build the Trainer's optimizer, which ``fp16=True`` gives the protocol with
+    :func:`scaledoptim.patch_optimizer`.
+
+    Every method it overrides is public (``create_accelerator_and_postprocess``,
+    ``create_optimizer``, ``autocast_smart_context_manager``, ``training_step``, ``log``), and
+    so are the two methods of ``accelerate.Accelerator`` it overrides on the Trainer's
+    Accelerator (``backward``, ``optimizer_step_was_skipped``), by giving that one object a
+    subclass of its class. Not supported with ``fp16=True``: DeepSpeed (which scales by
+    itself) and gradient-accumulation settings that make the Trainer call backward outside
+    ``training_step``. Several processes: call
+    ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD)`` on the
+    optimizer you pass, so that every rank skips together.
+
+    Example::
+
+        >>> args = transformers.TrainingArguments("out", fp16=True, use_cpu=True, max_steps=10)
+        >>> trainer = ScaledTrainer(model=model, args=args, train_dataset=dataset)
+        >>> trainer.train()
+        >>> trainer.state.log_history[-2]["loss_scale"]
+        65536.0
+    """
+
+    _scaledoptim_run: _ScalingRun
+
+    # ------------------------------------------------------------------ setup
+    def create_accelerator_and_postprocess(self) -> None:
+        """Creates the Trainer's Accelerator with no mixed precision of its own (Note
+        [ScaledTrainer hooks])."""
+        precision = self.args.mixed_precision
+        if precision not in ("no", "fp16", "bf16"):
+            raise ValueError(
+                f"ScaledTrainer does fp16 and bf16 itself; mixed_precision={precision!r} is "
+                "not supported"
+            )
+        self._scaledoptim_run = _ScalingRun(_DTYPES.get(precision))
+        self.args.mixed_precision = "no"
+        try:
+            super().create_accelerator_and_postprocess()
+        finally:
+            self.args.mixed_precision = precision
+        accelerator = self.accelerator
+        if accelerator.mixed_precision != "no" or getattr(accelerator, "scaler", None) is not None:
+            raise RuntimeError(
+                "ScaledTrainer could not keep accelerate's mixed precision off (the Accelerator "
+                f"has mixed_precision={accelerator.mixed_precision!r}): this transformers "
+                f"release ({transformers.__version__}) builds its Accelerator in a way "
+                "ScaledTrainer does not know"
+            )
+        if self._scaledoptim_run.dtype is not None and self.is_deepspeed_enabled:
+            raise ValueError("ScaledTrainer does not support DeepSpeed with fp16/bf16")
+        accelerator.__class__ = _scaled_accelerator_class(type(accelerator))
+        accelerator._scaledoptim_run = self._scaledoptim_run
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """A :class:`scaledoptim.AdamW` from the arguments, or the optimizer given (see the
+        class docstring)."""
+        if (
+            self.optimizer is None
+            and self.optimizer_cls_and_kwargs is None
+            and str(getattr(self.args.optim, "value", self.args.optim)) in _ADAMW_NAMES
+        ):
+            opt_model = self.model if model is None else model
+            if opt_model is None:
+                raise ValueError("ScaledTrainer.create_optimizer() needs a model")
+            decay = set(self.get_decay_parameter_names(opt_model))
+            named = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
+            groups = [
+                {
+                    "params": [p for n, p in named if n in decay],
+                    "weight_decay": self.args.weight_decay,
+                },
+                {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+            ]
+            self.optimizer = AdamW(
+                [g for g in groups if g["params"]],
+                lr=self.args.learning_rate,
+                betas=(self.args.adam_beta1, self.args.adam_beta2),
+                eps=self.args.adam_epsilon,
+            )
+        given = self.optimizer is not None
+        optimizer = super().create_optimizer(model)
+        if self._scaledoptim_run.scaled and not isinstance(_unwrap(optimizer), Optimizer):
+            if given:
+                raise TypeError(
+                    f"ScaledTrainer(fp16=True) needs an optimizer with the loss-scaling protocol, "
+                    f"got {type(_unwrap(optimizer)).__name__}: pass a scaledoptim optimizer "
+                    "(scaledoptim.AdamW, ...), or scaledoptim.patch_optimizer(opt)"
+                )
+            patch_optimizer(_unwrap(optimizer))
+        self._scaledoptim_run.optimizer = optimizer
+        return optimizer
+
+    # ------------------------------------------------------------------ the step
+    def autocast_smart_context_manager(
+        self, cache_enabled: bool | None = True
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The :func:`scaledoptim.autocast` region of ``compute_loss`` under fp16/bf16."""
+        dtype = self._scaledoptim_run.dtype
+        if dtype is None:
+            return super().autocast_smart_context_manager(cache_enabled)
+        return autocast(self.args.device.type, dtype=dtype, cache_enabled=bool(cache_enabled))
+
+    def training_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor | Any],
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """The Trainer's step (forward under autocast, backward scaled by ``opt.scale``), then,
+        at the end of an accumulation window, :meth:`~scaledoptim.Optimizer.unscale`."""
+        run = self._scaledoptim_run
+        run.optimizer = self.optimizer  # accelerate's wrapper once train() prepared it
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if run.scaled and self.accelerator.sync_gradients:
+            opt = run.scaled_optimizer()
+            run.found_inf, _ = opt.unscale(grads_scaled_by=opt.scale)
+            run.skipped = False
+        return loss
+
+    # ------------------------------------------------------------------ logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The Trainer's log, with ``loss_scale`` added to training logs under fp16."""
+        run = self._scaledoptim_run
+        if run.scaled and run.optimizer is not None and "loss" in logs:
+            logs = {**logs, "loss_scale": float(run.scaled_optimizer().scale)}
+        super().log(logs, start_time)
+
+
+def _unwrap(optimizer: Any) -> Any:
+    """The optimizer inside accelerate's wrapper (or the optimizer itself)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+_CLASSES: dict[type, type] = {Accelerator: _ScaledAccelerator}
+
+
+def _scaled_accelerator_class(cls: type) -> type:
+    """``cls`` (an Accelerator class) with :class:`_ScaledAcceleration`'s overrides."""
+    if not issubclass(cls, Accelerator):
+        raise TypeError(f"ScaledTrainer needs an accelerate.Accelerator, got {cls.__name__}")
+    if issubclass(cls, _ScaledAcceleration):
+        return cls
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Scaled{cls.__name__}", (_ScaledAcceleration, cls), {})
+    return _CLASSES[cls]
