@@ -33,7 +33,7 @@ def run(device: torch.device) -> Outcome:
         return Outcome.skip(_without_cupy(device))
     try:
         supported = nvrtc.supported_archs()
-    except Exception as error:  # noqa: BLE001 -- CuPy without a loadable NVRTC library
+    except Exception as error:
         return Outcome(False, f"NVRTC cannot be loaded ({type(error).__name__}: {error}); {_FIX}")
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -46,7 +46,7 @@ def run(device: torch.device) -> Outcome:
         for kernel in builtin_kernels():
             try:
                 nvrtc.compile_for_arch(kernel, arch)
-            except Exception as error:  # noqa: BLE001 -- KernelCompileError carries NVRTC's log
+            except Exception as error:
                 return Outcome(False, f"{kernel.source.name} for sm_{arch}: {error}")
     names = ", ".join(k.source.name for k in builtin_kernels())
     unsupported = [a for a in nvrtc.TARGET_ARCHS if a not in supported]

@@ -60,7 +60,7 @@ def _nvrtc_version() -> str:
         from cupy.cuda import nvrtc
 
         major, minor = nvrtc.getVersion()
-    except Exception as error:  # noqa: BLE001 -- no CuPy, or no loadable NVRTC library
+    except Exception as error:
         return f"unavailable ({type(error).__name__}: {error})".splitlines()[0]
     return f"{major}.{minor}"
 

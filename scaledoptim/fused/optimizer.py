@@ -55,8 +55,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
     * optionally ``torch_optim`` (the torch.optim class of the same update) with
       ``torch_optim_update`` and ``check_torch_optim``: then params the fused update cannot
       serve (complex, sparse grads, views with gaps, ``differentiable=True``, hyper-parameter
-      tensors on an accelerator) take torch.optim's own implementation in the same step (Note
-      [torch.optim route] in ``backends/torch_optim.py``); without it they are refused.
+      tensors on an accelerator) take torch.optim's own implementation in the same step (the
+      migration guide, "What takes torch.optim's own implementation"); without it they are refused.
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
     state creation and checkpoints) is inherited, and so are two options of every group when the
@@ -68,8 +68,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
       from it in the same pass. fp32 params ignore it. An edit of the param between steps
       (clipping, re-init, ``model.load_state_dict``, an outer optimizer's step) is kept: the
       next step first copies every element the edit changed into the master (seen through the
-      param's version counter and data pointer, so not for edits through ``p.data``; Note
-      [param edits under master weights] in ``fused/rounding.py``).
+      param's version counter and data pointer, so not for edits through ``p.data``; the concepts page, "Master weights and edits to
+      params").
     * ``stochastic_rounding`` (default False, bfloat16 params only, exclusive with
       ``master_weights``): the param is stored rounded stochastically, unbiased, from a hash of
       ``state["sr_seed"]`` (an int32 per param), the step and the element index: reproducible,
@@ -156,7 +156,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         :meth:`~scaledoptim.Optimizer.unscale_and_step`; otherwise it steps as torch.optim's.
         Never reads the host, but to skip params that take torch.optim's own non-fused
         implementation (complex, sparse grads, views with gaps, ``differentiable=True``: one
-        read of ``found_inf``, as torch.amp.GradScaler makes for it; Note [torch.optim route]).
+        read of ``found_inf``, as torch.amp.GradScaler makes for it; see the migration guide, "What takes torch.optim's own implementation").
 
         Args:
             closure: optional, re-evaluates the model and returns the loss.
@@ -273,7 +273,7 @@ def hyperparameter(name: str, value: Any) -> Any:
     current value (torch.optim accepts tensor ``lr``, ``betas``, SGD's ``weight_decay``; a
     scheduler updates the tensor in place, and reading a CPU tensor costs no device sync). A
     tensor on an accelerator is returned as it is: its group takes torch.optim's implementation,
-    which reads it on device (Note [torch.optim route]). Anything else is returned as is.
+    which reads it on device. Anything else is returned as is.
 
     Raises:
         ValueError: a tensor with more than one element (torch's message).

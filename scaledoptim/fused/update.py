@@ -54,7 +54,8 @@ class Update(Protocol):
     #: (LAMB's moments and norms); usually none.
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]]
     #: The torch.optim class of the same update, whose own implementation steps the params the
-    #: fused update cannot serve (Note [torch.optim route] in ``backends/torch_optim.py``);
+    #: fused update cannot serve (the migration guide,
+    #: "What takes torch.optim's own implementation");
     #: ``None``: such params are refused.
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's

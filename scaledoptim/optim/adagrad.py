@@ -76,8 +76,8 @@ class Adagrad(FusedOptimizer):
     Fused and sync-free; ``foreach`` and ``fused`` do not change the fused path. ``lr`` may be a
     one-element tensor (a CPU one is read at each step). Complex params, sparse grads, views
     with gaps, ``differentiable=True`` and an ``lr`` tensor on an accelerator take
-    :func:`torch.optim.adagrad.adagrad` with the group's flags, in the same step (Note
-    [torch.optim route]). State is fp32 whatever the param dtype.
+    :func:`torch.optim.adagrad.adagrad` with the group's flags, in the same step (see
+    the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.

@@ -100,7 +100,7 @@ class Adam(FusedOptimizer):
     path. ``lr`` and ``betas`` may be one-element tensors (CPU ones are read at each step).
     Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
     accelerator take :func:`torch.optim.adam.adam` with the group's flags, in the same step
-    (Note [torch.optim route]). State is fp32 whatever the param dtype, and 16-bit params are
+    (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype, and 16-bit params are
     updated in fp32 and rounded once.
 
     Args:

@@ -88,7 +88,7 @@ class SGD(FusedOptimizer):
     ones are read at each step). ``foreach`` and ``fused`` do not change the fused path. Complex
     params, sparse grads, views with gaps, ``differentiable=True`` and hyper-parameter tensors
     on an accelerator take :func:`torch.optim.sgd.sgd` with the group's flags, in the same step
-    (Note [torch.optim route]).
+    (the migration guide, "What takes torch.optim's own implementation").
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -174,7 +174,7 @@ class SGD(FusedOptimizer):
 
         The momentum buffers start at zero, so ``momentum * 0 + (1 - dampening) * d_p`` is
         torch's first-step ``buf = d_p`` whenever ``dampening == 0``; with dampening they are
-        started on device first (:func:`_start_buffers_`).
+        set to the first grad on device first, where the step counter is zero.
         """
         params, grads, buffers, steps = tensor_lists
         options = _sgd_options(group)

@@ -32,7 +32,19 @@ from torch import Tensor
 
 from scaledoptim.fused import FusedOptimizer
 from scaledoptim.kernels import MultiTensorKernel
-from scaledoptim.optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion, adagrad, adam, lamb, lion, sgd
+from scaledoptim.optim import (
+    LAMB,
+    SGD,
+    Adagrad,
+    Adam,
+    AdamW,
+    Lion,
+    adagrad,
+    adam,
+    lamb,
+    lion,
+    sgd,
+)
 from scaledoptim.protocol import LBFGS
 
 __all__ = [
@@ -75,12 +87,15 @@ class ErrorInput:
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
-    """Of an fp32 step against the fp32 reference (16-bit params are held to one ulp)."""
+    """Of an fp32 step against the fp32 reference (16-bit params are held to one ulp), and of
+    the params after a few training steps (``trajectory_*``)."""
 
     param_rtol: float = 1e-6
     param_atol: float = 1e-6
     state_rtol: float = 1e-6
     state_atol: float = 1e-7
+    trajectory_rtol: float = 1e-5
+    trajectory_atol: float = 1e-7
 
 
 #: ``functional(group, lists, found_inf, inv_scale)``: an optimizer's public functional entry point
