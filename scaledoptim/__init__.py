@@ -3,7 +3,7 @@
 from . import amp
 from .amp import autocast
 from .fused import FusedOptimizer
-from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion
+from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion, RMSprop
 from .protocol import (
     LBFGS,
     ClosureReplayError,
@@ -32,6 +32,7 @@ __all__ = [
     "GradScaler",
     "Lion",
     "Optimizer",
+    "RMSprop",
     "ScalingConfig",
     "amp",
     "autocast",

@@ -5,6 +5,7 @@ from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .lamb import LAMB
 from .lion import Lion
+from .rmsprop import RMSprop
 from .sgd import SGD
 
-__all__ = ["LAMB", "SGD", "Adagrad", "Adam", "AdamW", "Lion"]
+__all__ = ["LAMB", "SGD", "Adagrad", "Adam", "AdamW", "Lion", "RMSprop"]

@@ -39,10 +39,12 @@ from scaledoptim.optim import (
     Adam,
     AdamW,
     Lion,
+    RMSprop,
     adagrad,
     adam,
     lamb,
     lion,
+    rmsprop,
     sgd,
 )
 from scaledoptim.protocol import LBFGS
@@ -270,6 +272,16 @@ def _adagrad_functional(
                      **adagrad._adagrad_options(group))  # fmt: skip
 
 
+def _rmsprop_functional(
+    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+) -> None:  # fmt: skip
+    params, grads, square_avgs, buffers, grad_avgs, masters, seeds, steps = lists
+    rmsprop.rmsprop_(params, grads, square_avgs, buffers, grad_avgs, steps, found_inf=found_inf,
+                     inv_scale=inv_scale, master_params=masters, sr_seeds=seeds,
+                     **rmsprop._rmsprop_options(group))  # fmt: skip
+
+
 def _lion_functional(
     group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
     inv_scale: Tensor | None,
@@ -430,6 +442,61 @@ optim_db: tuple[OptimInfo, ...] = (
         ),
         {"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
         functional=_adagrad_functional,
+    ),
+    OptimInfo(
+        "RMSprop",
+        RMSprop,
+        torch.optim.RMSprop,
+        (
+            # torch's own RMSprop configs (its optim_db), at a learning rate that moves params.
+            Config("default", dict(lr=1e-2)),
+            Config("weight_decay", dict(lr=1e-2, weight_decay=0.1)),
+            Config("maximize", dict(lr=1e-2, maximize=True)),
+            Config("centered-wd", dict(lr=1e-2, weight_decay=0.1, centered=True)),
+            Config("maximize-wd", dict(lr=1e-2, weight_decay=0.1, maximize=True)),
+            Config(
+                "momentum-centered-wd",
+                dict(lr=1e-2, weight_decay=0.1, centered=True, momentum=0.1),
+            ),
+            Config(
+                "every-option",
+                dict(
+                    lr=1e-2,
+                    alpha=0.9,
+                    eps=1e-6,
+                    weight_decay=0.1,
+                    centered=True,
+                    momentum=0.1,
+                    maximize=True,
+                ),
+            ),
+            *sweep(
+                *grid(
+                    lr=(1e-2,),
+                    momentum=(0.0, 0.9),
+                    centered=(False, True),
+                    maximize=(False, True),
+                    weight_decay=(0.0, 0.1),
+                )
+            ),
+        ),
+        (
+            ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
+            ErrorInput("negative eps", dict(eps=-1.0), ValueError, "Invalid epsilon value"),
+            ErrorInput("negative momentum", dict(momentum=-1.0), ValueError, "Invalid momentum"),
+            ErrorInput(
+                "negative weight_decay", dict(weight_decay=-1.0), ValueError, "Invalid weight_decay"
+            ),
+            ErrorInput("negative alpha", dict(alpha=-1.0), ValueError, "Invalid alpha value"),
+        ),
+        {"lr": (1e-4, 1e-1), "alpha": (0.5, 0.999), "eps": (1e-10, 1e-3)},
+        # torch's CPU sqrt of a float32 tensor is off by one ulp in ~17% of elements (our kernels'
+        # sqrtf is correctly rounded, as CUDA's), and RMSprop divides by it: an ulp or two in
+        # every update, amplified where a momentum buffer cancels or a grad is near zero.
+        tolerance=Tolerance(
+            param_rtol=1e-5, state_rtol=1e-5, state_atol=1e-5, trajectory_atol=1e-6
+        ),
+        functional=_rmsprop_functional,
     ),
     OptimInfo(
         "Lion",

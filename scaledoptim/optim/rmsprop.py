@@ -1,0 +1,245 @@
+"""RMSprop: the class, the kernel's arguments (cuda/rmsprop.cu) and the torch form."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torch.optim.rmsprop import rmsprop as torch_rmsprop
+
+from ..fused import FusedOptimizer, check_tensor_hyperparameter, hyperparameter
+from ..kernels import (
+    CUDA_SOURCE_DIR,
+    ROUNDING_LISTS,
+    MultiTensorKernel,
+    launch_update,
+    rounding_lists,
+)
+from ..torch_ops import advance_steps_, copy_unless_skipped_
+
+__all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_", "rmsprop_args"]
+
+
+# ------------------------------------------------------------------------------ the kernel
+class RmspropArgs(ctypes.Structure):
+    """Mirror of ``RmspropArgs`` in cuda/rmsprop.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("lr", ctypes.c_float),
+        ("alpha", ctypes.c_float),
+        ("one_minus_alpha", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("centered", ctypes.c_int),
+        ("maximize", ctypes.c_int),
+    ]
+
+
+RMSPROP_KERNEL = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "rmsprop.cu",
+    "rmsprop_kernel",
+    ("params", "grads", "square_avgs", "momentum_buffers", "grad_avgs", *ROUNDING_LISTS, "steps"),
+    RmspropArgs,
+    dtype_lists=(0, 1),
+    per_tensor_lists=(6, 7),
+)
+
+
+def rmsprop_args(found_inf: int | None, inv_scale: int | None, **options: Any) -> RmspropArgs:
+    """The kernel's arguments: device scalar pointers, and the options of :func:`rmsprop_`."""
+    return RmspropArgs(
+        found_inf=found_inf, inv_scale=inv_scale, one_minus_alpha=1 - options["alpha"], **options
+    )
+
+
+# ------------------------------------------------------------------------------ the optimizer
+class RMSprop(FusedOptimizer):
+    r"""RMSprop with the loss-scaling protocol, a drop-in for :class:`torch.optim.RMSprop`.
+
+    Same signature, same math, same state names (``step``, ``square_avg``, ``momentum_buffer``,
+    ``grad_avg``). Fused and sync-free; ``foreach`` and ``capturable`` do not change the fused
+    path. Every hyper-parameter may be a one-element tensor (a CPU one is read at each step).
+    Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
+    accelerator take :func:`torch.optim.rmsprop.rmsprop` with the group's flags, in the same
+    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr: learning rate.
+        alpha: smoothing constant of the squared-gradient average.
+        eps: term added to the denominator for numerical stability.
+        weight_decay: weight decay (L2 penalty).
+        momentum: momentum factor.
+        centered: normalize by the estimated variance of the gradient instead of its second
+            moment.
+        capturable, foreach, differentiable: torch.optim's flags, with its checks; see above for
+            what they change.
+        maximize: maximize the objective instead of minimizing.
+        master_weights: keep an fp32 master copy of 16-bit params (see
+            :class:`~scaledoptim.FusedOptimizer`).
+        stochastic_rounding: round bf16 params stochastically (see
+            :class:`~scaledoptim.FusedOptimizer`).
+
+    Example::
+
+        >>> opt = scaledoptim.RMSprop(model.parameters(), lr=1e-2, momentum=0.9, centered=True)
+        >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
+    """
+
+    kernel = RMSPROP_KERNEL
+    torch_optim = torch.optim.RMSprop
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "momentum": 0, "centered": False, "foreach": None, "maximize": False,
+        "differentiable": False, "capturable": False,
+    }  # fmt: skip
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float | Tensor = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum: float = 0,
+        centered: bool = False,
+        capturable: bool = False,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        differentiable: bool = False,
+        *,
+        master_weights: bool = False,
+        stochastic_rounding: bool = False,
+    ) -> None:
+        defaults = dict(
+            lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+            centered=centered, capturable=capturable, foreach=foreach, maximize=maximize,
+            differentiable=differentiable, master_weights=master_weights,
+            stochastic_rounding=stochastic_rounding,
+        )  # fmt: skip
+        super().__init__(params, defaults)
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        for label, name in (
+            ("learning rate", "lr"),
+            ("epsilon value", "eps"),
+            ("momentum value", "momentum"),
+            ("weight_decay value", "weight_decay"),
+            ("alpha value", "alpha"),
+        ):
+            check_tensor_hyperparameter(label, name, options[name])
+
+    def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        if any(p.grad is not None and p.grad.is_sparse for p in params):
+            raise RuntimeError(
+                "RMSprop does not support sparse gradients; use a dense layer "
+                "(e.g. nn.Embedding(sparse=False))"
+            )
+
+    def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
+        return (
+            "square_avg",
+            "momentum_buffer" if hyperparameter("momentum", group["momentum"]) > 0 else None,
+            "grad_avg" if group["centered"] else None,
+        )
+
+    def kernel_args(
+        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
+    ) -> RmspropArgs:
+        return rmsprop_args(found_inf, inv_scale, **_rmsprop_options(group))
+
+    def torch_update(
+        self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
+    ) -> None:
+        """torch.optim.RMSprop's foreach math, skipped on device where ``found_inf`` is set."""
+        params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
+        o = _rmsprop_options(group)
+        if o["maximize"]:
+            grads = list(torch._foreach_neg(grads))
+        if o["weight_decay"] != 0:
+            grads = list(torch._foreach_add(grads, params, alpha=o["weight_decay"]))
+        new_square_avgs = torch._foreach_mul(square_avgs, o["alpha"])
+        torch._foreach_addcmul_(new_square_avgs, grads, grads, value=1 - o["alpha"])
+        if o["centered"]:
+            new_grad_avgs = torch._foreach_lerp(grad_avgs, grads, 1 - o["alpha"])
+            avg = torch._foreach_addcmul(new_square_avgs, new_grad_avgs, new_grad_avgs, value=-1)
+            torch._foreach_sqrt_(avg)
+            copy_unless_skipped_(grad_avgs, new_grad_avgs, found_inf)
+        else:
+            avg = torch._foreach_sqrt(new_square_avgs)
+        torch._foreach_add_(avg, o["eps"])
+        if o["momentum"] > 0:
+            new_buffers = torch._foreach_mul(buffers, o["momentum"])
+            torch._foreach_addcdiv_(new_buffers, grads, avg)
+            new_params = torch._foreach_add(params, new_buffers, alpha=-o["lr"])
+            copy_unless_skipped_(buffers, new_buffers, found_inf)
+        else:
+            new_params = torch._foreach_addcdiv(params, grads, avg, value=-o["lr"])
+        copy_unless_skipped_(params, new_params, found_inf)
+        copy_unless_skipped_(square_avgs, new_square_avgs, found_inf)
+        advance_steps_(steps, found_inf)
+
+    def torch_optim_update(
+        self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
+    ) -> None:
+        """:func:`torch.optim.rmsprop.rmsprop`, called as ``torch.optim.RMSprop.step`` calls it
+        (it takes no ``found_inf``: the route skips it on the host)."""
+        params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
+        torch_rmsprop(
+            params, grads, square_avgs, grad_avgs, buffers, steps, foreach=group["foreach"],
+            maximize=group["maximize"], differentiable=group["differentiable"],
+            capturable=group["capturable"], has_complex=any(map(torch.is_complex, params)),
+            lr=group["lr"], alpha=group["alpha"], eps=group["eps"],
+            weight_decay=group["weight_decay"], momentum=group["momentum"],
+            centered=group["centered"],
+        )  # fmt: skip
+
+
+def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        **{name: hyperparameter(name, group[name])
+           for name in ("lr", "alpha", "eps", "weight_decay", "momentum")},
+        centered=group["centered"], maximize=group["maximize"],
+    )  # fmt: skip
+
+
+def rmsprop_(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    square_avgs: Sequence[Tensor],
+    momentum_buffers: Sequence[Tensor],
+    grad_avgs: Sequence[Tensor],
+    steps: Sequence[Tensor],
+    *,
+    found_inf: Tensor | None,
+    inv_scale: Tensor | None,
+    master_params: Sequence[Tensor] = (),
+    sr_seeds: Sequence[Tensor] = (),
+    **options: Any,
+) -> None:
+    r"""One fused RMSprop step over all tensors (``torch.optim.RMSprop``, ``foreach=False`` math).
+
+    fp32 math; params fp32/fp16/bf16 rounded once; grads fp32/fp16/bf16; state float32. If
+    ``found_inf`` is given and non-zero, nothing is modified. Otherwise grads are unscaled in
+    registers by ``inv_scale`` and ``steps[i]`` advances by one.
+
+    Args:
+        momentum_buffers: one float32 tensor per param, or an empty list when ``momentum == 0``.
+        grad_avgs: one float32 tensor per param, or an empty list unless ``centered``.
+        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
+        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
+        master_params, sr_seeds: the param rounding lists (see
+            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
+        options: ``lr``, ``alpha``, ``eps``, ``weight_decay``, ``momentum``, ``centered``,
+            ``maximize``.
+    """
+    lists = [params, grads, square_avgs, momentum_buffers, grad_avgs,
+             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+    launch_update(
+        RMSPROP_KERNEL, lists, found_inf, inv_scale, lambda f, i: rmsprop_args(f, i, **options)
+    )
