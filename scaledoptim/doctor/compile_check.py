@@ -37,7 +37,7 @@ def run(device: torch.device) -> Outcome:
         return Outcome(False, f"NVRTC cannot be loaded ({type(error).__name__}: {error}); {_FIX}")
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        archs = (10 * major + minor,)
+        archs: tuple[int, ...] = (10 * major + minor,)
     elif not supported:
         return Outcome(False, f"this NVRTC supports none of {nvrtc.TARGET_ARCHS}; {_FIX}")
     else:

@@ -55,6 +55,7 @@ def _run(part: Part, root: pathlib.Path) -> tuple[int, str, float]:
     with subprocess.Popen(
         part.argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as process:
+        assert process.stdout is not None  # stdout=PIPE
         for line in process.stdout:  # streamed: the benchmarks take minutes on a GPU
             print(line, end="", flush=True)
             lines.append(line)

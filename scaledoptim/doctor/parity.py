@@ -10,6 +10,7 @@ relative). Then an inf in a grad must leave params and state bit-identical and h
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 
@@ -57,7 +58,9 @@ def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str
                 return f"step {step + 1}, param[{i}] of {p.numel()} elements: {problem}"
     for p in params:
         p.grad = torch.randn(p.shape, generator=generator).to(device, dtype)
-    params[-1].grad.view(-1)[-1] = float("inf")
+    last_grad = params[-1].grad
+    assert last_grad is not None  # set just above
+    last_grad.view(-1)[-1] = float("inf")
     before, scale = snapshot(opt), opt.scale.item()
     _, found_inf, new_scale = opt.unscale_and_step(grads_scaled_by=opt.scale)
     after = snapshot(opt)
@@ -74,7 +77,7 @@ def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str
 def _reference_step(
     row: OptimizerRow,
     opt: torch.optim.Optimizer,
-    params: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
     grads: list[torch.Tensor],
 ) -> list[torch.Tensor]:
     """The reference's step from our current state, on CPU copies (fp32, or float64 for the

@@ -15,6 +15,7 @@ import dataclasses
 import statistics
 import textwrap
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -23,7 +24,15 @@ from .train import Run, RunConfig, RunResult, cpu_threads
 BASELINES = ("fp32", "torch.amp")  # scaledoptim's final loss is compared against these
 REFRESH_EVERY = 25  # the progress bar reads loss and scale on the host this often, no more
 
-Progress = Callable[[int, str], "object"]  # (total, description) -> a tqdm-like bar
+class Bar(Protocol):
+    """What the demo asks of a progress bar (tqdm's)."""
+
+    def update(self, n: int) -> object: ...
+    def set_postfix_str(self, s: str) -> object: ...
+    def close(self) -> object: ...
+
+
+Progress = Callable[[int, str], Bar]  # (total, description) -> a tqdm-like bar
 
 
 def run_interleaved(

@@ -14,6 +14,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -128,6 +129,7 @@ def torch_amp_step(model: nn.Module, task: Task, config: RunConfig, fused: bool 
     )
     never_skipped = torch.zeros((), device=config.device)
     out: dict[str, torch.Tensor] = {}
+    used_scale: dict[str, torch.Tensor | None] = {}
 
     def forward_backward(batch: Batch) -> None:
         with torch.autocast(device_type, dtype=dtype):
@@ -135,14 +137,14 @@ def torch_amp_step(model: nn.Module, task: Task, config: RunConfig, fused: bool 
         opt.zero_grad()
         scaled = scaler.scale(out["loss"])  # creates the scale tensor on the first call
         # GradScaler has no sync-free accessor (get_scale() calls .item()): read its tensor.
-        out["used"] = scaler._scale.clone() if scaler.is_enabled() else None
+        used_scale["used"] = scaler._scale.clone() if scaler._scale is not None else None
         scaled.backward()
 
     def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         scaler.step(opt)
         scaler.update()
-        used = out["used"]
-        if used is None:
+        used = used_scale["used"]
+        if used is None or scaler._scale is None:
             return out["loss"].detach(), None, never_skipped
         return out["loss"].detach(), used, (scaler._scale < used).float()  # backs off iff skipped
 
@@ -156,17 +158,18 @@ def scaledoptim_step(model: nn.Module, task: Task, config: RunConfig) -> Stepper
     opt.configure_scaling(growth_interval=config.growth_interval)
     S = opt.scale if dtype == torch.float16 else None  # bf16 needs no scaling: same loop, S=None
     out: dict[str, torch.Tensor] = {}
+    used_scale: dict[str, torch.Tensor | None] = {}
 
     def forward_backward(batch: Batch) -> None:
         with scaledoptim.autocast(device_type, dtype=dtype):
             out["loss"] = task.loss(model, batch)
         opt.zero_grad()
-        out["used"] = None if S is None else S.clone()  # S is updated in place by the step
+        used_scale["used"] = None if S is None else S.clone()  # the step updates S in place
         scaledoptim.scale_outputs(out["loss"], S).backward()
 
     def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=S)
-        return out["loss"].detach(), out["used"], found_inf
+        return out["loss"].detach(), used_scale["used"], found_inf
 
     return Stepper(opt, forward_backward, optimizer_phase)
 
@@ -329,7 +332,7 @@ def cpu_threads(config: RunConfig) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def _lbfgs_args(task: Task, config: RunConfig) -> dict[str, object]:
+def _lbfgs_args(task: Task, config: RunConfig) -> dict[str, Any]:
     return {"lr": config.lr or task.lr, "max_iter": LBFGS_MAX_ITER, "history_size": 20,
             "line_search_fn": "strong_wolfe"}  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -102,7 +102,12 @@ def patch_optimizer(optimizer: _O) -> _O:
     return optimizer
 
 
-LBFGS = with_scaling(torch.optim.LBFGS)
+if TYPE_CHECKING:  # what with_scaling's class is; typing has no intersection of two classes
+
+    class _ScaledLBFGS(torch.optim.LBFGS, Optimizer): ...
+
+
+LBFGS = cast("type[_ScaledLBFGS]", with_scaling(torch.optim.LBFGS))
 LBFGS.__doc__ = r""":class:`torch.optim.LBFGS` with the loss-scaling protocol.
 
 LBFGS evaluates its closure many times per step; give the closure to
