@@ -85,7 +85,6 @@ class FusedOptimizer(Optimizer, abc.ABC):
     _plans_in_step: ClassVar[bool] = True
     #: Unused since the protocol hands ``step()`` a request instead (Note [step requests]);
     #: kept because ``fused.plan.Planned`` still names it.
-    _pending_step: tuple[FusedStepPlan, PendingStep] | None = None
     #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
     #: torch.optim pickles only its defaults, state and param groups.
     _step_cache: StepCache | None = None

@@ -91,15 +91,11 @@ _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
 
 
 class Planned(Update, Protocol):
-    """What the plan needs of a fused optimizer: its update, its groups and state, its device, and
-    ``step()``, which commits the step left in :attr:`_pending_step`."""
+    """What the plan needs of a fused optimizer: its update, its groups and state, its device."""
 
     param_groups: list[Group]
     state: Any
-    _pending_step: tuple[FusedStepPlan, PendingStep] | None
     _master_watch: MasterWatch | None
-
-    def step(self, closure: Any = None) -> Any: ...
 
     def _params_device(self) -> torch.device: ...
 
@@ -176,16 +172,6 @@ class FusedStepPlan:
             assert part.unscale is not None  # every part is prepared before the plan is returned
             self.left[backend] = part.unscale(found_inf, inv_scale, checked, part.grad_lists)
         return inv_scale
-
-    def step(self, pending: PendingStep) -> None:
-        """Commits through ``optimizer.step()``, so that hooks, schedulers and the profiler see a
-        step."""
-        optimizer = self.optimizer
-        optimizer._pending_step = (self, pending)
-        try:
-            optimizer.step()
-        finally:
-            optimizer._pending_step = None
 
     def commit(self, pending: PendingStep) -> None:
         """Installs the new state, runs every update and the epilogue: only device errors can
