@@ -61,7 +61,6 @@ from .backends import (
     PreparedReduction,
     PreparedUnscale,
     PreparedUpdate,
-    route_key,
     select,
     step_device,
     torch_optim_indices,
@@ -213,7 +212,8 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
         if not params:
             plan.groups.append(_GroupLists(group, params, [], []))
             continue
-        routed = torch_optim_indices(optimizer, group, params)  # checks every param
+        # checks every param
+        routed = torch_optim_indices(optimizer, group, params, any(route_key(optimizer, group)))
         check_param_grads(params, device)
         plan.params += params
         plan.grads += [p.grad for p in params]
@@ -326,6 +326,25 @@ def _stage_rounding(
         if seed is not None:
             seeds.append(seed.view(torch.float32))  # the kernel reads its bits
     return [masters, seeds]
+
+
+def route_key(update: Update, group: Group) -> tuple[bool, bool]:
+    """What of ``group``, besides its params, sends all of them to torch.optim's implementation
+    (Note [torch.optim route] in backends/torch_optim.py): ``differentiable``, and a tensor
+    hyper-parameter on an accelerator. Here, as the step cache re-checks it at every step."""
+    if update.torch_optim is None:
+        return False, False
+    return bool(group.get("differentiable")), _holds_accelerator_tensor(group)
+
+
+def _holds_accelerator_tensor(group: Group) -> bool:
+    for key, value in group.items():
+        if key == "params":
+            continue
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, Tensor) and item.device.type != "cpu":
+                return True
+    return False
 
 
 def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -92,13 +93,13 @@ class ScalingConfig:
                 f"{self.min_scale} <= {self.init_scale} <= {self.max_scale}"
             )
 
-    @property
+    @functools.cached_property  # read at every step: computed once (the config is frozen)
     def tracked_growth_interval(self) -> int:
         """``growth_interval`` as an int64 (the epilogue's and torch's argument); beyond it, as
         beyond 2**31, the int32 growth tracker never gets there."""
         return min(self.growth_interval, _INT64_MAX)
 
-    @property
+    @functools.cached_property
     def tracked_hysteresis(self) -> int:
         """``hysteresis`` as the int32 hysteresis tracker holds it."""
         return min(self.hysteresis, _INT32_MAX)

@@ -31,12 +31,12 @@ from ...kernels import non_finite_check_
 from .base import Backend, PreparedEpilogue, PreparedReduction, PreparedUnscale, PreparedUpdate
 from .kernels import KERNELS
 from .torch_native import TORCH_NATIVE
-from .torch_optim import TORCH_OPTIM, route_key, step_device, torch_optim_indices
+from .torch_optim import TORCH_OPTIM, step_device, torch_optim_indices
 
 __all__ = [
     "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "TORCH_OPTIM", "Backend", "PreparedEpilogue",
     "PreparedReduction", "PreparedUnscale", "PreparedUpdate", "kernel_problem", "kernels_mode",
-    "route_key", "select", "step_device", "torch_optim_indices",
+    "select", "step_device", "torch_optim_indices",
 ]  # fmt: skip
 
 #: The environment variable that picks the backends (see the module docs).

@@ -28,7 +28,8 @@ take, ``fused=True`` on a device or dtype its kernels lack, a leaf updated in pl
 autograd) is raised while the plan is built, before anything changes.
 
 A plan with such params has several parts, so the step cache does not keep it (Note [step
-cache]); :func:`route_key` is what of a group, besides its params, decides the route.
+cache]); ``route_key`` in ``fused/plan.py`` is what of a group, besides its params, decides the
+route.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ from ..state import check_param
 from ..update import Group, TensorLists, Update
 from .torch_native import TorchNativeBackend, TorchUpdate
 
-__all__ = ["TORCH_OPTIM", "TorchOptimBackend", "route_key", "step_device", "torch_optim_indices"]
+__all__ = ["TORCH_OPTIM", "TorchOptimBackend", "step_device", "torch_optim_indices"]
 
 
-def torch_optim_indices(update: Update, group: Group, params: list[Tensor]) -> set[int]:
+def torch_optim_indices(
+    update: Update, group: Group, params: list[Tensor], whole_group: bool
+) -> set[int]:
     """The indices of ``params`` (a group's params that have a grad) that take torch.optim's
     implementation (Note [torch.optim route]). Raises for a param no route can take, and as
     torch's step does for ``fused=True`` on a device or dtype its fused kernels lack."""
@@ -62,7 +65,7 @@ def torch_optim_indices(update: Update, group: Group, params: list[Tensor]) -> s
                     "layer (e.g. nn.Embedding(sparse=False))"
                 )
         return set()
-    if any(route_key(update, group)):
+    if whole_group:
         routed = set(range(len(params)))
     else:
         routed = {
@@ -76,30 +79,12 @@ def torch_optim_indices(update: Update, group: Group, params: list[Tensor]) -> s
     return routed
 
 
-def route_key(update: Update, group: Group) -> tuple[bool, bool]:
-    """What of ``group``, besides its params, sends all of them to torch.optim's implementation:
-    ``differentiable``, and a tensor hyper-parameter on an accelerator."""
-    if update.torch_optim is None:
-        return False, False
-    return bool(group.get("differentiable")), _holds_accelerator_tensor(group)
-
-
 def step_device(group: Group, param: Tensor) -> torch.device:
     """Where torch.optim keeps the step counter of a param its implementation updates: on the
     param's device for a ``capturable`` or ``fused`` group, on the CPU otherwise."""
     if group.get("capturable") or group.get("fused"):
         return param.device
     return torch.device("cpu")
-
-
-def _holds_accelerator_tensor(group: Group) -> bool:
-    for key, value in group.items():
-        if key == "params":
-            continue
-        for item in value if isinstance(value, tuple) else (value,):
-            if isinstance(item, Tensor) and item.device.type != "cpu":
-                return True
-    return False
 
 
 def _check_fused_param(param: Tensor) -> None:
