@@ -1,8 +1,11 @@
 """Torch-op helpers every layer shares; this module imports only torch.
 
 * :func:`unscale_in_place_`: ``g *= inv_scale`` with the inf/nan check, on device.
-* :func:`advance_steps_`: step counters advanced unless the step is skipped, on device.
+* :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
+  for :class:`PackedSteps`, Note [packed counters]).
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
+* :func:`skip_on_host` and :func:`decide_skips_on_device`: a CPU step's skip decided on the host
+  (Note [host skip]).
 * :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
   rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
   [stochastic rounding]), so both backends round to the same bits.
@@ -11,17 +14,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "BATCH",
+    "PackedSteps",
     "advance_steps_",
+    "batches",
     "capturing",
     "copy_unless_skipped_",
+    "decide_skips_on_device",
     "initial_seed",
     "refuse_during_capture",
+    "scalars",
+    "skip_on_host",
     "stochastic_round_",
     "storage_flat",
     "unscale_in_place_",
@@ -66,9 +77,37 @@ def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, one)
 
 
+class PackedSteps(list[Tensor]):
+    """A list of step counters that are the elements of one 1-D tensor, :attr:`flat`, in order
+    (Note [packed counters]).
+
+    Note [packed counters]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    Every param of a fused optimizer has a 0-dim float32 ``state["step"]`` (torch's state name;
+    the kernels read it, a skipped first step must not count). Advanced with a foreach op over
+    2000 0-dim CPU tensors, they cost 3 ms a step, as much as torch's whole fused SGD step over
+    2000x1k params (issue 22, item 3): torch's CPU foreach ops loop over the tensors. So the
+    full plan (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
+    and hands the update a ``PackedSteps``, which :func:`advance_steps_` advances with one
+    ``add_`` of ``flat``. A list sliced or copied from it is a plain list and takes the foreach
+    op: only the plan builds one, and the step cache replans when any state value moves (a
+    counter replaced or loaded is new storage), so a ``PackedSteps`` is always exactly
+    ``flat.unbind()``. The counters stay separate 0-dim tensors to everyone else (state_dict,
+    the kernels' tables, torch.optim's implementations).
+    """
+
+    def __init__(self, flat: Tensor) -> None:
+        super().__init__(flat.unbind())
+        self.flat = flat
+
+
 def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
     """Adds 1 to every step counter, or nothing when ``found_inf`` is set (on device)."""
-    if steps:
+    if not steps:
+        return
+    if isinstance(steps, PackedSteps):
+        steps.flat.add_(1 if found_inf is None else 1 - found_inf)
+    else:
         torch._foreach_add_(steps, 1 if found_inf is None else 1 - found_inf)
 
 
@@ -82,6 +121,66 @@ def copy_unless_skipped_(
     skip = found_inf > 0
     for d, s in zip(dst, src):
         d.copy_(torch.where(skip, d, s))
+
+
+# Note [host skip]
+# ~~~~~~~~~~~~~~~~
+# The sync-free contract (found_inf stays on device, a skipped step is a no-op decided there)
+# exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
+# so on a CPU the torch forms read found_inf and skip on the host, and update in place with
+# foreach ops (issue 22, item 1); the sync-free form (a `torch.where` + copy per list, every
+# intermediate a new full-size tensor) stays for every other device, and for a step autograd
+# records (a differentiable step). `decide_skips_on_device()` makes the CPU take the sync-free
+# form too, so the suite and the doctor can check it without a GPU (`no_host_reads` uses it).
+_skips_on_device_only = [False]
+
+
+def skip_on_host(found_inf: Tensor | None, device: torch.device) -> bool | None:
+    """Whether a step on ``device`` is skipped, read on the host where that is free (a CPU,
+    outside autograd), else ``None``: decide on device (Note [host skip]). Reads ``found_inf``
+    on the host on a CPU only."""
+    if device.type != "cpu" or _skips_on_device_only[0] or torch.is_grad_enabled():
+        return None
+    return found_inf is not None and bool(found_inf.item())
+
+
+#: Elements per batch of tensors of the in-place CPU forms: their temporaries are this large.
+BATCH = 1 << 20
+
+
+def batches(tensors: Sequence[Tensor], limit: int = BATCH) -> list[slice]:
+    """Consecutive runs of ``tensors`` of at most ``limit`` elements (a larger tensor alone)."""
+    runs, start, total = [], 0, 0
+    for i, tensor in enumerate(tensors):
+        if total and total + tensor.numel() > limit:
+            runs.append(slice(start, i))
+            start, total = i, 0
+        total += tensor.numel()
+    runs.append(slice(start, len(tensors)))
+    return runs
+
+
+def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
+    """``values`` as 0-dim tensors of the dtype and device of the tensors ``like`` (Python
+    floats when they mix dtypes). torch's CPU foreach ops loop over the tensors and wrap a
+    Python scalar into a double tensor and convert it for each (~4 us a tensor: 9 ms a step
+    over 2000 tensors); a 0-dim tensor of their dtype is used as it is, with the same value
+    (the scalar rounded once to the dtype either way)."""
+    dtype = like[0].dtype if like else None
+    if dtype is None or any(t.dtype != dtype for t in like):
+        return list(values)
+    return [torch.tensor(value, dtype=dtype, device=like[0].device) for value in values]
+
+
+@contextlib.contextmanager
+def decide_skips_on_device() -> Iterator[None]:
+    """Inside the block the torch forms skip on device on a CPU too (Note [host skip])."""
+    saved = _skips_on_device_only[0]
+    _skips_on_device_only[0] = True
+    try:
+        yield
+    finally:
+        _skips_on_device_only[0] = saved
 
 
 # ------------------------------------------------------------------------- stochastic rounding
