@@ -200,20 +200,94 @@ def stochastic_round_(
 
     ``steps[i]`` is the taken-step count including this step; a value exactly representable in
     bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
+
+    The hash runs in int32 (wrapping like the kernels' ``unsigned``; right shifts masked to be
+    logical), the keys of all tensors at once, over chunks of about :data:`SR_CHUNK` elements:
+    a run of small tensors concatenated, or a slice of a large one. So the transient memory is
+    a few chunks whatever the params' size, and small tensors cost no op each (issue 22,
+    item 2).
     """
-    for param, value, seed, step in zip(params, values, seeds, steps):
-        flat_value = storage_flat(value)
-        key = _sr_key(
-            seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32
-        )
-        index = torch.arange(flat_value.numel(), device=param.device, dtype=torch.int64)
-        noise = _fmix32(index ^ key) >> 16
-        bits = flat_value.view(torch.int32).to(torch.int64) & _MASK32
-        rounded = (bits + noise) >> 16
-        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        rounded = torch.where(is_nan, (bits >> 16) | 0x40, rounded)
-        # int64 -> int16 keeps the low 16 bits (two's complement wrap), i.e. the bf16 pattern.
-        storage_flat(param).view(torch.int16).copy_(_wrap_int16(rounded))
+    if not params:
+        return
+    device = values[0].device
+    keys = _sr_key(
+        torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
+        (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
+        & _MASK32,
+    )
+    keys = torch.where(keys >= 1 << 31, keys - (1 << 32), keys).to(torch.int32)
+    for run in batches(values, SR_CHUNK):
+        if run.stop - run.start == 1 and values[run.start].numel() > SR_CHUNK:
+            _round_large_(params[run.start], values[run.start], keys[run.start])
+            continue
+        flats = [_flat(v) for v in values[run]]
+        sizes = [f.numel() for f in flats]
+        total = sum(sizes)
+        if not total:
+            continue
+        bits = torch.cat(flats).view(torch.int32)
+        # Each element's index in its own tensor, xor its tensor's key.
+        if all(n == sizes[0] for n in sizes):  # equal sizes (layers of a model): broadcast
+            index = torch.arange(sizes[0], dtype=torch.int32, device=device)
+            h = torch.bitwise_xor(index.view(1, -1), keys[run].view(-1, 1)).view(-1)
+        else:
+            counts = torch.tensor(sizes, device=device)
+            starts = torch.cumsum(counts, 0) - counts
+            h = torch.arange(total, dtype=torch.int32, device=device)
+            h -= torch.repeat_interleave(starts.to(torch.int32), counts, output_size=total)
+            h ^= torch.repeat_interleave(keys[run], counts, output_size=total)
+        rounded = _round_bits(h, bits)
+        outs = [_flat(p).view(torch.int16) for p in params[run]]
+        torch._foreach_copy_(outs, list(rounded.split(sizes)))
+
+
+def _flat(t: Tensor) -> Tensor:
+    """:func:`storage_flat`, by a cheaper view for a contiguous tensor."""
+    return t.view(-1) if t.is_contiguous() else storage_flat(t)
+
+
+def _round_large_(param: Tensor, value: Tensor, key: Tensor) -> None:
+    """One tensor of more than :data:`SR_CHUNK` elements, a chunk at a time."""
+    flat_bits = storage_flat(value).view(torch.int32)
+    out = storage_flat(param).view(torch.int16)
+    n = flat_bits.numel()
+    base = torch.arange(SR_CHUNK, dtype=torch.int32, device=value.device)
+    h = torch.empty(SR_CHUNK, dtype=torch.int32, device=value.device)
+    for start in range(0, n, SR_CHUNK):
+        m = min(SR_CHUNK, n - start)
+        hv = torch.add(base[:m], _to_int32(start & _MASK32), out=h[:m])  # the low 32 bits
+        hv ^= key
+        out[start : start + m].copy_(_round_bits(hv, flat_bits[start : start + m]))
+
+
+def _round_bits(h: Tensor, bits: Tensor) -> Tensor:
+    """The bf16 patterns (int16) of the float32 ``bits`` (int32) rounded with the noise of
+    ``h`` (int32, index ^ key; overwritten), as ``bfloat16_bits_from_float_sr`` in
+    cuda/dtypes.cuh."""
+    scratch = torch.empty_like(h)
+    _fmix32_int32_(h, scratch)
+    h >>= 16
+    h &= 0xFFFF  # the noise: 16 uniform bits
+    h += bits
+    h >>= 16
+    h &= 0xFFFF  # (bits + noise) >> 16, the bf16 pattern
+    if bits.view(torch.float32).sum().isnan():  # a NaN (or inf - inf): quiet NaNs keep theirs
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        h = torch.where(nan, ((bits >> 16) & 0xFFFF) | 0x40, h)
+    torch.bitwise_and(h, 0x8000, out=scratch)
+    scratch <<= 1
+    h -= scratch  # into int16's range: the same 16 bits
+    return h.to(torch.int16)
+
+
+def _fmix32_int32_(h: Tensor, scratch: Tensor) -> None:
+    """:func:`_fmix32` in place on int32 ``h`` (multiplications wrap as uint32's do)."""
+    for shift, multiplier in ((16, _C1), (13, _C2), (16, None)):
+        torch.bitwise_right_shift(h, shift, out=scratch)
+        scratch &= (1 << (32 - shift)) - 1
+        h ^= scratch
+        if multiplier is not None:
+            h *= multiplier
 
 
 def storage_flat(t: Tensor) -> Tensor:
@@ -251,9 +325,10 @@ def _to_int32(u: int) -> int:
     return u - (1 << 32) if u >= 1 << 31 else u
 
 
-def _wrap_int16(x: Tensor) -> Tensor:
-    x = x & 0xFFFF
-    return torch.where(x >= 0x8000, x - 0x10000, x).to(torch.int16)
+#: fmix32's multipliers as int32 (two's complement of the uint32 constants).
+_C1, _C2 = _to_int32(0x85EBCA6B), _to_int32(0xC2B2AE35)
+#: Elements per chunk of :func:`stochastic_round_`: its two int32 buffers are this long.
+SR_CHUNK = 1 << 16
 
 
 # --------------------------------------------------------------------------- CUDA-graph capture
