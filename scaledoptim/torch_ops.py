@@ -202,10 +202,10 @@ def stochastic_round_(
     bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
 
     The hash runs in int32 (wrapping like the kernels' ``unsigned``; right shifts masked to be
-    logical), the keys of all tensors at once, over chunks of about :data:`SR_CHUNK` elements:
-    a run of small tensors concatenated, or a slice of a large one. So the transient memory is
-    a few chunks whatever the params' size, and small tensors cost no op each (issue 22,
-    item 2).
+    logical), the keys of all tensors at once, over chunks of at most :data:`SR_CHUNK`
+    elements (a run of small tensors concatenated, or a slice of a large one) in buffers
+    allocated once per call. So the transient memory is a few chunks whatever the params' size,
+    and small tensors cost no op each (issue 22, item 2).
     """
     if not params:
         return
@@ -216,29 +216,43 @@ def stochastic_round_(
         & _MASK32,
     )
     keys = torch.where(keys >= 1 << 31, keys - (1 << 32), keys).to(torch.int32)
+    size = min(SR_CHUNK, sum(v.numel() for v in values))
+    buffers = _SrBuffers(size, device)
     for run in batches(values, SR_CHUNK):
         if run.stop - run.start == 1 and values[run.start].numel() > SR_CHUNK:
-            _round_large_(params[run.start], values[run.start], keys[run.start])
+            _round_large_(params[run.start], values[run.start], keys[run.start], buffers)
             continue
         flats = [_flat(v) for v in values[run]]
         sizes = [f.numel() for f in flats]
         total = sum(sizes)
         if not total:
             continue
-        bits = torch.cat(flats).view(torch.int32)
+        bits = torch.cat(flats, out=buffers.values[:total]).view(torch.int32)
+        h = buffers.h[:total]
         # Each element's index in its own tensor, xor its tensor's key.
         if all(n == sizes[0] for n in sizes):  # equal sizes (layers of a model): broadcast
-            index = torch.arange(sizes[0], dtype=torch.int32, device=device)
-            h = torch.bitwise_xor(index.view(1, -1), keys[run].view(-1, 1)).view(-1)
+            index = buffers.index[: sizes[0]]
+            torch.bitwise_xor(index.view(1, -1), keys[run].view(-1, 1), out=h.view(len(sizes), -1))
         else:
             counts = torch.tensor(sizes, device=device)
             starts = torch.cumsum(counts, 0) - counts
-            h = torch.arange(total, dtype=torch.int32, device=device)
+            h.copy_(buffers.index[:total])
             h -= torch.repeat_interleave(starts.to(torch.int32), counts, output_size=total)
             h ^= torch.repeat_interleave(keys[run], counts, output_size=total)
-        rounded = _round_bits(h, bits)
+        rounded = _round_bits(h, bits, buffers)
         outs = [_flat(p).view(torch.int16) for p in params[run]]
         torch._foreach_copy_(outs, list(rounded.split(sizes)))
+
+
+class _SrBuffers:
+    """The chunk buffers of one :func:`stochastic_round_` call."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.index = torch.arange(size, dtype=torch.int32, device=device)
+        self.values = torch.empty(size, dtype=torch.float32, device=device)
+        self.h = torch.empty(size, dtype=torch.int32, device=device)
+        self.scratch = torch.empty(size, dtype=torch.int32, device=device)
+        self.out = torch.empty(size, dtype=torch.int16, device=device)
 
 
 def _flat(t: Tensor) -> Tensor:
@@ -246,25 +260,23 @@ def _flat(t: Tensor) -> Tensor:
     return t.view(-1) if t.is_contiguous() else storage_flat(t)
 
 
-def _round_large_(param: Tensor, value: Tensor, key: Tensor) -> None:
+def _round_large_(param: Tensor, value: Tensor, key: Tensor, buffers: _SrBuffers) -> None:
     """One tensor of more than :data:`SR_CHUNK` elements, a chunk at a time."""
     flat_bits = storage_flat(value).view(torch.int32)
     out = storage_flat(param).view(torch.int16)
     n = flat_bits.numel()
-    base = torch.arange(SR_CHUNK, dtype=torch.int32, device=value.device)
-    h = torch.empty(SR_CHUNK, dtype=torch.int32, device=value.device)
     for start in range(0, n, SR_CHUNK):
         m = min(SR_CHUNK, n - start)
-        hv = torch.add(base[:m], _to_int32(start & _MASK32), out=h[:m])  # the low 32 bits
-        hv ^= key
-        out[start : start + m].copy_(_round_bits(hv, flat_bits[start : start + m]))
+        h = torch.add(buffers.index[:m], _to_int32(start & _MASK32), out=buffers.h[:m])
+        h ^= key  # the index's low 32 bits, xor the key
+        out[start : start + m].copy_(_round_bits(h, flat_bits[start : start + m], buffers))
 
 
-def _round_bits(h: Tensor, bits: Tensor) -> Tensor:
-    """The bf16 patterns (int16) of the float32 ``bits`` (int32) rounded with the noise of
-    ``h`` (int32, index ^ key; overwritten), as ``bfloat16_bits_from_float_sr`` in
-    cuda/dtypes.cuh."""
-    scratch = torch.empty_like(h)
+def _round_bits(h: Tensor, bits: Tensor, buffers: _SrBuffers) -> Tensor:
+    """The bf16 patterns (int16, in ``buffers.out``) of the float32 ``bits`` (int32) rounded
+    with the noise of ``h`` (int32, index ^ key; overwritten), as
+    ``bfloat16_bits_from_float_sr`` in cuda/dtypes.cuh."""
+    scratch = buffers.scratch[: h.numel()]
     _fmix32_int32_(h, scratch)
     h >>= 16
     h &= 0xFFFF  # the noise: 16 uniform bits
@@ -273,11 +285,11 @@ def _round_bits(h: Tensor, bits: Tensor) -> Tensor:
     h &= 0xFFFF  # (bits + noise) >> 16, the bf16 pattern
     if bits.view(torch.float32).sum().isnan():  # a NaN (or inf - inf): quiet NaNs keep theirs
         nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        h = torch.where(nan, ((bits >> 16) & 0xFFFF) | 0x40, h)
+        h.copy_(torch.where(nan, ((bits >> 16) & 0xFFFF) | 0x40, h))
     torch.bitwise_and(h, 0x8000, out=scratch)
     scratch <<= 1
     h -= scratch  # into int16's range: the same 16 bits
-    return h.to(torch.int16)
+    return buffers.out[: h.numel()].copy_(h)
 
 
 def _fmix32_int32_(h: Tensor, scratch: Tensor) -> None:
