@@ -30,7 +30,7 @@ CASES = [(name, kwargs) for name, configs in CONFIGS.items() for kwargs in confi
 def _run(name: str, kwargs: dict, on_device: bool) -> tuple[list[torch.Tensor], dict]:
     torch.manual_seed(0)
     # Tensors of a few sizes, one over a batch of the in-place form (torch_ops.BATCH).
-    params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 1000, 4096, (1 << 20) + 5)]
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 1000, 4096, (1 << 18) + 5)]
     opt = row(name).make(params, lr=1e-2, **kwargs)
     S = opt.scale
     for step in range(4):
