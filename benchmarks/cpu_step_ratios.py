@@ -5,13 +5,16 @@ scaled grads (2**16), then times one step per option per round, interleaved, wit
 restored before every step; a repetition's time of an option is its median over the rounds,
 and the ratio ours / alternative is printed as the median over the repetitions with its
 range (< 1: ours is faster). Transient memory is the peak of the CPU allocations alive during
-one step, over what was alive before it (torch's profiler), in bytes per param.
+one step, over what was alive before it (torch's profiler), in bytes per param. It ends with
+one table: optimizer x shape x alternative, ratios with their range, transient bytes/param.
 
-    python benchmarks/cpu_step_ratios.py [--cases SGD Lion LAMB SR] [--shapes 500x10k 2000x1k]
+    python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD Lion LAMB SR]
+        [--shapes 1x25M 500x10k 2000x1k char-lm]
         [--rounds 15] [--reps 3] [--threads 1]
 
 Options (GS = torch.amp.GradScaler unscale_ + step + update):
-    SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused, GS + torch foreach.
+    AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
+        GS + torch foreach.
     Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py.
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
         GS + torch fused AdamW on fp32 params.
@@ -36,7 +39,25 @@ from test_bench_new_optimizers import ForeachLAMB, ForeachLion
 import scaledoptim
 
 SCALE = 2.0**16
-SHAPES = {"1x25M": [25_000_000], "500x10k": [10_000] * 500, "2000x1k": [1_000] * 2000}
+
+
+def _char_lm_sizes() -> list[int]:
+    """The example LM's parameter sizes at its GPU size (built on "meta": nothing allocated)."""
+    from scaledoptim.examples.models import CharTransformer
+    from scaledoptim.examples.tasks import SIZES
+
+    size = SIZES["cuda"]
+    with torch.device("meta"):
+        model = CharTransformer(size.context, size.width, size.depth, heads=4)
+    return [p.numel() for p in model.parameters()]
+
+
+SHAPES: dict[str, Callable[[], list[int]]] = {
+    "1x25M": lambda: [25_000_000],
+    "500x10k": lambda: [10_000] * 500,
+    "2000x1k": lambda: [1_000] * 2000,
+    "char-lm": _char_lm_sizes,
+}
 Step = Callable[[], Any]
 
 
@@ -59,7 +80,21 @@ def ours(opt: Any) -> Step:
 
 SGD = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, nesterov=True)
 ADAMW = dict(lr=1e-9, weight_decay=0.01)
+ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
 CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
+    "AdamW": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
+        "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
+        "GS+foreach": (torch.float32,
+                       lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True))),
+    },
+    "Adagrad": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.Adagrad(p, **ADAGRAD))),
+        "GS+fused": (torch.float32,
+                     lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True))),
+        "GS+foreach": (torch.float32,
+                       lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True))),
+    },
     "SGD": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.SGD(p, **SGD))),
         "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, fused=True))),
@@ -119,10 +154,12 @@ class Option:
         return peak / sum(p.numel() for p in self.params)
 
 
+TABLE: list[str] = []
+
+
 def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
-    options = [
-        Option(name, dtype, make, SHAPES[shape]) for name, (dtype, make) in CASES[case].items()
-    ]
+    sizes = SHAPES[shape]()
+    options = [Option(name, dtype, make, sizes) for name, (dtype, make) in CASES[case].items()]
     medians: dict[str, list[float]] = {o.name: [] for o in options}
     for _ in range(reps):
         times: dict[str, list[float]] = {o.name: [] for o in options}
@@ -138,8 +175,13 @@ def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
         line = f"{case:<5} {shape:<8} {option.name:<14} {ms:9.2f} ms  +{transient[option.name]:5.1f} B/param"
         if option.name != base:
             ratios = [a / b for a, b in zip(medians[base], medians[option.name])]
-            line += (f"   {base}/{option.name} {statistics.median(ratios):.2f} "
+            ratio = (f"{statistics.median(ratios):.2f} "
                      f"[{min(ratios):.2f}-{max(ratios):.2f}]")  # fmt: skip
+            line += f"   {base}/{option.name} {ratio}"
+            TABLE.append(
+                f"| {case} | {shape} | {option.name} | {ratio} | "
+                f"{transient[base]:.1f} | {transient[option.name]:.1f} |"
+            )
         print(line, flush=True)
 
 
@@ -155,6 +197,11 @@ def main() -> None:
     for case in args.cases:
         for shape in args.shapes:
             run_case(case, shape, args.rounds, args.reps)
+    print(f"\nours / alternative, median [range] of {args.reps} repetitions of {args.rounds} "
+          f"interleaved rounds, {args.threads} thread(s); < 1: ours is faster")  # fmt: skip
+    print("| optimizer | shape | alternative | ours / alternative | ours B/param | alt. B/param |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(TABLE))
 
 
 if __name__ == "__main__":
