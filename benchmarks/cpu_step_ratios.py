@@ -23,6 +23,7 @@ Options (GS = torch.amp.GradScaler unscale_ + step + update):
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -158,6 +159,7 @@ TABLE: list[str] = []
 
 
 def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
+    gc.collect()  # the previous case's optimizers (reference cycles) out of this one's heap
     sizes = SHAPES[shape]()
     options = [Option(name, dtype, make, sizes) for name, (dtype, make) in CASES[case].items()]
     medians: dict[str, list[float]] = {o.name: [] for o in options}
