@@ -33,6 +33,7 @@ __all__ = [
     "refuse_during_capture",
     "scalars",
     "skip_on_host",
+    "split_large",
     "stochastic_round_",
     "storage_flat",
     "unscale_in_place_",
@@ -171,6 +172,24 @@ def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
     if dtype is None or any(t.dtype != dtype for t in like):
         return list(values)
     return [torch.tensor(value, dtype=dtype, device=like[0].device) for value in values]
+
+
+def split_large(lists: list[list[Tensor]], limit: int = BATCH) -> list[list[Tensor]]:
+    """Lists of same-layout tensors (a param, its grad, its state), with each tensor of more
+    than ``limit`` elements replaced by views of its storage in pieces of ``limit``: for an
+    elementwise update, so that :func:`batches` bounds its temporaries for one large tensor too."""
+    if all(t.numel() <= limit for t in lists[0]):
+        return lists
+    out: list[list[Tensor]] = [[] for _ in lists]
+    for row in zip(*lists):
+        pieces = (
+            [[t] for t in row]
+            if row[0].numel() <= limit
+            else [list(storage_flat(t).split(limit)) for t in row]
+        )
+        for column, piece in zip(out, pieces):
+            column += piece
+    return out
 
 
 @contextlib.contextmanager
