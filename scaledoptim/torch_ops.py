@@ -1,8 +1,11 @@
 """Torch-op helpers every layer shares; this module imports only torch.
 
 * :func:`unscale_in_place_`: ``g *= inv_scale`` with the inf/nan check, on device.
-* :func:`advance_steps_`: step counters advanced unless the step is skipped, on device.
+* :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
+  for :class:`PackedSteps`, Note [packed counters]).
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
+* :func:`skip_on_host` and :func:`decide_skips_on_device`: a CPU step's skip decided on the host
+  (Note [host skip]).
 * :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
   rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
   [stochastic rounding]), so both backends round to the same bits.
@@ -11,17 +14,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "BATCH",
+    "PackedSteps",
     "advance_steps_",
+    "batches",
     "capturing",
     "copy_unless_skipped_",
+    "decide_skips_on_device",
     "initial_seed",
     "refuse_during_capture",
+    "scalars",
+    "skip_on_host",
+    "split_large",
     "stochastic_round_",
     "storage_flat",
     "unscale_in_place_",
@@ -66,9 +78,37 @@ def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, one)
 
 
+class PackedSteps(list[Tensor]):
+    """A list of step counters that are the elements of one 1-D tensor, :attr:`flat`, in order
+    (Note [packed counters]).
+
+    Note [packed counters]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    Every param of a fused optimizer has a 0-dim float32 ``state["step"]`` (torch's state name;
+    the kernels read it, a skipped first step must not count). Advanced with a foreach op over
+    2000 0-dim CPU tensors, they cost 3 ms a step, as much as torch's whole fused SGD step over
+    2000x1k params (issue 22, item 3): torch's CPU foreach ops loop over the tensors. So the
+    full plan (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
+    and hands the update a ``PackedSteps``, which :func:`advance_steps_` advances with one
+    ``add_`` of ``flat``. A list sliced or copied from it is a plain list and takes the foreach
+    op: only the plan builds one, and the step cache replans when any state value moves (a
+    counter replaced or loaded is new storage), so a ``PackedSteps`` is always exactly
+    ``flat.unbind()``. The counters stay separate 0-dim tensors to everyone else (state_dict,
+    the kernels' tables, torch.optim's implementations).
+    """
+
+    def __init__(self, flat: Tensor) -> None:
+        super().__init__(flat.unbind())
+        self.flat = flat
+
+
 def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
     """Adds 1 to every step counter, or nothing when ``found_inf`` is set (on device)."""
-    if steps:
+    if not steps:
+        return
+    if isinstance(steps, PackedSteps):
+        steps.flat.add_(1 if found_inf is None else 1 - found_inf)
+    else:
         torch._foreach_add_(steps, 1 if found_inf is None else 1 - found_inf)
 
 
@@ -82,6 +122,85 @@ def copy_unless_skipped_(
     skip = found_inf > 0
     for d, s in zip(dst, src):
         d.copy_(torch.where(skip, d, s))
+
+
+# Note [host skip]
+# ~~~~~~~~~~~~~~~~
+# The sync-free contract (found_inf stays on device, a skipped step is a no-op decided there)
+# exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
+# so on a CPU the torch forms read found_inf and skip on the host, and update in place with
+# foreach ops (issue 22, item 1); the sync-free form (a `torch.where` + copy per list, every
+# intermediate a new full-size tensor) stays for every other device, and for a step autograd
+# records (a differentiable step). `decide_skips_on_device()` makes the CPU take the sync-free
+# form too, so the suite and the doctor can check it without a GPU (`no_host_reads` uses it).
+_skips_on_device_only = [False]
+
+
+def skip_on_host(found_inf: Tensor | None, device: torch.device) -> bool | None:
+    """Whether a step on ``device`` is skipped, read on the host where that is free (a CPU,
+    outside autograd), else ``None``: decide on device (Note [host skip]). Reads ``found_inf``
+    on the host on a CPU only."""
+    if device.type != "cpu" or _skips_on_device_only[0] or torch.is_grad_enabled():
+        return None
+    return found_inf is not None and bool(found_inf.item())
+
+
+#: Elements per batch of tensors of the in-place CPU forms: their temporaries are this large
+#: (1 MB in float32; fresh 4 MB ones are page-faulted in at each allocation: 1.6x the step).
+BATCH = 1 << 18
+
+
+def batches(tensors: Sequence[Tensor], limit: int = BATCH) -> list[slice]:
+    """Consecutive runs of ``tensors`` of at most ``limit`` elements (a larger tensor alone)."""
+    runs, start, total = [], 0, 0
+    for i, tensor in enumerate(tensors):
+        if total and total + tensor.numel() > limit:
+            runs.append(slice(start, i))
+            start, total = i, 0
+        total += tensor.numel()
+    runs.append(slice(start, len(tensors)))
+    return runs
+
+
+def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
+    """``values`` as 0-dim tensors of the dtype and device of the tensors ``like`` (Python
+    floats when they mix dtypes). torch's CPU foreach ops loop over the tensors and wrap a
+    Python scalar into a double tensor and convert it for each (~4 us a tensor: 9 ms a step
+    over 2000 tensors); a 0-dim tensor of their dtype is used as it is, with the same value
+    (the scalar rounded once to the dtype either way)."""
+    dtype = like[0].dtype if like else None
+    if dtype is None or any(t.dtype != dtype for t in like):
+        return list(values)
+    return [torch.tensor(value, dtype=dtype, device=like[0].device) for value in values]
+
+
+def split_large(lists: list[list[Tensor]], limit: int = BATCH) -> list[list[Tensor]]:
+    """Lists of same-layout tensors (a param, its grad, its state), with each tensor of more
+    than ``limit`` elements replaced by views of its storage in pieces of ``limit``: for an
+    elementwise update, so that :func:`batches` bounds its temporaries for one large tensor too."""
+    if all(t.numel() <= limit for t in lists[0]):
+        return lists
+    out: list[list[Tensor]] = [[] for _ in lists]
+    for row in zip(*lists):
+        pieces = (
+            [[t] for t in row]
+            if row[0].numel() <= limit
+            else [list(storage_flat(t).split(limit)) for t in row]
+        )
+        for column, piece in zip(out, pieces):
+            column += piece
+    return out
+
+
+@contextlib.contextmanager
+def decide_skips_on_device() -> Iterator[None]:
+    """Inside the block the torch forms skip on device on a CPU too (Note [host skip])."""
+    saved = _skips_on_device_only[0]
+    _skips_on_device_only[0] = True
+    try:
+        yield
+    finally:
+        _skips_on_device_only[0] = saved
 
 
 # ------------------------------------------------------------------------- stochastic rounding
@@ -101,20 +220,106 @@ def stochastic_round_(
 
     ``steps[i]`` is the taken-step count including this step; a value exactly representable in
     bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
+
+    The hash runs in int32 (wrapping like the kernels' ``unsigned``; right shifts masked to be
+    logical), the keys of all tensors at once, over chunks of at most :data:`SR_CHUNK`
+    elements (a run of small tensors concatenated, or a slice of a large one) in buffers
+    allocated once per call. So the transient memory is a few chunks whatever the params' size,
+    and small tensors cost no op each (issue 22, item 2).
     """
-    for param, value, seed, step in zip(params, values, seeds, steps):
-        flat_value = storage_flat(value)
-        key = _sr_key(
-            seed.view(torch.int32).to(torch.int64) & _MASK32, step.to(torch.int64) & _MASK32
-        )
-        index = torch.arange(flat_value.numel(), device=param.device, dtype=torch.int64)
-        noise = _fmix32(index ^ key) >> 16
-        bits = flat_value.view(torch.int32).to(torch.int64) & _MASK32
-        rounded = (bits + noise) >> 16
-        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        rounded = torch.where(is_nan, (bits >> 16) | 0x40, rounded)
-        # int64 -> int16 keeps the low 16 bits (two's complement wrap), i.e. the bf16 pattern.
-        storage_flat(param).view(torch.int16).copy_(_wrap_int16(rounded))
+    if not params:
+        return
+    device = values[0].device
+    keys = _sr_key(
+        torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
+        (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
+        & _MASK32,
+    )
+    keys = torch.where(keys >= 1 << 31, keys - (1 << 32), keys).to(torch.int32)
+    size = min(SR_CHUNK, sum(v.numel() for v in values))
+    buffers = _SrBuffers(size, device)
+    for run in batches(values, SR_CHUNK):
+        if run.stop - run.start == 1 and values[run.start].numel() > SR_CHUNK:
+            _round_large_(params[run.start], values[run.start], keys[run.start], buffers)
+            continue
+        flats = [_flat(v) for v in values[run]]
+        sizes = [f.numel() for f in flats]
+        total = sum(sizes)
+        if not total:
+            continue
+        bits = torch.cat(flats, out=buffers.values[:total]).view(torch.int32)
+        h = buffers.h[:total]
+        # Each element's index in its own tensor, xor its tensor's key.
+        if all(n == sizes[0] for n in sizes):  # equal sizes (layers of a model): broadcast
+            index = buffers.index[: sizes[0]]
+            torch.bitwise_xor(index.view(1, -1), keys[run].view(-1, 1), out=h.view(len(sizes), -1))
+        else:
+            counts = torch.tensor(sizes, device=device)
+            starts = torch.cumsum(counts, 0) - counts
+            h.copy_(buffers.index[:total])
+            h -= torch.repeat_interleave(starts.to(torch.int32), counts, output_size=total)
+            h ^= torch.repeat_interleave(keys[run], counts, output_size=total)
+        rounded = _round_bits(h, bits, buffers)
+        outs = [_flat(p).view(torch.int16) for p in params[run]]
+        torch._foreach_copy_(outs, list(rounded.split(sizes)))
+
+
+class _SrBuffers:
+    """The chunk buffers of one :func:`stochastic_round_` call."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.index = torch.arange(size, dtype=torch.int32, device=device)
+        self.values = torch.empty(size, dtype=torch.float32, device=device)
+        self.h = torch.empty(size, dtype=torch.int32, device=device)
+        self.scratch = torch.empty(size, dtype=torch.int32, device=device)
+        self.out = torch.empty(size, dtype=torch.int16, device=device)
+
+
+def _flat(t: Tensor) -> Tensor:
+    """:func:`storage_flat`, by a cheaper view for a contiguous tensor."""
+    return t.view(-1) if t.is_contiguous() else storage_flat(t)
+
+
+def _round_large_(param: Tensor, value: Tensor, key: Tensor, buffers: _SrBuffers) -> None:
+    """One tensor of more than :data:`SR_CHUNK` elements, a chunk at a time."""
+    flat_bits = storage_flat(value).view(torch.int32)
+    out = storage_flat(param).view(torch.int16)
+    n = flat_bits.numel()
+    for start in range(0, n, SR_CHUNK):
+        m = min(SR_CHUNK, n - start)
+        h = torch.add(buffers.index[:m], _to_int32(start & _MASK32), out=buffers.h[:m])
+        h ^= key  # the index's low 32 bits, xor the key
+        out[start : start + m].copy_(_round_bits(h, flat_bits[start : start + m], buffers))
+
+
+def _round_bits(h: Tensor, bits: Tensor, buffers: _SrBuffers) -> Tensor:
+    """The bf16 patterns (int16, in ``buffers.out``) of the float32 ``bits`` (int32) rounded
+    with the noise of ``h`` (int32, index ^ key; overwritten), as
+    ``bfloat16_bits_from_float_sr`` in cuda/dtypes.cuh."""
+    scratch = buffers.scratch[: h.numel()]
+    _fmix32_int32_(h, scratch)
+    h >>= 16
+    h &= 0xFFFF  # the noise: 16 uniform bits
+    h += bits
+    h >>= 16
+    h &= 0xFFFF  # (bits + noise) >> 16, the bf16 pattern
+    if bits.view(torch.float32).sum().isnan():  # a NaN (or inf - inf): quiet NaNs keep theirs
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        h.copy_(torch.where(nan, ((bits >> 16) & 0xFFFF) | 0x40, h))
+    torch.bitwise_and(h, 0x8000, out=scratch)
+    scratch <<= 1
+    h -= scratch  # into int16's range: the same 16 bits
+    return buffers.out[: h.numel()].copy_(h)
+
+
+def _fmix32_int32_(h: Tensor, scratch: Tensor) -> None:
+    """:func:`_fmix32` in place on int32 ``h`` (multiplications wrap as uint32's do)."""
+    for shift, multiplier in ((16, _C1), (13, _C2), (16, None)):
+        torch.bitwise_right_shift(h, shift, out=scratch)
+        scratch &= (1 << (32 - shift)) - 1
+        h ^= scratch
+        if multiplier is not None:
+            h *= multiplier
 
 
 def storage_flat(t: Tensor) -> Tensor:
@@ -152,9 +357,10 @@ def _to_int32(u: int) -> int:
     return u - (1 << 32) if u >= 1 << 31 else u
 
 
-def _wrap_int16(x: Tensor) -> Tensor:
-    x = x & 0xFFFF
-    return torch.where(x >= 0x8000, x - 0x10000, x).to(torch.int16)
+#: fmix32's multipliers as int32 (two's complement of the uint32 constants).
+_C1, _C2 = _to_int32(0x85EBCA6B), _to_int32(0xC2B2AE35)
+#: Elements per chunk of :func:`stochastic_round_`: its two int32 buffers are this long.
+SR_CHUNK = 1 << 16
 
 
 # --------------------------------------------------------------------------- CUDA-graph capture

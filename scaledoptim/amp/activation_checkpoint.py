@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
+from .. import compile_boundary
 from . import regions, registry
 from .context import _region
 
@@ -65,7 +66,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 Plan = tuple[tuple[str, torch.dtype, bool, bool, int], ...]
 
 
-@torch.compiler.assume_constant_result
+@compile_boundary.assume_constant_result
 def _replay_plan() -> Plan:
     # Under torch.compile this runs while dynamo traces, and its result is a constant of the
     # graph; the compiled code is guarded on the regions it saw (governed_devices).

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-# compile_support, for its side effect: the region functions become nodes of dynamo's graph.
-from . import compile_support, policies  # noqa: F401
+from . import policies
 from .regions import enter_region, exit_region, install
 from .tensor_tree import cast_floating
 

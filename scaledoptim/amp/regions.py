@@ -39,6 +39,7 @@ import torch
 import torch.compiler as _compiler
 from torch._guards import TracingContext
 
+from .. import compile_boundary
 from . import edits, policies
 from .cache import thread_cache
 
@@ -200,12 +201,18 @@ def _exit(device_type: str) -> None:
         thread_cache().clear()
 
 
-@_compiler.assume_constant_result
+@compile_boundary.assume_constant_result
 def install() -> bool:
     """Prepare for a scaledoptim region: call before entering its ``torch.autocast``.
 
-    Under ``torch.compile`` dynamo runs it while tracing instead of tracing it.
+    Under ``torch.compile`` dynamo runs it while tracing instead of tracing it, before it
+    meets ``enter_region``: so ``compile_support`` (which makes the region functions nodes of
+    dynamo's graph) is imported here once dynamo is loaded, not with the package
+    (Note [lazy compile boundary]).
     """
+    if compile_boundary.dynamo_loaded():
+        from . import compile_support  # noqa: F401
+
     _install_torch_autocast_hooks()
     return True
 

@@ -66,6 +66,7 @@ def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str
     after = snapshot(opt)
     for name in [n for n in before if n.startswith("loss_scale")]:
         del before[name], after[name]
+    assert found_inf is not None and new_scale is not None  # grads_scaled_by was given
     if found_inf.item() != 1.0 or new_scale.item() != scale / 2:
         return f"an inf grad gave found_inf={found_inf.item()}, scale {scale} -> {new_scale.item()}"
     difference = same_bits(before, after)

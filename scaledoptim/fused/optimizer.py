@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import compile_boundary
 from ..kernels import ROUNDING_LISTS, MultiTensorKernel
 from ..protocol import Optimizer
 from ..protocol.plans import PendingStep
@@ -144,7 +145,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         return None
 
     # ------------------------------------------------------------------ the inherited machinery
-    @torch.compiler.disable  # Note [compile boundary] in protocol/optimizer.py
+    @compile_boundary.disable  # Note [compile boundary] in protocol/optimizer.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Performs a single optimization step.

@@ -51,7 +51,7 @@ from torch import Tensor
 from ..kernels import ROUNDING_LISTS, launch_config
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
-from ..torch_ops import refuse_during_capture
+from ..torch_ops import PackedSteps, refuse_during_capture
 from .backends import (
     KERNELS_ENV,
     TORCH_NATIVE,
@@ -241,6 +241,7 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
             steps.append(step)
             if replacement is not None:
                 plan.new_state[param] = replacement
+        steps = _pack_counters(params, steps, plan.new_state, optimizer.state)
         scratch = optimizer.scratch_lists(group, params)
         rounding = _stage_rounding(optimizer, group, params, plan.new_state, seed_index)
         filled = iter(state_lists)
@@ -280,6 +281,40 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
     if plan.masters is not None:
         plan.edited_masters = plan.masters.edited(optimizer)
     return plan
+
+
+def _pack_counters(
+    params: list[Tensor],
+    steps: list[Tensor],
+    new_state: dict[Tensor, dict[str, Any]],
+    state: dict[Tensor, dict[str, Any]],
+) -> list[Tensor]:
+    """A CPU group's step counters as views of one tensor (Note [packed counters] in
+    torch_ops.py), in ``new_state`` where they were not yet; other devices' as they are."""
+    if any(step.device.type != "cpu" for step in steps):
+        return steps  # kernels advance them in the update; CUDA's foreach op is one launch
+    flat = steps[0]._base
+    if (
+        flat is not None
+        and flat.dim() == 1
+        and flat.dtype == torch.float32
+        and flat.device.type == "cpu"
+        and len(flat) == len(steps)
+        and flat.is_contiguous()
+        and all(step._base is flat for step in steps)
+        and [step.storage_offset() for step in steps]
+        == list(range(flat.storage_offset(), flat.storage_offset() + len(steps)))
+    ):
+        packed = PackedSteps(flat)
+        packed[:] = steps  # the same objects as the state's
+        return packed
+    packed = PackedSteps(torch.stack([step.detach() for step in steps]))
+    for param, counter in zip(params, packed):
+        replacement = new_state.get(param)
+        if replacement is None:
+            replacement = new_state[param] = dict(state.get(param, {}))
+        replacement["step"] = counter
+    return packed
 
 
 def _split_by_support(

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from .. import compile_boundary
 from . import launcher
 from .spec import MultiTensorKernel, registered_kernels
 
@@ -56,7 +57,7 @@ def kernel_key(kernel: MultiTensorKernel) -> str:
     return f"{kernel.name}@{digest}"
 
 
-@torch._dynamo.assume_constant_result
+@compile_boundary.assume_constant_result
 def _register(kernel: MultiTensorKernel) -> str:
     # Runs while tracing, outside the graph: the registry is filled before the graph first runs.
     key = kernel_key(kernel)

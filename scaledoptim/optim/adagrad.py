@@ -23,7 +23,7 @@ from ..kernels import (
     launch_update,
     rounding_lists,
 )
-from ..torch_ops import advance_steps_
+from ..torch_ops import PackedSteps, advance_steps_
 
 __all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "adagrad_", "adagrad_args"]
 
@@ -128,13 +128,19 @@ class Adagrad(FusedOptimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         init = hyperparameter("initial_accumulator_value", group["initial_accumulator_value"])
-        for param in group["params"]:
-            if param not in self.state or not self.state[param]:
-                self.state[param] = {
-                    "step": torch.zeros((), dtype=torch.float32, device=param.device),
-                    "sum": torch.full_like(param, complex(init, init) if param.is_complex() else init,
-                                           dtype=state_dtype(param), memory_format=torch.preserve_format),
-                }  # fmt: skip
+        fresh = [p for p in group["params"] if p not in self.state or not self.state[p]]
+        # CPU counters packed as the step's plan would pack them (Note [packed counters]).
+        counters = (
+            PackedSteps(torch.zeros(len(fresh), dtype=torch.float32))
+            if fresh and all(p.device.type == "cpu" for p in fresh)
+            else [torch.zeros((), dtype=torch.float32, device=p.device) for p in fresh]
+        )
+        for param, counter in zip(fresh, counters):
+            self.state[param] = {
+                "step": counter,
+                "sum": torch.full_like(param, complex(init, init) if param.is_complex() else init,
+                                       dtype=state_dtype(param), memory_format=torch.preserve_format),
+            }  # fmt: skip
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])

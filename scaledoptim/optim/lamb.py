@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,7 +21,14 @@ from ..kernels import (
     rounding_lists,
     scalar_pointer,
 )
-from ..torch_ops import advance_steps_, copy_unless_skipped_
+from ..torch_ops import (
+    PackedSteps,
+    advance_steps_,
+    batches,
+    copy_unless_skipped_,
+    scalars,
+    skip_on_host,
+)
 
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
@@ -216,6 +224,13 @@ class LAMB(FusedOptimizer):
         global grad norm computed (``_GlobalGradNorm.torch_form``)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         o = _lamb_options(group)
+        skip = skip_on_host(found_inf, params[0].device) if params else None
+        if skip is not None:  # Note [host skip]: on a CPU, in place
+            if not skip:
+                advance_steps_(steps, None)
+                norm_sq = self._grad_norm_sq(params[0].device)
+                _lamb_in_place_(params, grads, exp_avgs, exp_avg_sqs, steps, norm_sq, o)
+            return
         advance_steps_(steps, found_inf)  # the moments' bias corrections read the new count
         norm = self._grad_norm_sq(params[0].device).sqrt()
         if o["max_grad_norm"] > 0:
@@ -284,6 +299,67 @@ class _GlobalGradNorm:
             self.out.copy_(squares[0] if len(squares) == 1 else squares[0] + squares[1])
         else:
             self.out.zero_()
+
+
+def _lamb_in_place_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[Tensor],
+    grad_norm_sq: Tensor,
+    o: dict[str, Any],
+) -> None:
+    """The update on a CPU, in place: the clipping folded into the moments' coefficients (read
+    on the host), per-tensor factors as lists of 0-dim tensors (``scalars``), and one temporary
+    list (the direction) per batch of tensors of about ``BATCH`` elements (Note [host skip])."""
+    beta1, beta2, wd, lr = o["beta1"], o["beta2"], o["weight_decay"], o["lr"]
+    clip = 1.0
+    if o["max_grad_norm"] > 0:
+        clip = max(math.sqrt(grad_norm_sq.item()) / o["max_grad_norm"], 1.0)
+    grad_weight = (1 - beta1 if o["grad_averaging"] else 1.0) / clip
+    folded = o["adam_w_mode"] or wd == 0  # the clipping folds into the moments' coefficients
+    b1, b2, g_weight, eps = scalars(
+        params, beta1, beta2, grad_weight if folded else grad_weight * clip, o["eps"]
+    )
+    sq_weight = (1 - beta2) / (clip * clip) if folded else 1 - beta2  # addcmul's value: a Scalar
+    dtype = params[0].dtype
+    if o["bias_correction"]:
+        counts = steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)
+        corrections1 = (1 - torch.pow(beta1, counts)).to(dtype).unbind()
+        corrections2 = (1 - torch.pow(beta2, counts)).to(dtype).unbind()
+    trust_ratio = o["use_nvlamb"] or wd != 0
+    for run in batches(params):
+        p, g, m, v = params[run], grads[run], exp_avgs[run], exp_avg_sqs[run]
+        if not folded:
+            g = list(torch._foreach_div(g, clip))
+            torch._foreach_add_(g, p, alpha=wd)
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, torch._foreach_mul(g, g_weight))
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, g, g, value=sq_weight)
+        del g
+        # u = (m / bc1) / (sqrt(v / bc2) + eps), built in one list
+        if o["bias_correction"]:
+            u = torch._foreach_div(v, list(corrections2[run]))
+            torch._foreach_sqrt_(u)
+        else:
+            u = torch._foreach_sqrt(v)
+        torch._foreach_add_(u, eps)
+        if o["bias_correction"]:
+            torch._foreach_mul_(u, list(corrections1[run]))
+        torch._foreach_reciprocal_(u)
+        torch._foreach_mul_(u, m)
+        if o["adam_w_mode"] and wd != 0:
+            torch._foreach_add_(u, p, alpha=wd)
+        if trust_ratio:
+            p_norms = torch.stack(torch._foreach_norm(p))
+            u_norms = torch.stack(torch._foreach_norm(u))
+            ratios = torch.where((p_norms > 0) & (u_norms > 0), p_norms / u_norms, 1.0)
+            torch._foreach_mul_(u, list((ratios * -lr).unbind()))
+            torch._foreach_add_(p, u)
+        else:
+            torch._foreach_add_(p, u, alpha=-lr)
 
 
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,14 @@ from ..kernels import (
     launch_update,
     rounding_lists,
 )
-from ..torch_ops import advance_steps_, copy_unless_skipped_
+from ..torch_ops import (
+    advance_steps_,
+    batches,
+    copy_unless_skipped_,
+    scalars,
+    skip_on_host,
+    split_large,
+)
 
 __all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_", "lion_args"]
 
@@ -141,6 +148,12 @@ class Lion(FusedOptimizer):
     ) -> None:
         params, grads, exp_avgs, steps = tensor_lists
         o = _lion_options(group)
+        skip = skip_on_host(found_inf, params[0].device) if params else None
+        if skip is not None:  # Note [host skip]: on a CPU, in place
+            if not skip:
+                _lion_in_place_(params, grads, exp_avgs, o)
+                advance_steps_(steps, None)
+            return
         if o["maximize"]:
             grads = list(torch._foreach_neg(grads))
         c = torch._foreach_mul(exp_avgs, o["beta1"])
@@ -152,6 +165,31 @@ class Lion(FusedOptimizer):
         copy_unless_skipped_(params, new_params, found_inf)
         copy_unless_skipped_(exp_avgs, new_exp_avgs, found_inf)
         advance_steps_(steps, found_inf)
+
+
+def _lion_in_place_(
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], o: dict[str, Any]
+) -> None:
+    """The update in place, by batches of tensors of about ``BATCH`` elements, with the
+    kernel's arithmetic (``beta * m + (1 - beta) * g``, each product rounded: the same bits as
+    the kernels, which stochastic rounding relies on); two temporary lists per batch."""
+    beta1, beta2, lr = o["beta1"], o["beta2"], o["lr"]
+    sign = -1.0 if o["maximize"] else 1.0
+    b1, g1, b2, g2, decay = scalars(
+        params, beta1, sign * (1 - beta1), beta2, sign * (1 - beta2), 1 - lr * o["weight_decay"]
+    )
+    params, grads, exp_avgs = split_large([params, grads, exp_avgs])  # elementwise
+    for run in batches(params):
+        p, g, m = params[run], grads[run], exp_avgs[run]
+        c = torch._foreach_mul(m, b1)
+        torch._foreach_add_(c, torch._foreach_mul(g, g1))
+        torch._foreach_sign_(c)
+        if o["weight_decay"] != 0:  # (times 1 is exact)
+            torch._foreach_mul_(p, decay)
+        torch._foreach_add_(p, c, alpha=-lr)  # sign(c) * lr is exact: fused or not, one rounding
+        del c
+        torch._foreach_mul_(m, b2)
+        torch._foreach_add_(m, torch._foreach_mul(g, g2))
 
 
 def _lion_options(group: dict[str, Any]) -> dict[str, Any]:

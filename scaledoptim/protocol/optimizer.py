@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import compile_boundary
 from ..scale import (
     LossScale,
     ScaleUpdate,
@@ -179,7 +180,7 @@ class Optimizer(ScaleOwner):
 
     # Created eagerly even when first touched inside torch.compile: a scale created while
     # tracing (issue 20, item 7) could be a different tensor from the one the protocol moves.
-    @torch.compiler.disable
+    @compile_boundary.disable
     def _create_scaling(self) -> ScalingState:
         refuse_during_capture("Creating the loss scale")
         state = self._scaledoptim_scaling = ScalingState(
@@ -202,7 +203,7 @@ class Optimizer(ScaleOwner):
     # ------------------------------------------------------------------ the protocol
     # Note [compile boundary]: the protocol's Python (stage, plans, tables, host reads of a
     # closure replay) is not traceable; torch.compile runs it eagerly and compiles around it.
-    @torch.compiler.disable
+    @compile_boundary.disable
     @torch.no_grad()
     def unscale(
         self, grads_scaled_by: torch.Tensor | float | None = None
@@ -250,7 +251,7 @@ class Optimizer(ScaleOwner):
         found_inf, scale, _ = self._record_unscale(plan)
         return found_inf, scale
 
-    @torch.compiler.disable  # Note [compile boundary]
+    @compile_boundary.disable  # Note [compile boundary]
     def step_after_unscale(
         self,
         closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,
@@ -295,7 +296,7 @@ class Optimizer(ScaleOwner):
         self._run_step(StepRequest(unscale=False, found_inf=state.found_inf))
         return None
 
-    @torch.compiler.disable  # Note [compile boundary]
+    @compile_boundary.disable  # Note [compile boundary]
     def unscale_and_step(
         self,
         closure: Callable[[Any], Any] | None = None,

@@ -1,0 +1,210 @@
+"""CPU step time and transient memory of scaledoptim against the best alternative, in one run.
+
+Each case (optimizer, shape) builds every option over its own copy of the same params and
+scaled grads (2**16), then times one step per option per round, interleaved, with the grads
+restored before every step; a repetition's time of an option is its median over the rounds,
+and the ratio ours / alternative is printed as the median over the repetitions with its
+range (< 1: ours is faster). Transient memory is the peak of the CPU allocations alive during
+one step, over what was alive before it (torch's profiler), in bytes per param. It ends with
+one table: optimizer x shape x alternative, ratios with their range, transient bytes/param.
+
+    python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD Lion LAMB SR]
+        [--shapes 1x25M 500x10k 2000x1k char-lm]
+        [--rounds 15] [--reps 3] [--threads 1]
+
+Options (GS = torch.amp.GradScaler unscale_ + step + update):
+    AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
+        GS + torch foreach.
+    Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py.
+    SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
+        GS + torch fused AdamW on fp32 params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_bench_new_optimizers import ForeachLAMB, ForeachLion
+
+import scaledoptim
+
+SCALE = 2.0**16
+
+
+def _char_lm_sizes() -> list[int]:
+    """The example LM's parameter sizes at its GPU size (built on "meta": nothing allocated)."""
+    from scaledoptim.examples.models import CharTransformer
+    from scaledoptim.examples.tasks import SIZES
+
+    size = SIZES["cuda"]
+    with torch.device("meta"):
+        model = CharTransformer(size.context, size.width, size.depth, heads=4)
+    return [p.numel() for p in model.parameters()]
+
+
+SHAPES: dict[str, Callable[[], list[int]]] = {
+    "1x25M": lambda: [25_000_000],
+    "500x10k": lambda: [10_000] * 500,
+    "2000x1k": lambda: [1_000] * 2000,
+    "char-lm": _char_lm_sizes,
+}
+Step = Callable[[], Any]
+
+
+def gradscaler(opt: torch.optim.Optimizer) -> Step:
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+    scaler.scale(torch.ones(()))
+
+    def step() -> None:
+        scaler.step(opt)
+        scaler.update()
+
+    return step
+
+
+def ours(opt: Any) -> Step:
+    opt.configure_scaling(init_scale=SCALE)
+    S = opt.scale
+    return lambda: opt.unscale_and_step(grads_scaled_by=S)
+
+
+SGD = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, nesterov=True)
+ADAMW = dict(lr=1e-9, weight_decay=0.01)
+ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
+CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
+    "AdamW": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
+        "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
+        "GS+foreach": (torch.float32,
+                       lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True))),
+    },
+    "Adagrad": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.Adagrad(p, **ADAGRAD))),
+        "GS+fused": (torch.float32,
+                     lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True))),
+        "GS+foreach": (torch.float32,
+                       lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True))),
+    },
+    "SGD": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.SGD(p, **SGD))),
+        "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, fused=True))),
+        "GS+foreach": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True))),
+    },
+    "Lion": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.Lion(p, lr=1e-9))),
+        "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLion(p, lr=1e-9))),
+    },
+    "LAMB": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9))),
+        "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLAMB(p, lr=1e-9))),
+    },
+    "SR": {
+        "ours": (torch.bfloat16,
+                 lambda p: ours(scaledoptim.AdamW(p, **ADAMW, stochastic_rounding=True))),
+        "ours-nearest": (torch.bfloat16, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
+        "GS+fused-fp32": (torch.float32,
+                          lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
+    },
+}  # fmt: skip
+
+
+class Option:
+    def __init__(self, name: str, dtype: torch.dtype, make: Callable[..., Step], sizes: list[int]):
+        torch.manual_seed(0)
+        self.name = name
+        self.params = [torch.nn.Parameter(torch.randn(n).to(dtype)) for n in sizes]
+        self.grads = [(torch.randn(n) * SCALE).to(dtype) for n in sizes]
+        for p, g in zip(self.params, self.grads):
+            p.grad = g.clone()
+        self.step = make(self.params)
+        self.step()  # state allocation out of the timed steps
+        self.times: list[float] = []
+
+    def reset(self) -> None:
+        torch._foreach_copy_([p.grad for p in self.params], self.grads)
+
+    def timed(self) -> float:
+        self.reset()
+        start = time.perf_counter()
+        self.step()
+        return time.perf_counter() - start
+
+    def transient_bytes_per_param(self) -> float:
+        self.reset()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            self.step()
+        events = sorted(
+            (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+            key=lambda e: e.start_ns(),
+        )
+        alive = peak = 0
+        for event in events:
+            alive += event.nbytes()
+            peak = max(peak, alive)
+        return peak / sum(p.numel() for p in self.params)
+
+
+TABLE: list[str] = []
+
+
+def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
+    gc.collect()  # the previous case's optimizers (reference cycles) out of this one's heap
+    sizes = SHAPES[shape]()
+    options = [Option(name, dtype, make, sizes) for name, (dtype, make) in CASES[case].items()]
+    medians: dict[str, list[float]] = {o.name: [] for o in options}
+    for _ in range(reps):
+        times: dict[str, list[float]] = {o.name: [] for o in options}
+        for _ in range(rounds):
+            for option in options:
+                times[option.name].append(option.timed())
+        for name, values in times.items():
+            medians[name].append(statistics.median(values))
+    transient = {o.name: o.transient_bytes_per_param() for o in options}
+    base = options[0].name
+    for option in options:
+        ms = statistics.median(medians[option.name]) * 1e3
+        line = f"{case:<5} {shape:<8} {option.name:<14} {ms:9.2f} ms  +{transient[option.name]:5.1f} B/param"
+        if option.name != base:
+            ratios = [a / b for a, b in zip(medians[base], medians[option.name])]
+            ratio = (f"{statistics.median(ratios):.2f} "
+                     f"[{min(ratios):.2f}-{max(ratios):.2f}]")  # fmt: skip
+            line += f"   {base}/{option.name} {ratio}"
+            TABLE.append(
+                f"| {case} | {shape} | {option.name} | {ratio} | "
+                f"{transient[base]:.1f} | {transient[option.name]:.1f} |"
+            )
+        print(line, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--shapes", nargs="+", default=["500x10k", "2000x1k"], choices=list(SHAPES))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for case in args.cases:
+        for shape in args.shapes:
+            run_case(case, shape, args.rounds, args.reps)
+    print(f"\nours / alternative, median [range] of {args.reps} repetitions of {args.rounds} "
+          f"interleaved rounds, {args.threads} thread(s); < 1: ours is faster")  # fmt: skip
+    print("| optimizer | shape | alternative | ours / alternative | ours B/param | alt. B/param |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(TABLE))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The CPU torch forms that skip on the host and update in place (Note [host skip]) compute what
+the sync-free form computes, and the CPU step counters are packed (Note [packed counters])."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scaledoptim
+from scaledoptim.testing.optim_db import row
+from scaledoptim.torch_ops import PackedSteps, decide_skips_on_device
+
+CONFIGS = {
+    "Lion": [{}, {"weight_decay": 0.1}, {"maximize": True, "weight_decay": 0.1}],
+    "LAMB": [
+        {}, {"weight_decay": 0.0}, {"adam_w_mode": False}, {"use_nvlamb": True, "weight_decay": 0.0},
+        {"max_grad_norm": 0.0}, {"bias_correction": False, "grad_averaging": False},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _torch_backend(monkeypatch) -> None:
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)  # a CPU's default: torch's ops
+
+
+CASES = [(name, kwargs) for name, configs in CONFIGS.items() for kwargs in configs]
+
+
+def _run(name: str, kwargs: dict, on_device: bool) -> tuple[list[torch.Tensor], dict]:
+    torch.manual_seed(0)
+    # Tensors of a few sizes, one over a batch of the in-place form (torch_ops.BATCH).
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 1000, 4096, (1 << 18) + 5)]
+    opt = row(name).make(params, lr=1e-2, **kwargs)
+    S = opt.scale
+    for step in range(4):
+        for p in params:
+            p.grad = torch.randn(p.shape) * S
+        if step == 2:
+            params[1].grad[0] = float("inf")
+        if on_device:
+            with decide_skips_on_device():
+                opt.unscale_and_step(grads_scaled_by=S)
+        else:
+            opt.unscale_and_step(grads_scaled_by=S)
+        S = opt.scale
+    return [p.detach().clone() for p in params], opt.state_dict()["state"]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), CASES, ids=str)
+def test_the_in_place_cpu_form_matches_the_sync_free_form(name, kwargs) -> None:
+    (params, state), (ref_params, ref_state) = _run(name, kwargs, False), _run(name, kwargs, True)
+    # Lion's in-place form has the kernels' arithmetic: the same bits. LAMB's folds the
+    # clipping into the moments' coefficients and divides once: an ulp or two apart.
+    exact = name == "Lion"
+    for p, ref in zip(params, ref_params):
+        if exact:
+            assert torch.equal(p, ref)
+        else:
+            torch.testing.assert_close(p, ref, rtol=1e-6, atol=1e-6)
+    for i, entries in ref_state.items():
+        for key, ref in entries.items():
+            torch.testing.assert_close(
+                state[i][key], ref, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6
+            )
+    assert all(state[i]["step"].item() == 3.0 for i in state)  # the overflowed step is not counted
+
+
+def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 5, 7)]
+    opt = scaledoptim.SGD(params, lr=0.1, momentum=0.9)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape)
+        opt.unscale_and_step()
+    counters = [opt.state[p]["step"] for p in params]
+    flat = counters[0]._base
+    assert flat is not None and all(c._base is flat for c in counters)
+    assert flat.tolist() == [3.0, 3.0, 3.0]
+    copy = scaledoptim.SGD(
+        [torch.nn.Parameter(p.detach().clone()) for p in params], lr=0.1, momentum=0.9
+    )
+    copy.load_state_dict(opt.state_dict())
+    torch.optim.SGD(params, lr=0.1, momentum=0.9).load_state_dict(opt.state_dict())
+    for p in copy.param_groups[0]["params"]:
+        p.grad = torch.randn(p.shape)
+    copy.unscale_and_step()
+    assert [copy.state[p]["step"].item() for p in copy.param_groups[0]["params"]] == [4.0] * 3
+    assert isinstance(PackedSteps(torch.zeros(2)), list)
