@@ -207,18 +207,21 @@ def scaledoptim_lbfgs_step(model: nn.Module, task: Task, config: RunConfig) -> S
     S = opt.scale
 
     def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        def closure(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def closure(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
             stepper.evaluations += 1
             opt.zero_grad()
             with scaledoptim.autocast(device_type, dtype=dtype):
                 loss = task.loss(model, batch)
             scaledoptim.scale_outputs(loss, scale).backward()
             found_inf, next_scale = opt.unscale(grads_scaled_by=scale)
+            assert stepper.replays is not None  # set below, before the first step
             stepper.replays += found_inf  # an overflowed evaluation is replayed
             return loss, found_inf, next_scale
 
         used = S.clone()
-        loss, _, _ = opt.step_after_unscale(closure, current_grad_scale=S)
+        stepped = opt.step_after_unscale(closure, current_grad_scale=S)
+        assert stepped is not None  # a closure's step returns (loss, found_inf, scale)
+        loss = stepped[0]
         return loss.detach(), used, torch.zeros_like(used)  # replay means nothing is skipped
 
     stepper = Stepper(opt, _no_forward_backward, optimizer_phase, replays=torch.zeros_like(S))

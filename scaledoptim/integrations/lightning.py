@@ -213,7 +213,9 @@ class ScaledMixedPrecision(Precision):
             self._after_closure(model, opt)
             return loss, found_inf, next_scale
 
-        loss, found_inf, _ = opt.step_after_unscale(evaluate, current_grad_scale=opt.scale)
+        stepped = opt.step_after_unscale(evaluate, current_grad_scale=opt.scale)
+        assert stepped is not None  # a closure's step returns (loss, found_inf, scale)
+        loss, found_inf, _ = stepped
         self._record(model, opt, found_inf)
         return loss
 
