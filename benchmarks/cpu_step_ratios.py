@@ -15,7 +15,9 @@ one table: optimizer x shape x alternative, ratios with their range, transient b
 Options (GS = torch.amp.GradScaler unscale_ + step + update):
     AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
         GS + torch foreach.
-    Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py.
+    Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py, and, where the
+        bench extra installed them, GS + lion-pytorch's Lion and GS + pytorch-optimizer's Lion
+        and Lamb (foreach where it offers it).
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
         GS + torch fused AdamW on fp32 params.
 """
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
+import importlib.util
 import statistics
 import sys
 import time
@@ -79,6 +83,16 @@ def ours(opt: Any) -> Step:
     return lambda: opt.unscale_and_step(grads_scaled_by=S)
 
 
+def third_party(module: str, name: str, **options: Any) -> Callable[[list[torch.Tensor]], Step]:
+    """GradScaler around ``module.name(params, lr=1e-9, **options)`` (an optional package)."""
+    optimizer_class = getattr(importlib.import_module(module), name)
+    return lambda p: gradscaler(optimizer_class(p, lr=1e-9, **options))
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 SGD = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, nesterov=True)
 ADAMW = dict(lr=1e-9, weight_decay=0.01)
 ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
@@ -104,10 +118,18 @@ CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Ste
     "Lion": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.Lion(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLion(p, lr=1e-9))),
+        **({"GS+lion-pytorch": (torch.float32, third_party("lion_pytorch", "Lion"))}
+           if installed("lion_pytorch") else {}),
+        **({"GS+pytorch-optimizer": (torch.float32,
+                                     third_party("pytorch_optimizer", "Lion", foreach=True))}
+           if installed("pytorch_optimizer") else {}),
     },
     "LAMB": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLAMB(p, lr=1e-9))),
+        **({"GS+pytorch-optimizer": (torch.float32,
+                                     third_party("pytorch_optimizer", "Lamb", foreach=True))}
+           if installed("pytorch_optimizer") else {}),
     },
     "SR": {
         "ours": (torch.bfloat16,
