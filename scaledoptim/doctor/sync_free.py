@@ -34,23 +34,28 @@ class HostRead(RuntimeError):
 def no_host_reads() -> Iterator[None]:
     """Inside the block, every method of :data:`HOST_READS` raises :class:`HostRead`, and the
     torch forms skip on device on a CPU too: there a host read is free, and they read found_inf
-    (Note [host skip] in torch_ops.py); this checks the form every other device runs."""
+    (Note [host skip] in torch_ops.py); this checks the form every other device runs.
+    ``torch.Tensor`` is left exactly as it was: a method it inherits from ``TensorBase`` is
+    deleted again, not pinned on it."""
 
     def refuse(name: str):
         def method(*args, **kwargs):
-            raise HostRead(f"Tensor.{name}() called")
+            raise HostRead(f"host read: Tensor.{name}() called")
 
         return method
 
-    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+    own = {name: vars(torch.Tensor)[name] for name in HOST_READS if name in vars(torch.Tensor)}
     with decide_skips_on_device():
         try:
             for name in HOST_READS:
                 setattr(torch.Tensor, name, refuse(name))
             yield
         finally:
-            for name, method in saved.items():
-                setattr(torch.Tensor, name, method)
+            for name in HOST_READS:
+                if name in own:
+                    setattr(torch.Tensor, name, own[name])
+                else:
+                    delattr(torch.Tensor, name)
 
 
 @contextlib.contextmanager
