@@ -25,7 +25,8 @@ import torch
 
 import scaledoptim
 from scaledoptim.testing import torch_optim_db
-from scaledoptim.testing.torch_optim_db import OptimizerErrorEnum, TorchConfig
+from scaledoptim.testing.torch_optim_db import TorchConfig
+from tests.support.torch_errors import assert_raises_as_torch_optim
 
 #: torch's rows of the optimizers scaledoptim ships under torch's name (RMSprop once it lands).
 ROWS = [info for info in torch_optim_db.rows() if hasattr(scaledoptim, info.name)]
@@ -219,21 +220,7 @@ def test_sparse_grads_step_as_torch_optim(case: TorchConfig, kernel_backend) -> 
     ids=lambda x: x.name if hasattr(x, "optim_cls") else x.optimizer_error_input.desc,
 )
 def test_every_error_input_raises_as_torch_optim(info, error_input) -> None:
-    optim_input = error_input.optimizer_error_input
-    cls = getattr(scaledoptim, info.name)
-    error, regex = error_input.error_type, error_input.error_regex
-    if error_input.error_on == OptimizerErrorEnum.CONSTRUCTION_ERROR:
-        context = (
-            pytest.warns(error, match=regex)
-            if issubclass(error, Warning)
-            else pytest.raises(error, match=regex)
-        )
-        with context:
-            cls(optim_input.params, **optim_input.kwargs)
-    else:
-        opt = cls(optim_input.params, **optim_input.kwargs)
-        with pytest.raises(error, match=regex):
-            opt.step()
+    assert_raises_as_torch_optim(getattr(scaledoptim, info.name), error_input)
 
 
 def _tensor_option_cases() -> Iterator[Any]:

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 import scaledoptim
 from scaledoptim.testing import torch_optim_db
-from scaledoptim.testing.torch_optim_db import OptimizerErrorEnum, TorchConfig
+from scaledoptim.testing.torch_optim_db import TorchConfig
+from tests.support.torch_errors import assert_raises_as_torch_optim
 
 ROWS = torch_optim_db.rows()
 CONFIGS = torch_optim_db.configs(ROWS)
@@ -156,21 +157,7 @@ def test_plain_step_is_torchs_own_bit_for_bit(config: TorchConfig, how: str) -> 
     ids=lambda x: x.name if hasattr(x, "optim_cls") else x.optimizer_error_input.desc,
 )
 def test_every_error_input_raises_as_torch_optim(info, error_input) -> None:
-    optim_input = error_input.optimizer_error_input
-    cls = scaledoptim.with_scaling(info.optim_cls)
-    error, regex = error_input.error_type, error_input.error_regex
-    if error_input.error_on == OptimizerErrorEnum.CONSTRUCTION_ERROR:
-        context = (
-            pytest.warns(error, match=regex)
-            if issubclass(error, Warning)
-            else pytest.raises(error, match=regex)
-        )
-        with context:
-            cls(optim_input.params, **optim_input.kwargs)
-    else:
-        opt = cls(optim_input.params, **optim_input.kwargs)
-        with pytest.raises(error, match=regex):
-            opt.step()
+    assert_raises_as_torch_optim(scaledoptim.with_scaling(info.optim_cls), error_input)
 
 
 # ------------------------------------------------------------------------------------ the protocol
