@@ -243,52 +243,21 @@ def _adam_sweep(lr: float) -> tuple[Config, ...]:
     )
 
 
-def _adam_functional(
-    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-) -> None:  # fmt: skip
-    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, seeds, steps = lists
-    adam.adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, found_inf=found_inf,
-               inv_scale=inv_scale, master_params=masters, sr_seeds=seeds,
-               **adam._adam_options(group))  # fmt: skip
+def _functional(
+    entry: Callable[..., None], options: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Functional:
+    """The :data:`Functional` of an entry point ``entry(params, grads, *state, steps, ...)``,
+    whose lists are the kernel's (params, grads, state..., masters, seeds, steps)."""
 
+    def call(
+        group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+        inv_scale: Tensor | None,
+    ) -> None:  # fmt: skip
+        *tensors, masters, seeds, steps = lists
+        entry(*tensors, steps, found_inf=found_inf, inv_scale=inv_scale, master_params=masters,
+              sr_seeds=seeds, **options(group))  # fmt: skip
 
-def _sgd_functional(
-    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-) -> None:  # fmt: skip
-    params, grads, buffers, masters, seeds, steps = lists
-    sgd.sgd_(params, grads, buffers, steps, found_inf=found_inf, inv_scale=inv_scale,
-             master_params=masters, sr_seeds=seeds, **sgd._sgd_options(group))  # fmt: skip
-
-
-def _adagrad_functional(
-    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-) -> None:  # fmt: skip
-    params, grads, sums, masters, seeds, steps = lists
-    adagrad.adagrad_(params, grads, sums, steps, found_inf=found_inf, inv_scale=inv_scale,
-                     master_params=masters, sr_seeds=seeds,
-                     **adagrad._adagrad_options(group))  # fmt: skip
-
-
-def _rmsprop_functional(
-    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-) -> None:  # fmt: skip
-    params, grads, square_avgs, buffers, grad_avgs, masters, seeds, steps = lists
-    rmsprop.rmsprop_(params, grads, square_avgs, buffers, grad_avgs, steps, found_inf=found_inf,
-                     inv_scale=inv_scale, master_params=masters, sr_seeds=seeds,
-                     **rmsprop._rmsprop_options(group))  # fmt: skip
-
-
-def _lion_functional(
-    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-) -> None:  # fmt: skip
-    params, grads, exp_avgs, masters, seeds, steps = lists
-    lion.lion_(params, grads, exp_avgs, steps, found_inf=found_inf, inv_scale=inv_scale,
-               master_params=masters, sr_seeds=seeds, **lion._lion_options(group))  # fmt: skip
+    return call
 
 
 def _lamb_functional(
@@ -331,7 +300,7 @@ optim_db: tuple[OptimInfo, ...] = (
         ),
         _ADAM_ERRORS,
         _ADAM_RANGES,
-        functional=_adam_functional,
+        functional=_functional(adam.adam_, adam._adam_options),
     ),
     OptimInfo(
         "Adam",
@@ -346,7 +315,7 @@ optim_db: tuple[OptimInfo, ...] = (
         ),
         _ADAM_ERRORS,
         _ADAM_RANGES,
-        functional=_adam_functional,
+        functional=_functional(adam.adam_, adam._adam_options),
     ),
     OptimInfo(
         "SGD",
@@ -400,7 +369,7 @@ optim_db: tuple[OptimInfo, ...] = (
             ),
         ),
         {"lr": (1e-4, 1.0)},
-        functional=_sgd_functional,
+        functional=_functional(sgd.sgd_, sgd._sgd_options),
     ),
     OptimInfo(
         "Adagrad",
@@ -441,7 +410,7 @@ optim_db: tuple[OptimInfo, ...] = (
             ),
         ),
         {"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
-        functional=_adagrad_functional,
+        functional=_functional(adagrad.adagrad_, adagrad._adagrad_options),
     ),
     OptimInfo(
         "RMSprop",
@@ -496,7 +465,7 @@ optim_db: tuple[OptimInfo, ...] = (
         tolerance=Tolerance(
             param_rtol=1e-5, state_rtol=1e-5, state_atol=1e-5, trajectory_atol=1e-6
         ),
-        functional=_rmsprop_functional,
+        functional=_functional(rmsprop.rmsprop_, rmsprop._rmsprop_options),
     ),
     OptimInfo(
         "Lion",
@@ -516,7 +485,7 @@ optim_db: tuple[OptimInfo, ...] = (
             ),
         ),
         {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.999))},
-        functional=_lion_functional,
+        functional=_functional(lion.lion_, lion._lion_options),
     ),
     OptimInfo(
         "LAMB",
