@@ -15,9 +15,14 @@ one table: optimizer x shape x alternative, ratios with their range, transient b
 Options (GS = torch.amp.GradScaler unscale_ + step + update):
     AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
         GS + torch foreach.
-    Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py, and, where the
-        bench extra installed them, GS + lion-pytorch's Lion and GS + pytorch-optimizer's Lion
-        and Lamb (foreach where it offers it).
+    Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py (the same
+        math), and, where the bench extra installed them, GS + lion-pytorch's Lion and
+        GS + pytorch-optimizer's Lion and Lamb (foreach). Its Lamb is made as close to ours
+        (Apex FusedLAMB's semantics) as it goes: clipping by the global grad norm (pre_norm),
+        weight decay 0.01 (decoupled from the trust ratio, unlike ours); it has no bias
+        correction, so it does less work.
+    LAMB-v3: ours configured as pytorch-optimizer's Lamb defaults (no bias correction, clipping
+        or weight decay; trust ratio on) against them: the same math but its cap of ||p|| at 10.
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
         GS + torch fused AdamW on fp32 params.
 """
@@ -96,6 +101,9 @@ def installed(module: str) -> bool:
 SGD = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, nesterov=True)
 ADAMW = dict(lr=1e-9, weight_decay=0.01)
 ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
+# pytorch-optimizer's Lamb by default: no bias correction, no clipping, no weight decay, the
+# trust ratio always (it also caps ||p|| at 10 and adds eps to ||update||).
+LAMB_V3 = dict(weight_decay=0.0, bias_correction=False, max_grad_norm=0.0, use_nvlamb=True)
 CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
     "AdamW": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
@@ -127,6 +135,12 @@ CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Ste
     "LAMB": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLAMB(p, lr=1e-9))),
+        **({"GS+pytorch-optimizer": (torch.float32, third_party(
+                "pytorch_optimizer", "Lamb", foreach=True, weight_decay=0.01, pre_norm=True))}
+           if installed("pytorch_optimizer") else {}),
+    },
+    "LAMB-v3": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9, **LAMB_V3))),
         **({"GS+pytorch-optimizer": (torch.float32,
                                      third_party("pytorch_optimizer", "Lamb", foreach=True))}
            if installed("pytorch_optimizer") else {}),

@@ -8,9 +8,7 @@ struct LionArgs {
   const float* found_inf;  // Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
-  float beta1;
   float one_minus_beta1;
-  float beta2;
   float one_minus_beta2;
   float param_decay;  // decoupled decay factor 1 - lr * weight_decay
   int maximize;
@@ -18,13 +16,14 @@ struct LionArgs {
 
 enum LionList { kLionParam, kLionGrad, kLionExpAvg, kLionMaster, kLionSeed, kLionStep, kLionLists };
 
-// One element of Lion in fp32. `g` is already unscaled.
+// One element of Lion in fp32. `g` is already unscaled. The interpolations are torch's lerp
+// (`m.lerp(g, 1 - beta)`), so the torch form is one foreach op each, with these bits.
 __device__ __forceinline__ void lion_update(float& p, float g, float& m, const LionArgs& a) {
   if (a.maximize) g = -g;
-  const float c = a.beta1 * m + a.one_minus_beta1 * g;
+  const float c = torch_lerp(m, g, a.one_minus_beta1);
   const float sign = static_cast<float>((c > 0.0f) - (c < 0.0f));  // sign(0) = 0
   p = p * a.param_decay - a.lr * sign;
-  m = a.beta2 * m + a.one_minus_beta2 * g;
+  m = torch_lerp(m, g, a.one_minus_beta2);
 }
 
 template <typename P, typename G>

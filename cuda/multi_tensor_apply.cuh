@@ -212,11 +212,13 @@ __device__ __forceinline__ void store_param(P* p, const float (&r)[kILP], const 
   }
 }
 
-// torch.lerp's formula (start + weight * (end - start), from the far end when weight >= 0.5), so
-// a running average updated with lerp_ (Adam's exp_avg, RMSprop's grad_avg) matches torch to
-// the last bit where possible.
+// torch.lerp as ATen computes it on CPU (vectorised and scalar tails alike) and on CUDA: one
+// fma from the nearer end (start + weight * (end - start), or end - (1 - weight) * (end - start)
+// when |weight| >= 0.5), so a running average updated with lerp_ (Adam's exp_avg, RMSprop's
+// grad_avg, Lion's) has torch's bits.
 __device__ __forceinline__ float torch_lerp(float start, float end, float weight) {
-  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+  const float diff = end - start;
+  return fabsf(weight) < 0.5f ? fmaf(weight, diff, start) : fmaf(weight - 1.0f, diff, end);
 }
 
 // Note [update kernel lists]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -145,6 +146,9 @@ def skip_on_host(found_inf: Tensor | None, device: torch.device) -> bool | None:
     return found_inf is not None and bool(found_inf.item())
 
 
+_NUMEL = Tensor.numel
+_DTYPE = operator.attrgetter("dtype")
+
 #: Elements per batch of tensors of the in-place CPU forms: their temporaries are this large
 #: (1 MB in float32; fresh 4 MB ones are page-faulted in at each allocation: 1.6x the step).
 BATCH = 1 << 18
@@ -153,11 +157,11 @@ BATCH = 1 << 18
 def batches(tensors: Sequence[Tensor], limit: int = BATCH) -> list[slice]:
     """Consecutive runs of ``tensors`` of at most ``limit`` elements (a larger tensor alone)."""
     runs, start, total = [], 0, 0
-    for i, tensor in enumerate(tensors):
-        if total and total + tensor.numel() > limit:
+    for i, size in enumerate(map(_NUMEL, tensors)):  # (map: ~1 ms a step less at 2000 tensors)
+        if total and total + size > limit:
             runs.append(slice(start, i))
             start, total = i, 0
-        total += tensor.numel()
+        total += size
     runs.append(slice(start, len(tensors)))
     return runs
 
@@ -169,7 +173,7 @@ def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
     over 2000 tensors); a 0-dim tensor of their dtype is used as it is, with the same value
     (the scalar rounded once to the dtype either way)."""
     dtype = like[0].dtype if like else None
-    if dtype is None or any(t.dtype != dtype for t in like):
+    if dtype is None or not all(map(dtype.__eq__, map(_DTYPE, like))):
         return list(values)
     return [torch.tensor(value, dtype=dtype, device=like[0].device) for value in values]
 
@@ -178,7 +182,7 @@ def split_large(lists: list[list[Tensor]], limit: int = BATCH) -> list[list[Tens
     """Lists of same-layout tensors (a param, its grad, its state), with each tensor of more
     than ``limit`` elements replaced by views of its storage in pieces of ``limit``: for an
     elementwise update, so that :func:`batches` bounds its temporaries for one large tensor too."""
-    if all(t.numel() <= limit for t in lists[0]):
+    if not lists[0] or max(map(_NUMEL, lists[0])) <= limit:
         return lists
     out: list[list[Tensor]] = [[] for _ in lists]
     for row in zip(*lists):

@@ -37,9 +37,7 @@ class LionArgs(ctypes.Structure):
         ("found_inf", ctypes.c_void_p),
         ("inv_scale", ctypes.c_void_p),
         ("lr", ctypes.c_float),
-        ("beta1", ctypes.c_float),
         ("one_minus_beta1", ctypes.c_float),
-        ("beta2", ctypes.c_float),
         ("one_minus_beta2", ctypes.c_float),
         ("param_decay", ctypes.c_float),
         ("maximize", ctypes.c_int),
@@ -71,9 +69,7 @@ def lion_args(
         found_inf=found_inf,
         inv_scale=inv_scale,
         lr=lr,
-        beta1=beta1,
         one_minus_beta1=1 - beta1,
-        beta2=beta2,
         one_minus_beta2=1 - beta2,
         param_decay=1 - lr * weight_decay,
         maximize=maximize,
@@ -86,7 +82,9 @@ class Lion(FusedOptimizer):
 
     Each step: ``c = beta1 * m + (1 - beta1) * g``;
     ``p = p * (1 - lr * weight_decay) - lr * sign(c)`` (``sign(0) = 0``);
-    ``m = beta2 * m + (1 - beta2) * g``. State: ``exp_avg`` (fp32 whatever the param dtype) and ``step``.
+    ``m = beta2 * m + (1 - beta2) * g``, both interpolations computed as
+    ``torch.lerp(m, g, 1 - beta)`` (the bits of ``pytorch-optimizer``'s foreach Lion).
+    State: ``exp_avg`` (fp32 whatever the param dtype) and ``step``.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -156,12 +154,10 @@ class Lion(FusedOptimizer):
             return
         if o["maximize"]:
             grads = list(torch._foreach_neg(grads))
-        c = torch._foreach_mul(exp_avgs, o["beta1"])
-        torch._foreach_add_(c, torch._foreach_mul(grads, 1 - o["beta1"]))
+        c = torch._foreach_lerp(exp_avgs, grads, 1 - o["beta1"])
         new_params = torch._foreach_mul(params, 1 - o["lr"] * o["weight_decay"])
         torch._foreach_sub_(new_params, torch._foreach_mul(torch._foreach_sign(c), o["lr"]))
-        new_exp_avgs = torch._foreach_mul(exp_avgs, o["beta2"])
-        torch._foreach_add_(new_exp_avgs, torch._foreach_mul(grads, 1 - o["beta2"]))
+        new_exp_avgs = torch._foreach_lerp(exp_avgs, grads, 1 - o["beta2"])
         copy_unless_skipped_(params, new_params, found_inf)
         copy_unless_skipped_(exp_avgs, new_exp_avgs, found_inf)
         advance_steps_(steps, found_inf)
@@ -170,26 +166,23 @@ class Lion(FusedOptimizer):
 def _lion_in_place_(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], o: dict[str, Any]
 ) -> None:
-    """The update in place, by batches of tensors of about ``BATCH`` elements, with the
-    kernel's arithmetic (``beta * m + (1 - beta) * g``, each product rounded: the same bits as
-    the kernels, which stochastic rounding relies on); two temporary lists per batch."""
-    beta1, beta2, lr = o["beta1"], o["beta2"], o["lr"]
-    sign = -1.0 if o["maximize"] else 1.0
-    b1, g1, b2, g2, decay = scalars(
-        params, beta1, sign * (1 - beta1), beta2, sign * (1 - beta2), 1 - lr * o["weight_decay"]
-    )
+    """The update in place, by batches of tensors of about ``BATCH`` elements, with the kernel's
+    arithmetic (the same bits, which stochastic rounding relies on); one temporary list per batch
+    (two with ``maximize``)."""
+    lr = o["lr"]
+    (decay,) = scalars(params, 1 - lr * o["weight_decay"])
     params, grads, exp_avgs = split_large([params, grads, exp_avgs])  # elementwise
     for run in batches(params):
         p, g, m = params[run], grads[run], exp_avgs[run]
-        c = torch._foreach_mul(m, b1)
-        torch._foreach_add_(c, torch._foreach_mul(g, g1))
+        if o["maximize"]:
+            g = list(torch._foreach_neg(g))
+        c = torch._foreach_lerp(m, g, 1 - o["beta1"])
         torch._foreach_sign_(c)
         if o["weight_decay"] != 0:  # (times 1 is exact)
             torch._foreach_mul_(p, decay)
         torch._foreach_add_(p, c, alpha=-lr)  # sign(c) * lr is exact: fused or not, one rounding
         del c
-        torch._foreach_mul_(m, b2)
-        torch._foreach_add_(m, torch._foreach_mul(g, g2))
+        torch._foreach_lerp_(m, g, 1 - o["beta2"])
 
 
 def _lion_options(group: dict[str, Any]) -> dict[str, Any]:

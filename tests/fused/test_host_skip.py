@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import scaledoptim
+from scaledoptim.optim import lamb
 from scaledoptim.testing.optim_db import row
 from scaledoptim.torch_ops import PackedSteps, decide_skips_on_device
 
@@ -64,6 +65,17 @@ def test_the_in_place_cpu_form_matches_the_sync_free_form(name, kwargs) -> None:
                 state[i][key], ref, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6
             )
     assert all(state[i]["step"].item() == 3.0 for i in state)  # the overflowed step is not counted
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"use_nvlamb": True, "weight_decay": 0.0}], ids=str)
+def test_lamb_computes_a_large_tensors_direction_again_to_the_same_bits(kwargs, monkeypatch) -> None:
+    # A tensor over BATCH is updated by pieces; its direction is kept for the trust ratio up to
+    # KEPT_DIRECTION elements, else computed again: the same ops, so the same bits.
+    kept_params, kept_state = _run("LAMB", kwargs, False)
+    monkeypatch.setattr(lamb, "KEPT_DIRECTION", 0)
+    params, state = _run("LAMB", kwargs, False)
+    assert all(map(torch.equal, params, kept_params))
+    assert all(torch.equal(state[i]["exp_avg"], kept_state[i]["exp_avg"]) for i in state)
 
 
 def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
