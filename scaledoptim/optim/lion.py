@@ -19,11 +19,10 @@ from ..kernels import (
 )
 from ..torch_ops import (
     advance_steps_,
-    batches,
     copy_unless_skipped_,
+    elementwise_batches,
     scalars,
     skip_on_host,
-    split_large,
 )
 
 __all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_", "lion_args"]
@@ -178,9 +177,7 @@ def _lion_in_place_(
     b1, g1, b2, g2, decay = scalars(
         params, beta1, sign * (1 - beta1), beta2, sign * (1 - beta2), 1 - lr * o["weight_decay"]
     )
-    params, grads, exp_avgs = split_large([params, grads, exp_avgs])  # elementwise
-    for run in batches(params):
-        p, g, m = params[run], grads[run], exp_avgs[run]
+    for p, g, m in elementwise_batches([params, grads, exp_avgs]):
         c = torch._foreach_mul(m, b1)
         torch._foreach_add_(c, torch._foreach_mul(g, g1))
         torch._foreach_sign_(c)
