@@ -8,13 +8,15 @@ range (< 1: ours is faster). Transient memory is the peak of the CPU allocations
 one step, over what was alive before it (torch's profiler), in bytes per param. It ends with
 one table: optimizer x shape x alternative, ratios with their range, transient bytes/param.
 
-    python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD Lion LAMB SR]
+    python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD RMSprop Lion LAMB SR]
         [--shapes 1x25M 500x10k 2000x1k char-lm]
         [--rounds 15] [--reps 3] [--threads 1]
 
 Options (GS = torch.amp.GradScaler unscale_ + step + update):
     AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
         GS + torch foreach.
+    RMSprop (momentum 0.9, weight decay 0.01, not centered): ours, GS + torch foreach (torch
+        2.13 has no fused RMSprop).
     Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py (the same
         math), and, where the bench extra installed them, GS + lion-pytorch's Lion and
         GS + pytorch-optimizer's Lion and Lamb (foreach). Its Lamb is made as close to ours
@@ -104,6 +106,7 @@ ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
 # pytorch-optimizer's Lamb by default: no bias correction, no clipping, no weight decay, the
 # trust ratio always (it also caps ||p|| at 10 and adds eps to ||update||).
 LAMB_V3 = dict(weight_decay=0.0, bias_correction=False, max_grad_norm=0.0, use_nvlamb=True)
+RMSPROP = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, centered=False)
 CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
     "AdamW": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
@@ -122,6 +125,11 @@ CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Ste
         "ours": (torch.float32, lambda p: ours(scaledoptim.SGD(p, **SGD))),
         "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, fused=True))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True))),
+    },
+    "RMSprop": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.RMSprop(p, **RMSPROP))),
+        "GS+foreach": (torch.float32,
+                       lambda p: gradscaler(torch.optim.RMSprop(p, **RMSPROP, foreach=True))),
     },
     "Lion": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.Lion(p, lr=1e-9))),

@@ -6,6 +6,8 @@
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
 * :func:`skip_on_host` and :func:`decide_skips_on_device`: a CPU step's skip decided on the host
   (Note [host skip]).
+* :func:`elementwise_batches`, :func:`batches`, :func:`split_large` and :func:`scalars`: the
+  batches and 0-dim hyper-parameters of the in-place CPU forms.
 * :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
   rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
   [stochastic rounding]), so both backends round to the same bits.
@@ -30,6 +32,7 @@ __all__ = [
     "capturing",
     "copy_unless_skipped_",
     "decide_skips_on_device",
+    "elementwise_batches",
     "initial_seed",
     "refuse_during_capture",
     "scalars",
@@ -181,19 +184,29 @@ def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
 def split_large(lists: list[list[Tensor]], limit: int = BATCH) -> list[list[Tensor]]:
     """Lists of same-layout tensors (a param, its grad, its state), with each tensor of more
     than ``limit`` elements replaced by views of its storage in pieces of ``limit``: for an
-    elementwise update, so that :func:`batches` bounds its temporaries for one large tensor too."""
+    elementwise update, so that :func:`batches` bounds its temporaries for one large tensor too.
+    An empty list (a state the update does not keep) stays empty."""
     if not lists[0] or max(map(_NUMEL, lists[0])) <= limit:
         return lists
+    kept = [i for i, column in enumerate(lists) if column]
     out: list[list[Tensor]] = [[] for _ in lists]
-    for row in zip(*lists):
+    for row in zip(*(lists[i] for i in kept)):
         pieces = (
             [[t] for t in row]
             if row[0].numel() <= limit
             else [list(storage_flat(t).split(limit)) for t in row]
         )
-        for column, piece in zip(out, pieces):
-            column += piece
+        for i, piece in zip(kept, pieces):
+            out[i] += piece
     return out
+
+
+def elementwise_batches(lists: list[list[Tensor]]) -> Iterator[list[list[Tensor]]]:
+    """The lists of an elementwise update (:func:`split_large`'s) in :func:`batches` of about
+    ``BATCH`` elements: each batch's slice of every list (an empty list stays empty)."""
+    lists = split_large(lists)
+    for run in batches(lists[0]):
+        yield [column[run] for column in lists]
 
 
 @contextlib.contextmanager

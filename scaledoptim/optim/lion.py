@@ -19,11 +19,10 @@ from ..kernels import (
 )
 from ..torch_ops import (
     advance_steps_,
-    batches,
     copy_unless_skipped_,
+    elementwise_batches,
     scalars,
     skip_on_host,
-    split_large,
 )
 
 __all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_", "lion_args"]
@@ -171,9 +170,7 @@ def _lion_in_place_(
     (two with ``maximize``)."""
     lr = o["lr"]
     (decay,) = scalars(params, 1 - lr * o["weight_decay"])
-    params, grads, exp_avgs = split_large([params, grads, exp_avgs])  # elementwise
-    for run in batches(params):
-        p, g, m = params[run], grads[run], exp_avgs[run]
+    for p, g, m in elementwise_batches([params, grads, exp_avgs]):
         if o["maximize"]:
             g = list(torch._foreach_neg(g))
         c = torch._foreach_lerp(m, g, 1 - o["beta1"])

@@ -18,7 +18,13 @@ from ..kernels import (
     launch_update,
     rounding_lists,
 )
-from ..torch_ops import advance_steps_, copy_unless_skipped_
+from ..torch_ops import (
+    advance_steps_,
+    copy_unless_skipped_,
+    elementwise_batches,
+    scalars,
+    skip_on_host,
+)
 
 __all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_", "rmsprop_args"]
 
@@ -156,23 +162,24 @@ class RMSprop(FusedOptimizer):
     def torch_update(
         self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
     ) -> None:
-        """torch.optim.RMSprop's foreach math, skipped on device where ``found_inf`` is set."""
+        """torch.optim.RMSprop's foreach math: skipped on the host and in place on a CPU, else
+        skipped on device where ``found_inf`` is set (Note [host skip])."""
         params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
         o = _rmsprop_options(group)
-        if o["maximize"]:
-            grads = list(torch._foreach_neg(grads))
-        if o["weight_decay"] != 0:
-            grads = list(torch._foreach_add(grads, params, alpha=o["weight_decay"]))
-        new_square_avgs = torch._foreach_mul(square_avgs, o["alpha"])
+        skip = skip_on_host(found_inf, params[0].device) if params else None
+        if skip is not None:
+            if not skip:
+                _rmsprop_in_place_(params, grads, square_avgs, buffers, grad_avgs, o)
+                advance_steps_(steps, None)
+            return
+        grads = _rmsprop_grads(grads, params, o)
+        new_square_avgs = list(torch._foreach_mul(square_avgs, o["alpha"]))
         torch._foreach_addcmul_(new_square_avgs, grads, grads, value=1 - o["alpha"])
+        new_grad_avgs: list[Tensor] = []
         if o["centered"]:
-            new_grad_avgs = torch._foreach_lerp(grad_avgs, grads, 1 - o["alpha"])
-            avg = torch._foreach_addcmul(new_square_avgs, new_grad_avgs, new_grad_avgs, value=-1)
-            torch._foreach_sqrt_(avg)
+            new_grad_avgs = list(torch._foreach_lerp(grad_avgs, grads, 1 - o["alpha"]))
             copy_unless_skipped_(grad_avgs, new_grad_avgs, found_inf)
-        else:
-            avg = torch._foreach_sqrt(new_square_avgs)
-        torch._foreach_add_(avg, o["eps"])
+        avg = _rmsprop_denominators(new_square_avgs, new_grad_avgs, o["eps"])
         if o["momentum"] > 0:
             new_buffers = torch._foreach_mul(buffers, o["momentum"])
             torch._foreach_addcdiv_(new_buffers, grads, avg)
@@ -198,6 +205,60 @@ class RMSprop(FusedOptimizer):
             weight_decay=group["weight_decay"], momentum=group["momentum"],
             centered=group["centered"],
         )  # fmt: skip
+
+
+def _rmsprop_grads(grads: list[Tensor], params: list[Tensor], o: dict[str, Any]) -> list[Tensor]:
+    """The grads the update reads: negated if ``maximize``, plus the L2 term (new lists: the
+    grads are the user's)."""
+    if o["maximize"]:
+        grads = list(torch._foreach_neg(grads))
+    if o["weight_decay"] != 0:
+        grads = list(torch._foreach_add(grads, params, alpha=o["weight_decay"]))
+    return grads
+
+
+def _rmsprop_denominators(
+    square_avgs: list[Tensor], grad_avgs: list[Tensor], eps: float | Tensor
+) -> list[Tensor]:
+    """``sqrt(v - g_avg**2) + eps`` with ``grad_avgs`` (centered), else ``sqrt(v) + eps``, from
+    the new averages: one new list."""
+    if grad_avgs:
+        avg = list(torch._foreach_addcmul(square_avgs, grad_avgs, grad_avgs, value=-1))
+        torch._foreach_sqrt_(avg)
+    else:
+        avg = list(torch._foreach_sqrt(square_avgs))
+    torch._foreach_add_(avg, eps)
+    return avg
+
+
+def _rmsprop_in_place_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    square_avgs: list[Tensor],
+    buffers: list[Tensor],
+    grad_avgs: list[Tensor],
+    o: dict[str, Any],
+) -> None:
+    """The update on a CPU, in place, by batches of about ``BATCH`` elements: the sync-free
+    form's ops in its order on the same operands, so the same bits (0-dim tensors for the
+    Python scalars that torch's CPU foreach ops would wrap per tensor, the same value rounded
+    once either way); at most two temporary lists per batch, the grads the update reads (with
+    ``maximize`` or weight decay) and the denominators (Note [host skip])."""
+    alpha, eps, momentum = scalars(params, o["alpha"], o["eps"], o["momentum"])
+    lists = [params, grads, square_avgs, buffers, grad_avgs]
+    for p, g, v, b, g_avg in elementwise_batches(lists):
+        g = _rmsprop_grads(g, p, o)
+        torch._foreach_mul_(v, alpha)
+        torch._foreach_addcmul_(v, g, g, value=1 - o["alpha"])  # a Scalar: no per-tensor wrap
+        if o["centered"]:
+            torch._foreach_lerp_(g_avg, g, 1 - o["alpha"])
+        avg = _rmsprop_denominators(v, g_avg, eps)
+        if o["momentum"] > 0:
+            torch._foreach_mul_(b, momentum)
+            torch._foreach_addcdiv_(b, g, avg)
+            torch._foreach_add_(p, b, alpha=-o["lr"])
+        else:
+            torch._foreach_addcdiv_(p, g, avg, value=-o["lr"])
 
 
 def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:

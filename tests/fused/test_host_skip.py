@@ -17,6 +17,12 @@ CONFIGS = {
         {}, {"weight_decay": 0.0}, {"adam_w_mode": False}, {"use_nvlamb": True, "weight_decay": 0.0},
         {"max_grad_norm": 0.0}, {"bias_correction": False, "grad_averaging": False},
     ],
+    "RMSprop": [
+        {}, {"centered": True}, {"momentum": 0.9}, {"weight_decay": 0.1},
+        {"centered": True, "momentum": 0.9, "weight_decay": 0.1},
+        {"maximize": True, "centered": True, "momentum": 0.9},
+        {"maximize": True, "weight_decay": 0.1},
+    ],
 }  # fmt: skip
 
 
@@ -51,9 +57,10 @@ def _run(name: str, kwargs: dict, on_device: bool) -> tuple[list[torch.Tensor], 
 @pytest.mark.parametrize(("name", "kwargs"), CASES, ids=str)
 def test_the_in_place_cpu_form_matches_the_sync_free_form(name, kwargs) -> None:
     (params, state), (ref_params, ref_state) = _run(name, kwargs, False), _run(name, kwargs, True)
-    # Lion's in-place form has the kernels' arithmetic: the same bits. LAMB's folds the
-    # clipping into the moments' coefficients and divides once: an ulp or two apart.
-    exact = name == "Lion"
+    # Lion's in-place form has the kernels' arithmetic and RMSprop's the sync-free form's ops:
+    # the same bits. LAMB's folds the clipping into the moments' coefficients and divides once:
+    # an ulp or two apart.
+    exact = name in ("Lion", "RMSprop")
     for p, ref in zip(params, ref_params):
         if exact:
             assert torch.equal(p, ref)
