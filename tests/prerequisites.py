@@ -11,10 +11,10 @@ import pytest
 
 
 def missing(reason: str) -> NoReturn:
-    """Skips the test, or fails it when running in CI."""
+    """Skips the test (or the module, called at its top level), or fails it when running in CI."""
     if os.environ.get("CI"):
         pytest.fail(f"CI must run this test, but it {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require_module(name: str, reason: str) -> Any:
