@@ -129,8 +129,8 @@ __device__ __forceinline__ so_bfloat16 from_float<so_bfloat16>(float x) {
 // probability (x - down) / (up - down): unbiased. The noise is a counter-based hash of
 // (a 32-bit seed per param, the taken-step count including this step, the element's index in
 // the param's storage): no RNG state, the same bits on every replay of a captured graph, on
-// resume from a checkpoint, and in the torch-native backend, which computes the same integer
-// hash with int64 tensor ops (scaledoptim/torch_ops.py).
+// resume from a checkpoint, and in the torch-native backend, which computes the same bits
+// with int32 tensor ops (scaledoptim/torch_ops.py, Note [stochastic rounding in int32]).
 
 // murmur3's 32-bit finaliser: a bijection with full avalanche.
 __device__ __forceinline__ unsigned so_fmix32(unsigned h) {

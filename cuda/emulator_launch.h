@@ -70,3 +70,13 @@ extern "C" void so_emulator_bfloat16_from_float(const float* in, unsigned short*
 extern "C" void so_emulator_float_from_bfloat16(const unsigned short* in, float* out, long long n) {
   for (long long i = 0; i < n; ++i) out[i] = to_float(so_bfloat16{in[i]});
 }
+// A param's stochastic rounding as the kernels store it (Note [stochastic rounding]): element
+// `first + i` of a param of `seed` at its `step`-th taken step, exported for the same tests.
+extern "C" void so_emulator_bfloat16_from_float_sr(const float* in, unsigned short* out,
+                                                   long long n, unsigned seed, unsigned step,
+                                                   long long first) {
+  const unsigned key = so_sr_key(seed, step);
+  for (long long i = 0; i < n; ++i) {
+    out[i] = bfloat16_bits_from_float_sr(in[i], so_sr_noise(key, first + i));
+  }
+}

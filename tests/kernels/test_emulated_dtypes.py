@@ -1,7 +1,9 @@
-"""The host 16-bit conversions of cuda/dtypes.cuh against torch's casts, bit for bit."""
+"""The host 16-bit conversions of cuda/dtypes.cuh against torch's casts, and its stochastic
+rounding against the torch form's (``torch_ops.stochastic_round_``), bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import pytest
@@ -9,16 +11,20 @@ import torch
 
 from scaledoptim.kernels import NON_FINITE_CHECK
 from scaledoptim.kernels.emulator import emulator_library
+from scaledoptim.torch_ops import decide_skips_on_device, initial_seed, stochastic_round_
 
 DTYPES = {"half": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def convert(function: str, source: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def convert(
+    function: str, source: torch.Tensor, out_dtype: torch.dtype, *args: ctypes._SimpleCData
+) -> torch.Tensor:
     out = torch.empty(source.shape, dtype=out_dtype)
     emulator_library(NON_FINITE_CHECK).function(function)(
         ctypes.c_void_p(source.data_ptr()),
         ctypes.c_void_p(out.data_ptr()),
         ctypes.c_longlong(source.numel()),
+        *args,
     )
     return out
 
@@ -76,3 +82,26 @@ def test_to_float_is_exact_for_every_bit_pattern(name):
     nan = theirs.isnan()
     assert torch.equal(ours.isnan(), nan)
     assert torch.equal(ours[~nan].view(torch.int32), theirs[~nan].view(torch.int32))
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host form", "device form"])
+def test_stochastic_rounding_of_the_torch_form_is_the_kernels(on_device):
+    """Every input of ``float_inputs`` (NaN payloads too) as one tensor of many chunks and as a
+    run of small ones; the torch form a CPU runs and the one of every other device."""
+    values = float_inputs()
+    tensors = [values, *values[:3000].split([7, 993, 2000])]
+    seeds = [initial_seed(i) for i in range(len(tensors))]
+    step = 123457
+    params = [torch.empty_like(t, dtype=torch.bfloat16) for t in tensors]
+    with decide_skips_on_device() if on_device else contextlib.nullcontext():
+        stochastic_round_(params, tensors, seeds, [torch.tensor(float(step))] * len(tensors))
+    for param, tensor, seed in zip(params, tensors, seeds):
+        kernels = convert(
+            "so_emulator_bfloat16_from_float_sr",
+            tensor,
+            torch.int16,
+            ctypes.c_uint(seed.item() & 0xFFFFFFFF),
+            ctypes.c_uint(step),
+            ctypes.c_longlong(0),
+        )
+        assert torch.equal(param.view(torch.int16), kernels)
