@@ -162,8 +162,9 @@ class RMSprop(FusedOptimizer):
     def torch_update(
         self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
     ) -> None:
-        """torch.optim.RMSprop's foreach math: skipped on the host and in place on a CPU, else
-        skipped on device where ``found_inf`` is set (Note [host skip])."""
+        """torch.optim.RMSprop's foreach math: on a CPU the skip is read on the host (free
+        there) and the update runs in place; elsewhere it is skipped on device where
+        ``found_inf`` is set."""
         params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
         o = _rmsprop_options(group)
         skip = skip_on_host(found_inf, params[0].device) if params else None
