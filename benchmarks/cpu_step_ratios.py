@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_bench_new_optimizers import ForeachLAMB, ForeachLion
+from transient_memory import peak_transient_bytes
 
 import scaledoptim
 
@@ -186,17 +186,7 @@ class Option:
 
     def transient_bytes_per_param(self) -> float:
         self.reset()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            self.step()
-        events = sorted(
-            (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-            key=lambda e: e.start_ns(),
-        )
-        alive = peak = 0
-        for event in events:
-            alive += event.nbytes()
-            peak = max(peak, alive)
-        return peak / sum(p.numel() for p in self.params)
+        return peak_transient_bytes(self.step) / sum(p.numel() for p in self.params)
 
 
 TABLE: list[str] = []

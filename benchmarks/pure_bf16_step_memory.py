@@ -10,7 +10,7 @@ docs/recipes/pure-bf16.md ("Memory per parameter") shows its output.
 from __future__ import annotations
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from transient_memory import peak_transient_bytes
 
 import scaledoptim
 
@@ -30,16 +30,7 @@ def transient_bytes_per_param(dtype: torch.dtype, options: dict[str, bool]) -> f
     opt = scaledoptim.AdamW(params, lr=1e-3, **options)
     for _ in range(2):
         opt.unscale_and_step(grads_scaled_by=None)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        opt.unscale_and_step(grads_scaled_by=None)
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-        key=lambda e: e.start_ns(),
-    )
-    alive = peak = 0
-    for event in events:
-        alive += event.nbytes()
-        peak = max(peak, alive)
+    peak = peak_transient_bytes(lambda: opt.unscale_and_step(grads_scaled_by=None))
     return peak / sum(p.numel() for p in params)
 
 

@@ -12,16 +12,10 @@ from scaledoptim.integrations.accelerate import unwrap_optimizer
 require_module("accelerate", "the Accelerate recipe is tested with real accelerate")
 from accelerate import Accelerator  # noqa: E402
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
-from accelerate.state import AcceleratorState, GradientState  # noqa: E402
+
+from tests.support.accelerate_state import fresh_accelerator_state  # noqa: E402, F401 (autouse)
 
 ACCUMULATE, OVERFLOW_MICRO_BATCH = 2, 3
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def _setup():

@@ -20,18 +20,11 @@ require_module("transformers", "ScaledTrainer is tested with real transformers")
 require_module("accelerate", "ScaledTrainer is tested with real accelerate")
 import transformers  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 
 from scaledoptim.integrations.transformers import ScaledTrainer  # noqa: E402
+from tests.support.accelerate_state import fresh_accelerator_state  # noqa: E402, F401 (autouse)
 
 SEQ, VOCAB = 16, 64
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def _model() -> Any:
