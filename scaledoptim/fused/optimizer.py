@@ -69,8 +69,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
       from it in the same pass. fp32 params ignore it. An edit of the param between steps
       (clipping, re-init, ``model.load_state_dict``, an outer optimizer's step) is kept: the
       next step first copies every element the edit changed into the master (seen through the
-      param's version counter and data pointer, so not for edits through ``p.data``; the concepts page, "Master weights and edits to
-      params").
+      param's version counter and data pointer, so not for edits through ``p.data``; the
+      concepts page, "Master weights and edits to params").
     * ``stochastic_rounding`` (default False, bfloat16 params only, exclusive with
       ``master_weights``): the param is stored rounded stochastically, unbiased, from a hash of
       ``state["sr_seed"]`` (an int32 per param), the step and the element index: reproducible,
@@ -84,8 +84,6 @@ class FusedOptimizer(Optimizer, abc.ABC):
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
     #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
     _plans_in_step: ClassVar[bool] = True
-    #: Unused since the protocol hands ``step()`` a request instead (Note [step requests]);
-    #: kept because ``fused.plan.Planned`` still names it.
     #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
     #: torch.optim pickles only its defaults, state and param groups.
     _step_cache: StepCache | None = None
@@ -156,7 +154,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
         :meth:`~scaledoptim.Optimizer.unscale_and_step`; otherwise it steps as torch.optim's.
         Never reads the host, but to skip params that take torch.optim's own non-fused
         implementation (complex, sparse grads, views with gaps, ``differentiable=True``: one
-        read of ``found_inf``, as torch.amp.GradScaler makes for it; see the migration guide, "What takes torch.optim's own implementation").
+        read of ``found_inf``, as torch.amp.GradScaler makes for it; see the migration guide,
+        "What takes torch.optim's own implementation").
 
         Args:
             closure: optional, re-evaluates the model and returns the loss.

@@ -328,9 +328,9 @@ def _lamb_in_place_(
             u = _lamb_direction(p, m, v, c, run)
             factors = c.step_sizes[run]
             if c.trust_ratio:
-                factors = c.trust_ratio_factors(
-                    torch.stack(torch._foreach_norm(p)), torch.stack(torch._foreach_norm(u)), factors
-                )
+                p_norms = torch.stack(torch._foreach_norm(p))
+                u_norms = torch.stack(torch._foreach_norm(u))
+                factors = c.trust_ratio_factors(p_norms, u_norms, factors)
             torch._foreach_addcmul_(p, u, list(factors.unbind()))
         else:
             _lamb_large_(p[0], g[0], m[0], v[0], c, run)
