@@ -25,7 +25,8 @@ __device__ __forceinline__ void adagrad_update(float& p, float g, float& sum, fl
 }
 
 template <typename P, typename G>
-__global__ void adagrad_kernel(TensorTable<kAdagradLists> table, AdagradArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    adagrad_kernel(TensorTable<kAdagradLists> table, AdagradArgs args) {
   update_each<P, G, kAdagradSum>(table, args, [&](StepCount step) {
     const float clr = args.lr / (1.0f + (step.number - 1.0f) * args.lr_decay);
     return [&, clr](float& p, float g, float& sum) { adagrad_update(p, g, sum, clr, args); };

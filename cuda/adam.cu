@@ -64,7 +64,8 @@ __device__ __forceinline__ void adam_update(float& p, float g, float& m, float& 
 }
 
 template <typename P, typename G>
-__global__ void adam_kernel(TensorTable<kAdamLists> table, AdamArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    adam_kernel(TensorTable<kAdamLists> table, AdamArgs args) {
   update_each<P, G, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq>(table, args, [&](StepCount step) {
     const AdamStepScalars s = adam_step_scalars(args, step.number);
     return [&, s](float& p, float g, float& m, float& v, float& v_max) {

@@ -32,6 +32,16 @@
 
 typedef unsigned long long so_uintptr;
 
+// Note [launch bounds]
+// ~~~~~~~~~~~~~~~~~~~~
+// Every __global__ kernel is declared `__global__ void __launch_bounds__(kMaxThreadsPerBlock)`,
+// so the GPU compiler keeps it within the 65536 registers of a block of that many threads (64
+// per thread) and it launches at any block size LaunchConfig allows (MAX_THREADS_PER_BLOCK in
+// scaledoptim/kernels/config.py); without it a kernel may use more and fail to launch at 1024
+// with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. tests/kernels/test_launch_bounds.py reads the
+// registers of every compiled kernel.
+constexpr int kMaxThreadsPerBlock = 1024;
+
 // Note [found_inf contract]: consumers skip the whole step on any non-zero flag.
 __device__ __forceinline__ bool step_is_skipped(const float* found_inf) {
   return found_inf != nullptr && *found_inf != 0.0f;

@@ -13,14 +13,36 @@ std::tuple<A...> unpack(void** params, std::index_sequence<I...>) {
   return std::tuple<A...>{*static_cast<A*>(params[I])...};
 }
 
+// splitmix64: a well-mixed 64-bit stream from any seed, the same with every compiler (the
+// distributions of <random> are implementation-defined).
+inline unsigned long long next_random(unsigned long long& state) {
+  unsigned long long z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The order in which the blocks of a launch run: a Fisher-Yates shuffle of 0..grid-1 drawn from
+// `seed`. A GPU promises no order, so neither does the emulator; a fixed seed keeps a run
+// reproducible.
+inline std::vector<unsigned> block_order(unsigned grid, unsigned long long seed) {
+  std::vector<unsigned> order(grid);
+  for (unsigned b = 0; b < grid; ++b) order[b] = b;
+  unsigned long long state = seed;
+  for (unsigned i = grid; i > 1; --i) std::swap(order[i - 1], order[next_random(state) % i]);
+  return order;
+}
+
 // Runs kernel<<<grid, block>>> with `params` laid out as cuLaunchKernel's kernelParams (one
 // pointer per kernel parameter), so the Python launcher passes the same argument buffers here
-// and to the GPU.
+// and to the GPU; the blocks run one after another in block_order(grid, seed).
 template <typename... A>
-void launch(void (*kernel)(A...), void** params, unsigned grid, unsigned block) {
+void launch(void (*kernel)(A...), void** params, unsigned grid, unsigned block,
+            unsigned long long seed) {
   static std::mutex one_launch_at_a_time;  // __shared__ storage is static
   const std::lock_guard<std::mutex> lock(one_launch_at_a_time);
   const std::tuple<A...> args = unpack<A...>(params, std::index_sequence_for<A...>{});
+  const std::vector<unsigned> order = block_order(grid, seed);
   Block state(block);
   std::vector<std::jthread> threads;
   threads.reserve(block);
@@ -30,7 +52,7 @@ void launch(void (*kernel)(A...), void** params, unsigned grid, unsigned block) 
       blockDim = dim3{block, 1, 1};
       gridDim = dim3{grid, 1, 1};
       current_block = &state;
-      for (unsigned b = 0; b < grid; ++b) {
+      for (const unsigned b : order) {
         blockIdx = dim3{b, 0, 0};
         std::apply(kernel, args);
         state.barrier.arrive_and_wait();
@@ -47,11 +69,13 @@ unsigned long long param_bytes(void (*)(A...), int i) {
 
 }  // namespace so_emulator
 
-// `symbol(params, grid, block)` launches the kernel; `symbol_param_bytes(i)` is sizeof its
-// i-th parameter (0 past the end), which the launcher checks against its ctypes mirrors.
+// `symbol(params, grid, block, seed)` launches the kernel, its blocks in the order `seed` draws;
+// `symbol_param_bytes(i)` is sizeof its i-th parameter (0 past the end), which the launcher
+// checks against its ctypes mirrors.
 #define SO_EMULATOR_ENTRY(symbol, ...)                                                  \
-  extern "C" void symbol(void** params, unsigned grid, unsigned block) {                \
-    so_emulator::launch(&__VA_ARGS__, params, grid, block);                             \
+  extern "C" void symbol(void** params, unsigned grid, unsigned block,                  \
+                         unsigned long long seed) {                                     \
+    so_emulator::launch(&__VA_ARGS__, params, grid, block, seed);                       \
   }                                                                                     \
   extern "C" unsigned long long symbol##_param_bytes(int i) {                           \
     return so_emulator::param_bytes(&__VA_ARGS__, i);                                   \

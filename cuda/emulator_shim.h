@@ -1,7 +1,8 @@
 // Host shim: the CUDA built-ins cuda/*.cu use, so g++ -std=c++20 compiles the same kernels for
 // the CPU emulator (scaledoptim/kernels/emulator.py). A launch runs blockDim.x OS threads; each
-// runs the kernel for block 0, 1, ... in turn, with a barrier between blocks, so __syncthreads
-// and per-block __shared__ storage behave as on a GPU.
+// runs the kernel for every block in turn, in a seeded shuffled order (emulator_launch.h), with a
+// barrier between blocks, so __syncthreads and per-block __shared__ storage behave as on a GPU
+// and a result that depends on the order blocks run in differs between seeds.
 #pragma once
 
 #include <math.h>
@@ -20,6 +21,8 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+// Register limits are the GPU compiler's business (Note [launch bounds] in common.cuh).
+#define __launch_bounds__(...)
 // Blocks of one launch run one after another and launches are serialised, so function-static
 // storage is exactly one block's shared memory.
 #define __shared__ static
@@ -63,8 +66,10 @@ inline int __syncthreads_or(int predicate) {
   return block.or_result;
 }
 
-// Only thread 0 of a block calls it (after a block reduction), and blocks run one after
-// another, so emulated sums are deterministic.
-inline float atomicAdd(float* address, float value) {
-  return std::atomic_ref<float>(*address).fetch_add(value);
+// Integer atomics only: a float sum across blocks must not depend on their order
+// (Note [deterministic sums] in block_sums.cuh).
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_add(value);
 }
+
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }

@@ -2,12 +2,10 @@
 // inf/nan (Note [found_inf contract]) and the param rounding options (Note [param rounding]).
 // Three sync-free launches per step, all gated on found_inf:
 //   lamb_grad_norm_kernel: the squared global norm of the unscaled grads, into a device scalar;
-//   lamb_norms_kernel:     the new moments, and per tensor ||p||^2 and ||update||^2;
+//   lamb_norms_kernel:     the new moments, and per chunk the sums of p^2 and update^2;
 //   lamb_kernel:           the update, recomputed from the new moments, times the trust ratio.
-// Note [lamb sums]: sums are reduced per block in a fixed order, then added across blocks with
-// atomicAdd: bit-reproducible in the emulator (blocks run in order), order-dependent in the last
-// bits on a GPU.
-#include "multi_tensor_apply.cuh"
+// Every sum is bit-reproducible, whatever order blocks run in (Note [deterministic sums]).
+#include "block_sums.cuh"
 
 // Mirrored by LambArgs in scaledoptim/optim/lamb.py.
 struct LambArgs {
@@ -27,38 +25,32 @@ struct LambArgs {
   int trust_ratio;      // use_nvlamb or weight_decay != 0
 };
 
+// Mirrored by LambNormArgs in scaledoptim/optim/lamb.py.
 struct LambNormArgs {
   const float* found_inf;
   const float* inv_scale;
-  float* grad_norm_sq;  // accumulated into: zeroed by the host first
+  float* grad_norm_sq;  // stored by the last block to arrive
+  float* partials;      // every chunk's partial sum: the per-chunk list, as one buffer
+  unsigned* arrivals;   // Note [deterministic sums]: 0 between launches
+  unsigned n_chunks;    // chunks of every grad of the step, over all launches
 };
+
+enum LambNormList { kLambNormGrad, kLambNormPartial, kLambNormLists };
 
 enum LambList {
   kLambParam, kLambGrad, kLambExpAvg, kLambExpAvgSq,
-  kLambParamNormSq, kLambUpdateNormSq,  // per tensor, accumulated by lamb_norms_kernel
+  kLambParamNormSq, kLambUpdateNormSq,  // per chunk: partial sums stored by lamb_norms_kernel
   kLambMaster, kLambSeed,               // Note [param rounding]
   kLambStep, kLambLists
 };
 
-// Sums `v` over the block in a fixed order; the result is valid in thread 0.
-__device__ __forceinline__ float block_sum(float v, float* partial) {
-  partial[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned s = 1; s < blockDim.x; s <<= 1) {
-    if (threadIdx.x % (2 * s) == 0 && threadIdx.x + s < blockDim.x) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
-  }
-  const float total = partial[0];
-  __syncthreads();  // partial may be reused
-  return total;
-}
-
 template <typename G>
-__global__ void lamb_grad_norm_kernel(TensorTable<1> table, LambNormArgs args) {
-  __shared__ float partial[1024];
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    lamb_grad_norm_kernel(TensorTable<kLambNormLists> table, LambNormArgs args) {
+  __shared__ float scratch[kMaxThreadsPerBlock];
   if (step_is_skipped(args.found_inf)) return;
   const Chunk c = this_blocks_chunk(table);
-  const G* g = chunk_data<const G>(table, 0, c);
+  const G* g = chunk_data<const G>(table, kLambNormGrad, c);
   const float inv_scale = read_inv_scale(args.inv_scale);
   float sum = 0.0f;
   for_each_lanes(c.size, all_aligned(g), [&](const Lanes& l) {
@@ -67,8 +59,15 @@ __global__ void lamb_grad_norm_kernel(TensorTable<1> table, LambNormArgs args) {
 #pragma unroll
     for (int k = 0; k < kILP; ++k) sum += (rg[k] * inv_scale) * (rg[k] * inv_scale);
   });
-  const float total = block_sum(sum, partial);
-  if (threadIdx.x == 0) atomicAdd(args.grad_norm_sq, total);
+  const float total = block_sum(sum, scratch);
+  float* partials = tensor_scalar<float>(table, kLambNormPartial, c);
+  if (threadIdx.x == 0) partials[this_blocks_chunk_number(table)] = total;
+  // Note [deterministic sums]: the partials of all the step's grads lie in one buffer, in the
+  // order of the grads and their chunks, whichever launch stored them.
+  if (last_block_to_arrive(args.arrivals, args.n_chunks)) {
+    const float norm_sq = fixed_order_sum(args.partials, args.n_chunks, scratch);
+    if (threadIdx.x == 0) *args.grad_norm_sq = norm_sq;
+  }
 }
 
 struct LambStepScalars {
@@ -104,8 +103,9 @@ __device__ __forceinline__ float lamb_direction(float p, float m, float v, const
 }
 
 template <typename P, typename G>
-__global__ void lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) {
-  __shared__ float partial[1024];
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) {
+  __shared__ float scratch[kMaxThreadsPerBlock];
   if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   const Chunk& c = u.chunk;
@@ -132,16 +132,20 @@ __global__ void lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) 
     store(m, rm, l);
     store(v, rv, l);
   });
-  const float p_total = block_sum(p_sq, partial);
-  const float u_total = block_sum(u_sq, partial);
+  // Note [deterministic sums]: lamb_kernel adds each tensor's partials in chunk order.
+  const float p_total = block_sum(p_sq, scratch);
+  const float u_total = block_sum(u_sq, scratch);
   if (threadIdx.x == 0) {
-    atomicAdd(tensor_scalar<float>(table, kLambParamNormSq, c), p_total);
-    atomicAdd(tensor_scalar<float>(table, kLambUpdateNormSq, c), u_total);
+    const int chunk = this_blocks_chunk_number(table);
+    tensor_scalar<float>(table, kLambParamNormSq, c)[chunk] = p_total;
+    tensor_scalar<float>(table, kLambUpdateNormSq, c)[chunk] = u_total;
   }
 }
 
 template <typename P, typename G>
-__global__ void lamb_kernel(TensorTable<kLambLists> table, LambArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    lamb_kernel(TensorTable<kLambLists> table, LambArgs args) {
+  __shared__ float scratch[kMaxThreadsPerBlock];
   if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   const Chunk& c = u.chunk;
@@ -149,9 +153,16 @@ __global__ void lamb_kernel(TensorTable<kLambLists> table, LambArgs args) {
   const float* m = chunk_data<const float>(table, kLambExpAvg, c);
   const float* v = chunk_data<const float>(table, kLambExpAvgSq, c);
   const LambStepScalars s = lamb_step_scalars(args, u.step.number);
-  const float p_norm = sqrtf(*tensor_scalar<const float>(table, kLambParamNormSq, c));
-  const float u_norm = sqrtf(*tensor_scalar<const float>(table, kLambUpdateNormSq, c));
-  const float ratio = args.trust_ratio && p_norm > 0.0f && u_norm > 0.0f ? p_norm / u_norm : 1.0f;
+  float ratio = 1.0f;
+  if (args.trust_ratio) {
+    // Every block of the tensor adds the same partials in the same order: the same norms.
+    const long long chunks = chunks_of_tensor(table, c);
+    const float* p_partials = tensor_scalar<const float>(table, kLambParamNormSq, c);
+    const float* u_partials = tensor_scalar<const float>(table, kLambUpdateNormSq, c);
+    const float p_norm = sqrtf(fixed_order_sum(p_partials, chunks, scratch));
+    const float u_norm = sqrtf(fixed_order_sum(u_partials, chunks, scratch));
+    if (p_norm > 0.0f && u_norm > 0.0f) ratio = p_norm / u_norm;
+  }
   const float step_size = args.lr * ratio;
   for_each_lanes(c.size, all_aligned(p, m, v, u.rounding.master), [&](const Lanes& l) {
     float rp[kILP], rm[kILP], rv[kILP];

@@ -27,7 +27,8 @@ __device__ __forceinline__ void lion_update(float& p, float g, float& m, const L
 }
 
 template <typename P, typename G>
-__global__ void lion_kernel(TensorTable<kLionLists> table, LionArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    lion_kernel(TensorTable<kLionLists> table, LionArgs args) {
   update_each<P, G, kLionExpAvg>(table, args, [&](StepCount) {
     return [&](float& p, float g, float& m) { lion_update(p, g, m, args); };
   });

@@ -7,7 +7,8 @@ struct NonFiniteCheckArgs {
 };
 
 template <typename T>
-__global__ void non_finite_check_kernel(TensorTable<1> table, NonFiniteCheckArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    non_finite_check_kernel(TensorTable<1> table, NonFiniteCheckArgs args) {
   const Chunk c = this_blocks_chunk(table);
   const T* x = chunk_data<const T>(table, 0, c);
   int seen = 0;

@@ -47,7 +47,8 @@ __device__ __forceinline__ void rmsprop_update(float& p, float g, float& square_
 }
 
 template <typename P, typename G>
-__global__ void rmsprop_kernel(TensorTable<kRmspropLists> table, RmspropArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rmsprop_kernel(TensorTable<kRmspropLists> table, RmspropArgs args) {
   update_each<P, G, kRmspropSquareAvg, kRmspropMomentumBuffer, kRmspropGradAvg>(
       table, args, [&](StepCount) {
         return [&](float& p, float g, float& square_avg, float& buf, float& grad_avg) {

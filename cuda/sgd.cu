@@ -37,7 +37,8 @@ __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool f
 }
 
 template <typename P, typename G>
-__global__ void sgd_kernel(TensorTable<kSgdLists> table, SgdArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    sgd_kernel(TensorTable<kSgdLists> table, SgdArgs args) {
   update_each<P, G, kSgdMomentumBuffer>(table, args, [&](StepCount step) {
     const bool first_step = step.taken == 0.0f;
     return [&, first_step](float& p, float g, float& buf) {

@@ -52,7 +52,8 @@ __device__ __forceinline__ void update_scale(const StepEpilogueArgs& a) {
   if (a.hysteresis > 1) *a.hysteresis_tracker = hysteresis_left;
 }
 
-__global__ void step_epilogue_kernel(TensorTable<1> table, StepEpilogueArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    step_epilogue_kernel(TensorTable<1> table, StepEpilogueArgs args) {
   // One thread moves the scale; no other block reads it or its trackers in this launch.
   if (args.scale_found_inf != nullptr && blockIdx.x == 0 && threadIdx.x == 0) update_scale(args);
   if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]

@@ -28,8 +28,13 @@ class GradReduction(Protocol):
     """A reduction over every grad of a step into ``out``, run once before any group's update
     (LAMB's global grad norm). ``out`` is zeroed first."""
 
-    kernel: MultiTensorKernel  # over one list, the step's grads (scaled: it applies inv_scale)
+    kernel: MultiTensorKernel  # over tensor_lists(grads) (scaled: it applies inv_scale)
     out: Tensor  # 0-dim float32 on the grads' device
+
+    def tensor_lists(self, grads: list[Tensor]) -> TensorLists:
+        """The kernel's lists over ``grads``: ``[grads, *scratch lists]`` (LAMB's per-chunk
+        partial sums)."""
+        ...
 
     def kernel_args(self, found_inf: int | None, inv_scale: int | None) -> ctypes.Structure:
         """The kernel's argument struct, with device pointers (``None``: null)."""

@@ -17,8 +17,15 @@ from .builtin import (
     StepEpilogueArgs,
     non_finite_check_,
 )
-from .config import LaunchConfig, launch_config
-from .launcher import PreparedLaunch, is_dense, launch, prepare_launch, scalar_pointer
+from .config import MAX_THREADS_PER_BLOCK, LaunchConfig, launch_config
+from .launcher import (
+    PreparedLaunch,
+    chunk_count,
+    is_dense,
+    launch,
+    prepare_launch,
+    scalar_pointer,
+)
 from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
 from .sources import CUDA_SOURCE_DIR
@@ -28,6 +35,7 @@ from .update import launch_update
 __all__ = [
     "CUDA_SOURCE_DIR",
     "CUDA_TYPE_NAMES",
+    "MAX_THREADS_PER_BLOCK",
     "NON_FINITE_CHECK",
     "ROUNDING_LISTS",
     "STEP_EPILOGUE",
@@ -38,6 +46,7 @@ __all__ = [
     "PreparedLaunch",
     "StepEpilogueArgs",
     "builtin_kernels",
+    "chunk_count",
     "is_dense",
     "launch",
     "launch_config",

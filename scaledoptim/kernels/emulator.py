@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .config import launch_config
 from .sources import CUDA_SOURCE_DIR, sources_fingerprint
 from .spec import MultiTensorKernel, c_symbol
 from .table import MAX_CHUNKS, max_tensors, table_type
@@ -132,13 +133,14 @@ class EmulatorLibrary:
         self._entries: dict[str, Any] = {}  # ctypes function pointers
 
     def entry(self, instantiation: str) -> Any:
-        """``entry(params, grid, block)`` runs ``instantiation<<<grid, block>>>(*params)``."""
+        """``entry(params, grid, block, seed)`` runs ``instantiation<<<grid, block>>>(*params)``,
+        its blocks one after another in an order drawn from ``seed``."""
         function = self._entries.get(instantiation)
         if function is None:
             symbol = c_symbol(instantiation)
             self._check_param_layout(symbol)
             function = getattr(self._library, symbol)
-            function.argtypes = (ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+            function.argtypes = (ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint64)
             function.restype = None
             self._entries[instantiation] = function
         return function
@@ -229,5 +231,7 @@ def emulator_library(kernel: MultiTensorKernel) -> EmulatorLibrary:
 def launch(
     kernel: MultiTensorKernel, instantiation: str, params: ctypes.Array, grid: int, block: int
 ) -> None:
-    """Runs one emulated launch; returns when it has finished."""
-    emulator_library(kernel).entry(instantiation)(ctypes.addressof(params), grid, block)
+    """Runs one emulated launch, its blocks in the order ``launch_config.emulator_block_order_seed``
+    draws; returns when it has finished."""
+    run = emulator_library(kernel).entry(instantiation)
+    run(ctypes.addressof(params), grid, block, launch_config.emulator_block_order_seed)

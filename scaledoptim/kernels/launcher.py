@@ -21,7 +21,7 @@ from .config import launch_config
 from .spec import CUDA_TYPE_NAMES, MultiTensorKernel
 from .table import PlannedLaunch, plan_launches
 
-__all__ = ["PreparedLaunch", "launch", "prepare_launch", "scalar_pointer"]
+__all__ = ["PreparedLaunch", "chunk_count", "launch", "prepare_launch", "scalar_pointer"]
 
 # Tables are rebuilt only when a tensor set's data pointers (or sizes, dtypes, chunk size)
 # change; an optimizer reuses the same few sets every step.
@@ -99,7 +99,8 @@ def prepare_launch(
         tensor_lists: ``kernel.n_lists`` lists, each empty (the kernel gets null pointers and
             must not read that list) or as long as the first. All tensors are dense, on one
             device, and tensor ``i`` of every list has the strides of ``tensor_lists[0][i]``
-            and its element count, except in ``kernel.per_tensor_lists`` (one element each).
+            and its element count, except in ``kernel.per_tensor_lists`` (one element each)
+            and ``kernel.per_chunk_lists`` (one element per chunk of ``tensor_lists[0][i]``).
 
     Raises:
         ValueError, TypeError: naming the offending list and tensor; nothing is launched.
@@ -229,6 +230,7 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
             )
         allowed = CUDA_TYPE_NAMES if list_index in kernel.dtype_lists else (torch.float32,)
         per_tensor = list_index in kernel.per_tensor_lists
+        per_chunk = list_index in kernel.per_chunk_lists
         for i, t in enumerate(tensors):
             where = f"{kernel.name}: {list_name}[{i}]"
             if t.device != device:
@@ -237,15 +239,27 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
                 )
             if t.dtype not in allowed:
                 raise TypeError(f"{where} has dtype {t.dtype}; expected one of {list(allowed)}")
-            if not is_dense(t) or (not per_tensor and t.stride() != first[i].stride()):
+            if not is_dense(t) or (
+                not (per_tensor or per_chunk) and t.stride() != first[i].stride()
+            ):
                 raise ValueError(
                     f"{where} is not dense with the layout of {kernel.lists[0]}[{i}]; kernels "
                     "walk storage flat, so pass tensors that cover their storage with the "
                     "same strides (e.g. all .contiguous(), or all channels_last)"
                 )
-            expected = 1 if per_tensor else first[i].numel()
+            expected = first[i].numel()
+            if per_tensor:
+                expected = 1
+            elif per_chunk:
+                expected = chunk_count(expected)
             if t.numel() != expected:
                 raise ValueError(f"{where} has {t.numel()} elements, expected {expected}")
+
+
+def chunk_count(numel: int) -> int:
+    """The chunks a tensor of ``numel`` elements is split into (``launch_config.chunk_size``
+    each): the length of its tensors in a kernel's ``per_chunk_lists``."""
+    return -(-numel // launch_config.chunk_size)
 
 
 def is_dense(t: Tensor) -> bool:

@@ -37,6 +37,9 @@ class MultiTensorKernel:
             per tensor) is a template parameter; every other list must be float32.
         per_tensor_lists: indices of lists holding one element per tensor (e.g. step counters)
             rather than one per element of the tensors of list 0.
+        per_chunk_lists: indices of lists holding one element per chunk of the tensors of list
+            0 (``ceil(numel / launch_config.chunk_size)``; e.g. a reduction's per-block
+            partial sums, which block ``b`` stores at the chunk number of its chunk).
 
     Example::
 
@@ -52,6 +55,7 @@ class MultiTensorKernel:
     args_type: type[ctypes.Structure]
     dtype_lists: tuple[int, ...] = ()
     per_tensor_lists: tuple[int, ...] = ()
+    per_chunk_lists: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # Kernels register themselves: the NVRTC checks, the doctor and the launch op find

@@ -17,6 +17,7 @@ from ..kernels import (
     STEP_EPILOGUE,
     MultiTensorKernel,
     StepEpilogueArgs,
+    chunk_count,
     prepare_launch,
     rounding_lists,
     scalar_pointer,
@@ -67,6 +68,9 @@ class LambNormArgs(ctypes.Structure):
         ("found_inf", ctypes.c_void_p),
         ("inv_scale", ctypes.c_void_p),
         ("grad_norm_sq", ctypes.c_void_p),
+        ("partials", ctypes.c_void_p),
+        ("arrivals", ctypes.c_void_p),
+        ("n_chunks", ctypes.c_uint),
     ]
 
 
@@ -75,20 +79,23 @@ _LISTS = (
     "grads",
     "exp_avgs",
     "exp_avg_sqs",
-    "param_norms_sq",
-    "update_norms_sq",
+    "param_sq_partials",
+    "update_sq_partials",
     *ROUNDING_LISTS,
     "steps",
 )
+# Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk order.
+_KERNEL_LISTS = dict(dtype_lists=(0, 1), per_chunk_lists=(4, 5), per_tensor_lists=(7, 8))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
-                                dtype_lists=(0, 1), per_tensor_lists=(4, 5, 7, 8))  # fmt: skip
-#: The new moments and the per-tensor squared norms of params and updates, on the same lists.
+                                **_KERNEL_LISTS)  # fmt: skip
+#: The new moments, and per chunk the squared norms of params and updates, on the same lists.
 LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_kernel", _LISTS,
-                                      LambArgs, dtype_lists=(0, 1), per_tensor_lists=(4, 5, 7, 8))  # fmt: skip
-#: The squared global norm of the unscaled grads.
+                                      LambArgs, **_KERNEL_LISTS)  # fmt: skip
+#: The squared global norm of the unscaled grads, through per-chunk partial sums.
 LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
-                                          ("grads",), LambNormArgs, dtype_lists=(0,))  # fmt: skip
+                                          ("grads", "grad_sq_partials"), LambNormArgs,
+                                          dtype_lists=(0,), per_chunk_lists=(1,))  # fmt: skip
 
 
 def lamb_args(
@@ -150,10 +157,12 @@ class LAMB(FusedOptimizer):
 
     kernel = LAMB_KERNEL
     kernels_before = (LAMB_NORMS_KERNEL,)
-    # Per-device buffers of the squared global grad norm, and per-param scratch of the kernels'
-    # per-tensor norms: kept across steps so that the kernels' tables stay cached; created on
-    # first use (copies and unpickled optimizers start without them).
+    # Per-device buffers of the squared global grad norm and of its per-chunk partials, and
+    # per-param scratch of the kernels' per-chunk partial norms: kept across steps so that the
+    # kernels' tables stay cached (and a captured CUDA graph's pointers valid); created on first
+    # use (copies and unpickled optimizers start without them).
     _grad_norms_sq: dict[torch.device, Tensor] | None = None
+    _grad_partials: dict[torch.device, _ChunkPartials] | None = None
     _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
 
     def __init__(
@@ -197,16 +206,24 @@ class LAMB(FusedOptimizer):
         scratch = []
         for param in params:
             pair = self._norm_scratch.get(param)
-            if pair is None or pair[0].device != param.device:
+            chunks = chunk_count(param.numel())
+            if pair is None or pair[0].device != param.device or pair[0].numel() != chunks:
                 pair = self._norm_scratch[param] = (
-                    torch.zeros((), device=param.device),
-                    torch.zeros((), device=param.device),
+                    torch.zeros(chunks, device=param.device),
+                    torch.zeros(chunks, device=param.device),
                 )
             scratch.append(pair)
         return [[pair[0] for pair in scratch], [pair[1] for pair in scratch]]
 
     def grad_reduction(self, grads: list[Tensor]) -> _GlobalGradNorm:
-        return _GlobalGradNorm(self._grad_norm_sq(grads[0].device))
+        device = grads[0].device
+        if self._grad_partials is None:
+            self._grad_partials = {}
+        chunks = sum(chunk_count(g.numel()) for g in grads)
+        partials = self._grad_partials.get(device)
+        if partials is None or partials.partials.numel() != chunks:
+            partials = self._grad_partials[device] = _ChunkPartials(chunks, device)
+        return _GlobalGradNorm(self._grad_norm_sq(device), partials)
 
     def kernel_args(
         self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
@@ -276,16 +293,39 @@ class LAMB(FusedOptimizer):
         return buffer
 
 
+class _ChunkPartials:
+    """Scratch of a sum over the blocks of several launches (Note [deterministic sums] in
+    cuda/block_sums.cuh): one partial per chunk of every tensor, in one buffer in the tensors'
+    order, and the count of blocks that stored theirs (0 between launches: the last resets it)."""
+
+    def __init__(self, chunks: int, device: torch.device) -> None:
+        self.partials = torch.zeros(chunks, device=device)
+        self.arrivals = torch.zeros((), dtype=torch.int32, device=device)
+
+    def per_tensor(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The partials of each of ``tensors`` (those the buffer was sized for), as views."""
+        return list(self.partials.split([chunk_count(t.numel()) for t in tensors]))
+
+
 class _GlobalGradNorm:
-    """LAMB's squared global grad norm over every grad of the step, into ``out``."""
+    """LAMB's squared global grad norm over every grad of the step, into ``out``, through the
+    per-chunk ``partials`` of those grads."""
 
     kernel = LAMB_GRAD_NORM_KERNEL
 
-    def __init__(self, out: Tensor) -> None:
+    def __init__(self, out: Tensor, partials: _ChunkPartials) -> None:
         self.out = out
+        self.partials = partials
+
+    def tensor_lists(self, grads: list[Tensor]) -> list[list[Tensor]]:
+        return [grads, self.partials.per_tensor(grads)]
 
     def kernel_args(self, found_inf: int | None, inv_scale: int | None) -> LambNormArgs:
-        return LambNormArgs(found_inf, inv_scale, self.out.data_ptr())
+        partials = self.partials
+        return LambNormArgs(
+            found_inf, inv_scale, self.out.data_ptr(), partials.partials.data_ptr(),
+            partials.arrivals.data_ptr(), partials.partials.numel(),
+        )  # fmt: skip
 
     def torch_form(self, grads: list[Tensor]) -> None:
         # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
@@ -478,14 +518,17 @@ def lamb_(
         inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
         master_params, sr_seeds: the param rounding lists (see
             :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        norms_sq: two lists of 0-dim float32 scratch tensors (one per param each) receiving
-            the squared norms of params and updates, or ``None`` to allocate them.
+        norms_sq: two lists of float32 scratch tensors (one per param each, of one element
+            per chunk of the param: :func:`~scaledoptim.kernels.chunk_count`) receiving the
+            partial squared norms of params and updates, or ``None`` to allocate them.
         options: the keyword arguments of :func:`lamb_args` but the pointers.
     """
     if not params:
         return
     device = params[0].device
-    norms = norms_sq or [[torch.zeros((), device=device) for _ in params] for _ in range(2)]
+    norms = norms_sq or [
+        [torch.zeros(chunk_count(p.numel()), device=device) for p in params] for _ in range(2)
+    ]
     lists = [
         params,
         grads,
@@ -495,15 +538,17 @@ def lamb_(
         *rounding_lists(master_params, sr_seeds),
         steps,
     ]
-    grad_norm_sq = torch.zeros((), device=device)
-    grad_norm = prepare_launch(LAMB_GRAD_NORM_KERNEL, [grads])
+    grad_norm = _GlobalGradNorm(
+        torch.zeros((), device=device),
+        _ChunkPartials(sum(chunk_count(g.numel()) for g in grads), device),
+    )
+    grad_norm_launch = prepare_launch(LAMB_GRAD_NORM_KERNEL, grad_norm.tensor_lists(list(grads)))
     update = [prepare_launch(kernel, lists) for kernel in (LAMB_NORMS_KERNEL, LAMB_KERNEL)]
     epilogue = prepare_launch(STEP_EPILOGUE, [steps])
     found = scalar_pointer(found_inf, "found_inf", device)
     inv = scalar_pointer(inv_scale, "inv_scale", device)
-    grad_norm.run(LambNormArgs(found, inv, grad_norm_sq.data_ptr()))
-    torch._foreach_zero_([t for scratch in norms for t in scratch])
-    args = lamb_args(found, inv, grad_norm_sq.data_ptr(), **options)
+    grad_norm_launch.run(grad_norm.kernel_args(found, inv))
+    args = lamb_args(found, inv, grad_norm.out.data_ptr(), **options)
     for launch in update:
         launch.run(args)
     epilogue.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update

@@ -76,7 +76,7 @@ class RowUpdate:
         device = lists[0][0].device
         reduction = opt.grad_reduction(self.grads)
         reduce = (
-            kernels.prepare_launch(reduction.kernel, [self.grads])
+            kernels.prepare_launch(reduction.kernel, reduction.tensor_lists(self.grads))
             if reduction is not None
             else None
         )

@@ -60,7 +60,9 @@ class KernelBackend(Backend):
     ) -> _KernelReduction:
         grads = list(chain.from_iterable(grad_lists))
         return _KernelReduction(
-            reduction, prepare_launch(reduction.kernel, [grads]), _pointers(grads)
+            reduction,
+            prepare_launch(reduction.kernel, reduction.tensor_lists(grads)),
+            _pointers(grads),
         )
 
     def prepare_epilogue(self, steps: list[Tensor]) -> _KernelEpilogue:
