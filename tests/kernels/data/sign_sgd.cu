@@ -19,7 +19,8 @@ __device__ __forceinline__ void sign_sgd_update(float& p, float g, const SignSgd
 }
 
 template <typename P, typename G>
-__global__ void sign_sgd_kernel(TensorTable<kSignSgdLists> table, SignSgdArgs args) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    sign_sgd_kernel(TensorTable<kSignSgdLists> table, SignSgdArgs args) {
   update_each<P, G>(table, args, [&](StepCount) {  // once per block
     return [&](float& p, float g) { sign_sgd_update(p, g, args); };  // once per element
   });

@@ -1,0 +1,46 @@
+"""Every kernel launches at any block size LaunchConfig allows (Note [launch bounds] in
+cuda/common.cuh): compiled by NVRTC for sm_80 and sm_90 (no GPU needed), each instantiation
+uses at most the registers a block of MAX_THREADS_PER_BLOCK threads may hold."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prerequisites import require_module
+
+from scaledoptim.kernels import CUDA_SOURCE_DIR, MAX_THREADS_PER_BLOCK, builtin_kernels
+from tests.support.cubin import registers_per_thread
+
+require_module("cupy", "the launch-bounds check compiles through CuPy's NVRTC bindings")
+
+from scaledoptim.kernels.nvrtc import compile_for_arch  # noqa: E402
+
+#: 32-bit registers of one thread block on sm_80 and sm_90 (CUDA C++ Programming Guide,
+#: "Technical Specifications per Compute Capability").
+REGISTERS_PER_BLOCK = 65536
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("kernel", builtin_kernels(), ids=lambda k: k.name)
+def test_every_instantiation_fits_the_largest_block(kernel, arch):
+    registers = registers_per_thread(compile_for_arch(kernel, arch))
+    assert len(registers) == len(kernel.instantiations()), registers
+    too_many = {
+        name: count
+        for name, count in registers.items()
+        if count * MAX_THREADS_PER_BLOCK > REGISTERS_PER_BLOCK
+    }
+    assert not too_many, (
+        f"{kernel.source.name} for sm_{arch}: registers per thread x {MAX_THREADS_PER_BLOCK} "
+        f"threads > {REGISTERS_PER_BLOCK}, so a launch at that block size fails: {too_many}"
+    )
+
+
+def test_every_global_declares_the_launch_bounds_the_config_allows():
+    common = (CUDA_SOURCE_DIR / "common.cuh").read_text()
+    assert f"constexpr int kMaxThreadsPerBlock = {MAX_THREADS_PER_BLOCK};" in common
+    for source in sorted(CUDA_SOURCE_DIR.glob("*.cu")):
+        declarations = re.findall(r"__global__ void(.*)", source.read_text())
+        assert declarations, source.name
+        assert set(declarations) == {" __launch_bounds__(kMaxThreadsPerBlock)"}, source.name
