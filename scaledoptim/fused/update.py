@@ -75,7 +75,7 @@ class Update(Protocol):
 
     def scratch_lists(self, group: Group, params: list[Tensor]) -> TensorLists:
         """Per-param float32 scratch lists between the state and the rounding lists, zeroed
-        before each update on our kernels (LAMB's per-tensor norms); usually none."""
+        before each update on our kernels (LAMB's per-chunk partial norms); usually none."""
         ...
 
     def grad_reduction(self, grads: list[Tensor]) -> GradReduction | None:
