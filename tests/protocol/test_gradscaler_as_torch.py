@@ -8,21 +8,12 @@ import pytest
 import torch
 
 import scaledoptim
+from tests.scale.test_gradscaler_state import _loss, _model
 from tests.support.training import assert_bit_identical, snapshot
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
 CLEAN_BEFORE_SHORTENING = 4
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-
-
-def _loss(model: torch.nn.Module, step: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(step)
-    return torch.nn.functional.mse_loss(model(torch.randn(8, 4, generator=gen)), torch.zeros(8, 2))
 
 
 def _iterate(model, opt, scaler, steps) -> list[float]:
