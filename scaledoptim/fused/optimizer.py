@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -19,9 +19,9 @@ from ..kernels import ROUNDING_LISTS, MultiTensorKernel
 from ..protocol import Optimizer
 from ..protocol.plans import PendingStep
 from .backends import select
+from .loading import plan_loaded_groups, plan_loaded_state
 from .plan import FusedStepPlan, MasterWatch, StepCache, plan_step
 from .rounding import check_rounding_options, check_rounding_params
-from .state import cast_loaded_state
 from .update import GradReduction, Group, TensorLists
 
 __all__ = [
@@ -191,60 +191,31 @@ class FusedOptimizer(Optimizer, abc.ABC):
     def _takes_rounding_lists(self) -> bool:
         return self.kernel.lists[-3:-1] == ROUNDING_LISTS
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As :meth:`scaledoptim.Optimizer.load_state_dict`, keeping state fp32 for 16-bit params.
+    def _plan_load_state(
+        self, state_dict: dict[str, Any], by_id: dict[Hashable, torch.Tensor]
+    ) -> dict[torch.Tensor, dict[str, Any]]:
+        """Validates every option and state entry the next step reads (``fused/loading.py``)
+        and returns the per-param state to install, kept fp32 for 16-bit params.
 
         torch would cast loaded moments to the param's dtype (and lose bits that a bit-exact
         resume needs), so the per-param state is cast here instead: floating state to float32
         (or the param's dtype if wider), everything on the param's device, every tensor a copy.
-        Load-state-dict hooks run as torch runs them: pre-hooks on the state_dict given (they
-        may replace it), post-hooks once every param's state is in place.
         """
+        groups = plan_loaded_groups(self, state_dict["param_groups"], self._legacy_options)
+        planned = plan_loaded_state(self, groups, state_dict["state"], by_id)
         # The step cache holds the state it validated: let the old state go with the load. The
         # loaded masters are the truth, whatever was written to the params before.
         self._step_cache = None
         self._master_watch = None
-        hooks = self.__dict__
-        pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
-        post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]
-        for pre_hook in list(pre_hooks.values()):
-            replaced = pre_hook(self, state_dict)
-            if replaced is not None:
-                state_dict = replaced
-        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict):
-            raise ValueError("Corrupt optimizer state_dict: it needs a 'state' dict")
-        saved_groups = state_dict.get("param_groups")
-        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                "loaded state dict has a different number of parameter groups than the optimizer"
-            )
-        saved_ids = [i for g in saved_groups for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        if len(saved_ids) != len(params):
-            raise ValueError("loaded state dict contains a parameter group that doesn't match")
-        by_id = dict(zip(saved_ids, params))
-        loaded = {
-            by_id[i]: {key: cast_loaded_state(by_id[i], key, value) for key, value in s.items()}
-            for i, s in state_dict["state"].items()
-            if i in by_id
-        }
-        # torch's loader gets no state (it would round 16-bit params' moments) and no hooks
-        # (they ran above, and run below once the state is in place).
-        hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
-        hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
-        try:
-            super().load_state_dict({**state_dict, "state": {}})
-        finally:
-            hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
-            hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks
-        self.state.update(loaded)
-        for post_hook in list(post_hooks.values()):
-            post_hook(self)
+        return planned
 
     #: Options a checkpoint of an older version may lack, with the value that version behaved
     #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
     #: ``self.defaults``.
     _legacy_options: ClassVar[dict[str, Any]] = {}
+    #: Whether torch.optim's state of this update has no ``step`` (SGD's): a loaded state
+    #: without one counts one step taken; otherwise it is refused, as torch's step would fail.
+    _state_may_lack_step: ClassVar[bool] = False
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # As torch.optim's classes do: groups saved by older versions lack newer options.

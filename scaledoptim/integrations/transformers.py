@@ -24,15 +24,23 @@ Trainer's and the Accelerator's public methods:
 * ``create_optimizer``: a :class:`scaledoptim.AdamW` from the arguments (the AdamW optimizers);
   an optimizer given through ``optimizers=`` must have the loss-scaling protocol.
 * ``log``: adds ``loss_scale`` to the training logs.
+* ``_load_scaler``, the Trainer's one private method overridden: it loads ``scaler.pt``, a
+  GradScaler's ``state_dict`` a stock ``Trainer(fp16=True)`` checkpoint holds, into
+  ``self.accelerator.scaler``, which ScaledTrainer has not. Here the scaler's scale and growth
+  tracker are imported into the optimizer's scale (``load_gradscaler_state_dict``), after the
+  Trainer loaded ``optimizer.pt``; a transformers release without the method simply never
+  calls it.
 
 The scale is in the optimizer's ``state_dict``, which the Trainer saves as ``optimizer.pt``
-and loads on resume; accelerate's ``scaler.pt`` is neither written nor read (there is no
-accelerate scaler).
+and loads on resume; ``scaler.pt`` is never written (there is no accelerate scaler), and read
+only from checkpoints of a stock Trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -40,11 +48,13 @@ import torch
 from ..amp import autocast
 from ..optim import AdamW
 from ..protocol import Optimizer, patch_optimizer, scale_outputs
+from ..scale import ScalingConfig
 from .accelerate import unwrap_optimizer
 
 try:
     import transformers
     from accelerate import Accelerator
+    from transformers.trainer import SCALER_NAME  # a stock fp16 Trainer's GradScaler state
 except ImportError as error:  # pragma: no cover - exercised only without the extras
     raise ImportError(
         "scaledoptim.integrations.transformers needs transformers and accelerate: "
@@ -140,6 +150,23 @@ class ScaledTrainer(transformers.Trainer):
     ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD)`` on the
     optimizer you pass, so that every rank skips together.
 
+    The dynamic scale's settings (``init_scale``, ``growth_interval``, ``hysteresis``, ...) are
+    one argument, ``scaling_config``. Resuming a checkpoint of a stock ``Trainer(fp16=True)``
+    works: its ``optimizer.pt`` (a torch.optim state_dict) loads with the configured
+    ``init_scale``, then the scale and growth tracker of its ``scaler.pt`` (accelerate's
+    GradScaler) are imported, keeping ``scaling_config``'s hysteresis and bounds, so the run
+    continues the stock run's scale sequence.
+
+    Args:
+        *args: :class:`transformers.Trainer`'s arguments.
+        scaling_config: the settings of the optimizer's loss scale under ``fp16=True``, given to
+            its :meth:`~scaledoptim.Optimizer.configure_scaling` once the optimizer is built
+            (also an optimizer passed with ``optimizers=``: a process group it was configured
+            with is then dropped, so configure that one yourself instead). ``None`` (default):
+            the optimizer's own, :class:`~scaledoptim.ScalingConfig`'s defaults for the AdamW
+            built here.
+        **kwargs: :class:`transformers.Trainer`'s keyword arguments.
+
     Example::
 
         >>> args = transformers.TrainingArguments("out", fp16=True, use_cpu=True, max_steps=10)
@@ -150,6 +177,17 @@ class ScaledTrainer(transformers.Trainer):
     """
 
     _scaledoptim_run: _ScalingRun
+
+    def __init__(self, *args: Any, scaling_config: ScalingConfig | None = None, **kwargs: Any) -> None:
+        if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
+            raise TypeError(
+                "ScaledTrainer(scaling_config=...) takes a scaledoptim.ScalingConfig, got a "
+                f"{type(scaling_config).__name__}: scaling_config=ScalingConfig(init_scale=..., "
+                "growth_interval=..., hysteresis=...)"
+            )
+        #: The loss scale's settings under ``fp16=True`` (see the class docstring).
+        self.scaling_config = scaling_config
+        super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ setup
     def create_accelerator_and_postprocess(self) -> None:
@@ -216,8 +254,19 @@ class ScaledTrainer(transformers.Trainer):
                     "(scaledoptim.AdamW, ...), or scaledoptim.patch_optimizer(opt)"
                 )
             patch_optimizer(_unwrap(optimizer))
+        if self._scaledoptim_run.scaled and self.scaling_config is not None:
+            _unwrap(optimizer).configure_scaling(**dataclasses.asdict(self.scaling_config))
         self._scaledoptim_run.optimizer = optimizer
         return optimizer
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        """Imports a stock fp16 Trainer checkpoint's GradScaler state into the optimizer's scale
+        (Note [ScaledTrainer hooks]); nothing to do without ``scaler.pt`` or under bf16/fp32."""
+        path = None if checkpoint is None else os.path.join(checkpoint, SCALER_NAME)
+        if path is None or not os.path.isfile(path) or not self._scaledoptim_run.scaled:
+            return
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self._scaledoptim_run.scaled_optimizer().load_gradscaler_state_dict(state)
 
     # ------------------------------------------------------------------ the step
     def autocast_smart_context_manager(

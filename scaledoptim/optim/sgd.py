@@ -111,6 +111,7 @@ class SGD(FusedOptimizer):
     _legacy_options: ClassVar[dict[str, Any]] = {
         "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
     }  # fmt: skip
+    _state_may_lack_step = True
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -69,9 +69,18 @@ class GradScaler(torch.amp.GradScaler):
       :meth:`step`, as under torch's GradScaler.
 
     With any other optimizer it is :class:`torch.amp.GradScaler`. Differences: :meth:`scale`
-    also takes dicts (torch's returns an iterator over the keys) and lets ``None`` through;
-    invalid settings raise ``ValueError``/``TypeError`` (torch asserts, or accepts a growth factor
-    of 0.5); a bad state_dict is refused before anything changes.
+    also takes dicts (torch's returns an iterator over the keys) and lets ``None`` entries of a
+    list, tuple or dict through; invalid settings raise ``ValueError``/``TypeError`` (torch
+    asserts, or accepts a growth factor of 0.5); a bad state_dict is refused before anything
+    changes.
+
+    A growth tracker at or past the growth interval (``set_growth_interval(n)`` below the
+    clean iterations counted so far) is torch's state, and checkpoints holding it (the
+    scaler's and its optimizers') load. :meth:`update` is torch's: it grows the scale only when
+    ``tracker + 1 == interval``, so such a tracker counts on without growing the scale until an
+    overflow resets it, exactly as torch.amp.GradScaler (torch 2.13); an optimizer that loads
+    the state and steps with its own protocol grows it at the next clean step (Note [growth
+    tracker past the interval] in scale/loss_scale.py).
 
     Args:
         device: the device type of the scale (``"cuda"``, ``"cpu"``, ...). As torch's, a
@@ -170,11 +179,20 @@ class GradScaler(torch.amp.GradScaler):
         r"""Multiplies a tensor, or every tensor of nested lists/tuples/dicts, by the scale.
 
         As :meth:`torch.amp.GradScaler.scale` (the scale is created on the device of the first
-        tensor, and a 0-dim scale keeps each output's dtype); dicts come back as dicts, ``None``
-        entries pass through. Returns ``outputs`` unchanged when the scaler is disabled.
+        tensor, and a 0-dim scale keeps each output's dtype; another iterable comes back as a
+        lazy ``map``); dicts come back as dicts, ``None`` entries pass through. Returns
+        ``outputs`` unchanged when the scaler is disabled.
+
+        Raises:
+            ValueError: ``outputs`` is neither a tensor nor an iterable (a float, ``None``), as
+                torch raises.
         """
         if not self._enabled:
             return outputs
+        if not isinstance(outputs, (torch.Tensor, list, tuple, Mapping)):
+            if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Iterable):
+                raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+            return map(self.scale, outputs)  # another iterable: scaled lazily, as torch does
         if self._scale is None:
             first = _first_tensor(outputs)
             if first is None:
@@ -200,13 +218,17 @@ class GradScaler(torch.amp.GradScaler):
         self._check_stage(optimizer, "unscale_")
         self._check_can_adopt(optimizer)
         plan_step = optimizer._plan_step()
+        state = self._per_optimizer_states[id(optimizer)]
+        if not plan_step.grads:  # as torch: nothing checked, and step() will say so
+            state["found_inf_per_device"] = {}
+            state["stage"] = OptState.UNSCALED
+            return
         check_no_fp16_grads(plan_step.grads, "GradScaler.unscale_()")
         plan = optimizer._plan_unscale(self._scale, plan_step, own=False)
         assert plan.inv_scale is not None and self._loss_scale is not None
         optimizer._adopt_scale(self._loss_scale, _DRIVER)
         unscale_in_place_(plan_step.grads, plan.found_inf, plan.inv_scale)
         found_inf = optimizer._agree(plan.found_inf)
-        state = self._per_optimizer_states[id(optimizer)]
         state["found_inf_per_device"] = {found_inf.device: found_inf}
         state["stage"] = OptState.UNSCALED
 
@@ -221,6 +243,10 @@ class GradScaler(torch.amp.GradScaler):
 
         Returns:
             what ``optimizer.step()`` returned, or ``None`` for a step skipped on the host.
+
+        Raises:
+            AssertionError: the optimizer has no grads to check (torch's "No inf checks were
+                recorded for this optimizer."), before anything changes.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -231,9 +257,13 @@ class GradScaler(torch.amp.GradScaler):
         self._check_scale_growth_tracker("step")
         stage = self._check_stage(optimizer, "step")
         assert self._loss_scale is not None
-        if stage is OptState.UNSCALED:
-            (found_inf,) = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()
+        found_infs = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        if stage is OptState.UNSCALED and found_infs:
+            (found_inf,) = found_infs.values()
             request = StepRequest(unscale=False, found_inf=found_inf)
+        elif stage is OptState.UNSCALED or not _has_grads(optimizer):
+            # torch's assertion: an iteration with nothing checked is not a clean one.
+            raise AssertionError("No inf checks were recorded for this optimizer.")
         else:
             self._check_can_adopt(optimizer)
             request = StepRequest(
@@ -368,6 +398,10 @@ class GradScaler(torch.amp.GradScaler):
                 UserWarning,
                 stacklevel=4,
             )
+
+
+def _has_grads(optimizer: torch.optim.Optimizer) -> bool:
+    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
 
 def _first_tensor(outputs: Any) -> torch.Tensor | None:

@@ -4,6 +4,7 @@ state in and out. The per-step half of the protocol is in optimizer.py."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -16,6 +17,7 @@ from ..scale import (
     loss_scale_from_gradscaler_state,
 )
 from .backward_check import BackwardCheck
+from .loads import check_layout
 
 __all__ = ["ScaleOwner", "ScalingState"]
 
@@ -155,25 +157,67 @@ class ScaleOwner(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`torch.optim.Optimizer.load_state_dict`, restoring the loss scale too.
 
+        A plan, then a commit (Note [loads are plans] in protocol/loads.py): the load-state-dict
+        pre-hooks run on the state_dict given (they may replace it), then its layout, every
+        value the optimizer will read and the scale state are validated; only then is anything
+        installed, and the post-hooks run. A refusal names the key and the fix and changes
+        nothing.
+
         A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
         scale reset to its configured ``init_scale`` (an optimizer a
         :class:`scaledoptim.GradScaler` steps keeps the scaler's scale, loaded with the
-        scaler). The scale state is validated before anything changes, then copied into
-        :attr:`~scaledoptim.Optimizer.scale`'s tensor: ``S = opt.scale`` taken before the load
-        resumes from the loaded scale. The process group given to
-        :meth:`~scaledoptim.Optimizer.configure_scaling` is kept.
+        scaler). The scale state is copied into :attr:`~scaledoptim.Optimizer.scale`'s tensor:
+        ``S = opt.scale`` taken before the load resumes from the loaded scale. The process group
+        given to :meth:`~scaledoptim.Optimizer.configure_scaling` is kept.
 
         Raises:
-            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale` (see
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and
+                :meth:`~scaledoptim.Optimizer.step_after_unscale` (see
                 :meth:`~scaledoptim.Optimizer.state_dict`).
+            TypeError, ValueError: a state_dict this optimizer did not write, or one whose
+                values its next step would reject or turn into NaN, naming the key.
         """
+        hooks = self.__dict__
+        pre_hooks = hooks["_optimizer_load_state_dict_pre_hooks"]
+        post_hooks = hooks["_optimizer_load_state_dict_post_hooks"]
+        for pre_hook in list(pre_hooks.values()):
+            replaced = pre_hook(self, state_dict)
+            if replaced is not None:
+                state_dict = replaced
+        by_id = check_layout(self, state_dict)
         loss_scale, torch_state_dict = self._split_scale_state(state_dict)
-        super().load_state_dict(torch_state_dict)
+        planned = self._plan_load_state(torch_state_dict, by_id)
+        if planned is not None:  # torch's loader gets no state: it is installed as planned
+            torch_state_dict = {**torch_state_dict, "state": {}}
+        # torch's loader gets no hooks: they ran above, and run below once all is in place.
+        hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
+        hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
+        try:
+            super().load_state_dict(torch_state_dict)
+        finally:
+            hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
+            hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks
+        if planned is not None:
+            self.state.update(planned)
         state = self._scaling()
         if loss_scale is not None:  # None: a plain torch.optim state_dict into a GradScaler's
             state.loss_scale = self._keep_handle(loss_scale)
             state.loaded = "loss_scale" in state_dict
         state.found_inf = None
+        for post_hook in list(post_hooks.values()):
+            post_hook(self)
+
+    def _plan_load_state(
+        self, state_dict: dict[str, Any], by_id: dict[Hashable, torch.Tensor]
+    ) -> dict[torch.Tensor, dict[str, Any]] | None:
+        """Validates the param groups and per-param state of ``state_dict`` (layout checked,
+        ``by_id``: the param each saved id stands for) and returns the state to install, or
+        ``None`` to let torch's loader cast and install it. Changes nothing.
+
+        The hook an optimizer that knows its state answers (the fused ones); a generic
+        optimizer's state is torch's business, and its options are checked at its next step.
+        """
+        return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As :meth:`torch.optim.Optimizer.zero_grad`; on a shared scale it also lets the next
@@ -302,7 +346,13 @@ class ScaleOwner(torch.optim.Optimizer):
                 "then call scaledoptim.share_scale(...) again"
             )
         state_dict = dict(state_dict)
+        given = "loss_scale" in state_dict
         scale_state = state_dict.pop("loss_scale", None)
+        if given and scale_state is None:
+            raise TypeError(
+                "Corrupt optimizer state_dict: 'loss_scale' is None. Load the 'loss_scale' "
+                "state_dict() wrote, or delete the key to start from the configured init_scale"
+            )
         device = self._params_device()
         if scale_state is None:
             if current.driver is not None:

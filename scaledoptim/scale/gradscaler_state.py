@@ -6,7 +6,9 @@ Note [GradScaler state]
 ``backoff_factor`` (floats), ``growth_interval`` and ``_growth_tracker`` (ints); a disabled
 scaler returns ``{}``. Its update rule is our :class:`~scaledoptim.scaling.LossScale` with
 ``hysteresis=1`` and the default ``min_scale``/``max_scale``, so a scale and tracker imported
-from it continue the same sequence of scales and skips. GradScaler has no hysteresis: an
+from it continue the same sequence of scales and skips, a tracker at or past
+``growth_interval`` included (``set_growth_interval(n)`` below the tracker leaves one; the next
+clean step grows the scale, in torch as here). GradScaler has no hysteresis: an
 imported scale starts with the full allowance (``hysteresis_tracker = config.hysteresis``).
 Exporting the other way cannot carry hysteresis or scale bounds; that loses behaviour, not
 state, so it warns rather than refuses (the scale and tracker it exports are exact).
@@ -30,6 +32,7 @@ __all__ = ["gradscaler_state_from_loss_scale", "loss_scale_from_gradscaler_state
 _FLOAT_KEYS = ("scale", "growth_factor", "backoff_factor")
 _INT_KEYS = ("growth_interval", "_growth_tracker")
 _KEYS = _FLOAT_KEYS + _INT_KEYS
+_INT32_MAX = 2**31 - 1  # GradScaler's growth tracker is an int32 tensor
 
 
 def loss_scale_from_gradscaler_state(
@@ -143,11 +146,9 @@ def _check_ranges(state: Mapping[str, Any], base: ScalingConfig) -> None:
         ),
         "backoff_factor": (0 < state["backoff_factor"] < 1, "must be in (0, 1)"),
         "growth_interval": (interval >= 1, "must be >= 1"),
-        "_growth_tracker": (
-            0 <= tracker < max(interval, 1),
-            f"must be in [0, growth_interval={interval}): GradScaler resets it on reaching "
-            "growth_interval",
-        ),
+        # At or past the interval after set_growth_interval(n) below it: torch loads that
+        # state, and grows at the next clean step (Note [growth tracker past the interval]).
+        "_growth_tracker": (0 <= tracker <= _INT32_MAX, "must be in [0, 2**31 - 1]"),
     }
     for key, (ok, rule) in problems.items():
         if not ok:

@@ -185,6 +185,9 @@ class LossScale:
         if c.hysteresis == 1 and not force_backoff and c.max_scale == _FLOAT32.max:
             if scaled_by is not self.scale:
                 self.scale.copy_(scaled_by)
+            # torch grows only when tracker + 1 == interval: a tracker past the interval would
+            # stop growth until the next overflow (Note [growth tracker past the interval]).
+            self.growth_tracker.clamp_(max=min(c.tracked_growth_interval - 1, _INT32_MAX))
             torch._amp_update_scale_(
                 self.scale, self.growth_tracker, found_inf,
                 c.growth_factor, c.backoff_factor, c.tracked_growth_interval,
@@ -225,7 +228,15 @@ class LossScale:
     def from_state_dict(cls, state: Mapping[str, Any], device: torch.device) -> LossScale:
         """Builds a ``LossScale`` from :meth:`state_dict` output, validating every field.
 
-        Reads the values on the host (this is a checkpoint load, not a training step).
+        Reads the values on the host (this is a checkpoint load, not a training step). The
+        scale must be a real floating one-element tensor, the trackers integer ones; a growth
+        tracker at or past ``growth_interval`` loads and grows the scale at the next clean step
+        (Note [growth tracker past the interval]). Config keys an older version did not write
+        take their defaults.
+
+        Raises:
+            TypeError: ``state`` is not a dict, or a tensor has the wrong kind of dtype.
+            ValueError: a missing or unknown key, or a value out of range, naming it.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"loss_scale state must be a dict, got {type(state).__name__}")
@@ -242,15 +253,11 @@ class LossScale:
         unknown = set(state["config"]) - known
         if unknown:
             raise ValueError(f"Corrupt loss_scale state: unknown config keys {sorted(unknown)}")
-        config = ScalingConfig(**state["config"])
-        values = {}
-        for name in ("scale", "growth_tracker", "hysteresis_tracker"):
-            value = state[name]
-            if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_meta:
-                raise ValueError(
-                    f"Corrupt loss_scale state: {name!r} must be a one-element tensor with data"
-                )
-            values[name] = value.detach().reshape(()).to("cpu", torch.float64).item()
+        try:
+            config = ScalingConfig(**state["config"])
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"Corrupt loss_scale state: 'config': {error}") from error
+        values = {name: _read_one(state, name) for name in _TENSOR_DTYPES}
         scale = values["scale"]
         in_bounds = config.min_scale <= scale <= config.max_scale
         if not (math.isfinite(scale) and in_bounds and is_float32_scale(scale)):
@@ -259,10 +266,20 @@ class LossScale:
                 f"with a finite float32 reciprocal, or outside [min_scale={config.min_scale}, "
                 f"max_scale={config.max_scale}]"
             )
-        # A tracker beyond its config would grow the scale early or tolerate too many overflows.
-        limits = {"growth_tracker": config.growth_interval - 1, "hysteresis_tracker": config.hysteresis}
+        # Note [growth tracker past the interval]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # A growth tracker at or past growth_interval is a state the library writes itself
+        # (scaler.set_growth_interval(n) below the clean steps counted, as torch's GradScaler
+        # does), so it loads. The optimizer's own protocol grows the scale at the next clean
+        # step on every path (update_ clamps the tracker before torch's op; the slow path and
+        # cuda/step_epilogue.cu compare clean steps >= interval). A scaledoptim.GradScaler's
+        # update() is torch's ``_amp_update_scale_``, which grows only when tracker + 1 ==
+        # interval: as under torch, its scale grows again after the next overflow resets the
+        # tracker. A hysteresis tracker beyond its config would tolerate more overflows than
+        # configured: refused.
+        limits = {"growth_tracker": _INT32_MAX, "hysteresis_tracker": config.tracked_hysteresis}
         for name, limit in limits.items():
-            if not 0 <= values[name] <= limit or values[name] != int(values[name]):
+            if not 0 <= values[name] <= limit:
                 raise ValueError(
                     f"Corrupt loss_scale state: {name} = {values[name]} is not an integer in "
                     f"[0, {limit}] for its config"
@@ -272,6 +289,41 @@ class LossScale:
         loss_scale.growth_tracker.fill_(int(values["growth_tracker"]))
         loss_scale.hysteresis_tracker.fill_(int(values["hysteresis_tracker"]))
         return loss_scale
+
+
+#: What each tensor of a loss_scale state holds: a real floating scale, integer trackers (a bool
+#: or complex scale would be read as 1.0 or lose its imaginary part).
+_TENSOR_DTYPES = {"scale": "a real floating", "growth_tracker": "an integer",
+                  "hysteresis_tracker": "an integer"}  # fmt: skip
+_INT32_MAX = torch.iinfo(torch.int32).max
+
+
+def _read_one(state: Mapping[str, Any], name: str) -> float:
+    """The value of the one-element tensor ``state[name]``, read on the host, after checking its
+    kind (:data:`_TENSOR_DTYPES`)."""
+    value = state[name]
+    wanted = _TENSOR_DTYPES[name]
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_meta:
+        raise ValueError(
+            f"Corrupt loss_scale state: {name!r} must be a one-element tensor with data, got "
+            f"{_describe(value)}; pass the 'loss_scale' a scaledoptim optimizer's state_dict() "
+            "wrote, or drop the key to start from the configured init_scale"
+        )
+    floating = value.is_floating_point()
+    integer = not (floating or value.is_complex() or value.dtype == torch.bool)
+    if not (floating if name == "scale" else integer):
+        raise TypeError(
+            f"Corrupt loss_scale state: {name!r} must be {wanted} tensor, got a {value.dtype} "
+            "one; pass the 'loss_scale' a scaledoptim optimizer's state_dict() wrote"
+        )
+    return float(value.detach().reshape(()).to("cpu", torch.float64).item())
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        kind = "meta tensor" if value.is_meta else "tensor"
+        return f"a {value.dtype} {kind} of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 @dataclasses.dataclass(frozen=True)

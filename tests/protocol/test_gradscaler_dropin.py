@@ -258,10 +258,11 @@ def test_the_optimizers_checkpoint_carries_the_scalers_scale() -> None:
             warnings.simplefilter("error")
             _iteration(resumed, resumed_opt, resumed_scaler, 5)
         assert resumed_scaler.get_scale() == resumed_opt.scale.item()
-    fresh = PAIRS["AdamW"][0](_model().parameters())
+    fresh_model = _model()
+    fresh = PAIRS["AdamW"][0](fresh_model.parameters())
     fresh.load_state_dict(_load(data)["opt"])
     with pytest.warns(UserWarning, match="scaler's state_dict too"):
-        _iteration(_model(), fresh, scaledoptim.GradScaler("cpu"), 5)
+        _iteration(fresh_model, fresh, scaledoptim.GradScaler("cpu"), 5)
 
 
 BAD_STATES = {
@@ -277,8 +278,8 @@ BAD_STATES = {
                         _growth_tracker=0), ValueError, "scale"),
     "growth factor below one": (dict(scale=8.0, growth_factor=0.5, backoff_factor=0.5,
                                      growth_interval=10, _growth_tracker=0), ValueError, "growth_factor"),
-    "tracker at the interval": (dict(scale=8.0, growth_factor=2.0, backoff_factor=0.5,
-                                     growth_interval=10, _growth_tracker=10), ValueError, "_growth_tracker"),
+    "negative tracker": (dict(scale=8.0, growth_factor=2.0, backoff_factor=0.5,
+                              growth_interval=10, _growth_tracker=-1), ValueError, "_growth_tracker"),
     "a GradScaler": (torch.amp.GradScaler("cpu"), TypeError, "state"),
 }  # fmt: skip
 

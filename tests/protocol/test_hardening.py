@@ -149,7 +149,7 @@ BAD = [
     Bad("checkpoint scale out of bounds", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("scale", torch.tensor(1e-39))), ValueError, "outside"),
     Bad("checkpoint scale holds no data", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("scale", torch.ones((), device="meta"))), ValueError, "with data"),
     Bad("checkpoint hysteresis beyond config", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("hysteresis_tracker", torch.tensor(9))), ValueError, "hysteresis_tracker"),
-    Bad("checkpoint growth tracker beyond interval", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("growth_tracker", torch.tensor(5))), ValueError, "growth_tracker"),
+    Bad("checkpoint growth tracker negative", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("growth_tracker", torch.tensor(-1))), ValueError, "growth_tracker"),
     Bad("checkpoint config of the wrong type", _load_mutated(lambda sd: sd["loss_scale"]["config"].__setitem__("growth_interval", "2000")), TypeError, "growth_interval"),
     Bad("checkpoint of another model", _load_mutated(lambda sd: sd["state"][0].__setitem__(next(k for k in sd["state"][0] if k != "step"), torch.zeros(2))), ValueError, "another model"),
     Bad("checkpoint missing a param group", _load_mutated(lambda sd: sd["param_groups"].pop()), ValueError, "parameter groups"),

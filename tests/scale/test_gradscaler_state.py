@@ -168,7 +168,6 @@ BAD = [
     _bad("tensor-scale", TypeError, "'scale'", scale=torch.tensor(512.0)),
     _bad("float-interval", TypeError, "'growth_interval'", growth_interval=10.0),
     _bad("bool-tracker", TypeError, "'_growth_tracker'", _growth_tracker=True),
-    _bad("tracker-at-interval", ValueError, "'_growth_tracker'", _growth_tracker=10),
     _bad("negative-tracker", ValueError, "'_growth_tracker'", _growth_tracker=-1),
     _bad("inf-scale", ValueError, "'scale'", scale=float("inf")),
     _bad("zero-scale", ValueError, "'scale'", scale=0.0),
