@@ -82,6 +82,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
+    #: Whether each element's update reads only that element of the param, grad and state
+    #: (and scalars): then a DTensor param's torch form runs on its local shard (no). LAMB's
+    #: per-tensor norms read the whole tensor.
+    elementwise: ClassVar[bool] = False
     #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
     _plans_in_step: ClassVar[bool] = True
     #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as

@@ -87,6 +87,7 @@ _DTYPE: Callable[[Tensor], torch.dtype] = vars(torch._C.TensorBase)["dtype"].__g
 _SIZE = Tensor.size
 _VERSION: Callable[[Tensor], int] = vars(torch._C.TensorBase)["_version"].__get__
 _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
 
 
 class Planned(Update, Protocol):
@@ -155,6 +156,7 @@ class FusedStepPlan:
         self.grads: list[Tensor] = []
         self.groups: list[_GroupLists] = []
         self.grads_copied = False  # a grad was copied into its param's layout
+        self.over_subclasses = False  # a param is a tensor subclass (a DTensor, ...)
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, Tensor | None] = {}
         # Note [param edits under master weights]: the masters, and those to resync first.
@@ -200,7 +202,20 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
     """The step's plan from scratch: every param, grad and state entry validated, new state
     built on the side, every group's update, the grad reduction and the epilogue prepared."""
     device = optimizer._params_device()
-    plan = FusedStepPlan(optimizer, select(device))
+    backend = select(device)
+    plan = FusedStepPlan(optimizer, backend)
+    plan.over_subclasses = any(
+        type(p) not in _PLAIN_TENSOR_TYPES
+        for group in optimizer.param_groups
+        for p in group["params"]
+    )
+    if plan.over_subclasses:
+        _check_dtensor_update(optimizer)
+        if backend is not TORCH_NATIVE:
+            # Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
+            # only; torch's ops take a DTensor (or another subclass) as torch.optim gives it them.
+            plan = FusedStepPlan(optimizer, TORCH_NATIVE)
+            plan.over_subclasses = True
     seed_index = _seed_index(optimizer)
     rounds = optimizer.kernel.lists[-3:-1] == ROUNDING_LISTS
     for group in optimizer.param_groups:
@@ -281,6 +296,24 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
     if plan.masters is not None:
         plan.edited_masters = plan.masters.edited(optimizer)
     return plan
+
+
+def _check_dtensor_update(optimizer: Planned) -> None:
+    """Raises for DTensor params of an update that is not elementwise (Note [tensor
+    subclasses] in backends/torch_native.py): its per-tensor reductions would need the mesh."""
+    if optimizer.elementwise or not torch.distributed.is_available():
+        return
+    from torch.distributed.tensor import DTensor
+
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if isinstance(param, DTensor):
+                raise TypeError(
+                    f"{type(optimizer).__name__} cannot step DTensor params yet: its update "
+                    "reduces over each whole tensor (norms), which a sharded param would need "
+                    "reduced across its mesh; use an elementwise optimizer (AdamW, Adam, SGD, "
+                    "Adagrad, RMSprop, Lion) for sharded params, or replicate them"
+                )
 
 
 def _pack_counters(
@@ -524,6 +557,10 @@ class _GroupEntry:
                 or list(map(_DEVICE_INDEX, grads)) != self.devices
             ):
                 return None
+            # A null pointer with elements is a grad a kernel cannot read (Note [launchable
+            # tensors] in kernels/launcher.py): the full plan refuses it before any table moves.
+            if 0 in pointers and any(p == 0 and g.numel() for p, g in zip(pointers, grads)):
+                return None
             if self.update is not None:
                 self.update.repoint(pointers)
             self.grad_ptrs = pointers
@@ -557,9 +594,10 @@ class StepCache:
     @staticmethod
     def of(optimizer: Planned, plan: FusedStepPlan) -> StepCache | None:
         """The cache of ``plan``, or ``None`` when the next step may not be planned the same way:
-        state still to create, params on two backends, or grads copied into their param's
-        layout."""
-        if plan.new_state or plan.grads_copied or len(plan.parts) != 1:
+        state still to create, params on two backends, grads copied into their param's layout,
+        or params that are tensor subclasses (a DTensor's ``data_ptr()`` is 0, so the pointer
+        comparisons of Note [step cache] could not see its storage, or its state's, move)."""
+        if plan.new_state or plan.grads_copied or plan.over_subclasses or len(plan.parts) != 1:
             return None
         return StepCache(optimizer, plan)
 

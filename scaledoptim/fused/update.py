@@ -63,6 +63,10 @@ class Update(Protocol):
     #: "What takes torch.optim's own implementation");
     #: ``None``: such params are refused.
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
+    #: Whether each element's update reads only that element of the param, grad and state
+    #: (and scalars), so that it may run on a DTensor's local shard (Note [tensor subclasses]
+    #: in fused/backends/torch_native.py).
+    elementwise: ClassVar[bool]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
     #: implementation, as torch.optim's ``step`` does.
     defaults: dict[str, Any]

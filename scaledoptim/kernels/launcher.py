@@ -21,7 +21,9 @@ from .config import launch_config
 from .spec import CUDA_TYPE_NAMES, MultiTensorKernel
 from .table import PlannedLaunch, plan_launches
 
-__all__ = ["PreparedLaunch", "chunk_count", "launch", "prepare_launch", "scalar_pointer"]
+__all__ = [
+    "PreparedLaunch", "check_launchable", "chunk_count", "launch", "prepare_launch", "scalar_pointer",
+]
 
 # Tables are rebuilt only when a tensor set's data pointers (or sizes, dtypes, chunk size)
 # change; an optimizer reuses the same few sets every step.
@@ -59,10 +61,19 @@ class PreparedLaunch:
         """
         if not self.owns_tables:
             raise RuntimeError("repoint() rewrites tables: call it on launch.detached()")
-        for _, planned in self.plans:
-            slots = planned.slot_tensors
-            picked = operator.itemgetter(*slots)(pointers) if len(slots) > 1 else (pointers[slots[0]],)
-            planned.table.ptrs[list_index][: len(slots)] = picked
+        picks = [
+            operator.itemgetter(*slots)(pointers) if len(slots) > 1 else (pointers[slots[0]],)
+            for slots in (planned.slot_tensors for _, planned in self.plans)
+        ]
+        # Note [launchable tensors]: an empty tensor, the one kind with a null pointer, gets no
+        # slot. All checked before any table changes.
+        if any(0 in picked for picked in picks):
+            raise ValueError(
+                f"{self.kernel.name}: repoint() got a null data pointer for a tensor with "
+                "elements (a tensor subclass, or one without storage); nothing was changed"
+            )
+        for (_, planned), picked in zip(self.plans, picks):
+            planned.table.ptrs[list_index][: len(picked)] = picked
 
     def run(self, args: ctypes.Structure, later_args: ctypes.Structure | None = None) -> None:
         """Launches with scalar arguments ``args`` (an instance of ``kernel.args_type``), or
@@ -166,9 +177,54 @@ def scalar_pointer(t: Tensor | None, name: str, device: torch.device) -> int | N
     return t.data_ptr()
 
 
+# Note [launchable tensors]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# A kernel gets raw data pointers, so it may only see tensors whose data pointer is the address
+# of their elements: plain strided tensors (or Parameters of them) with real storage on the CPU
+# or a CUDA device. A tensor subclass does not qualify whatever its data_ptr() says: a DTensor
+# reports 0 (its elements live in its local tensor), a FakeTensor or a functional tensor has no
+# storage of its own, a __torch_dispatch__ wrapper's pointer is not its elements'. The fused
+# optimizers route such params to torch's ops (fused/plan.py); whatever still reaches a launch is
+# refused here, before a pointer is read. `check_launchable` is the one gate: every table is
+# built by `_planned_launches`, which calls it first, and `PreparedLaunch.repoint`, the only
+# other writer of pointers, refuses a null one.
+_PLAIN_TENSOR_TYPES = frozenset((Tensor, torch.nn.Parameter))
+
+
+def check_launchable(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]) -> None:
+    """Raises unless every tensor of ``tensor_lists`` may be handed to ``kernel`` as a data
+    pointer (Note [launchable tensors]): a plain tensor, not a subclass, on the CPU or a CUDA
+    device, with storage of its own (a non-null data pointer unless it is empty).
+
+    Raises:
+        TypeError: naming the list, the index and the tensor's type; nothing is launched.
+    """
+    for list_name, tensors in zip(kernel.lists, tensor_lists):
+        for i, t in enumerate(tensors):
+            where = f"{kernel.name}: {list_name}[{i}]"
+            if type(t) not in _PLAIN_TENSOR_TYPES:
+                raise TypeError(
+                    f"{where} is a {type(t).__module__}.{type(t).__qualname__}, not a plain "
+                    "torch.Tensor; kernels read raw data pointers, so pass plain tensors (for a "
+                    "DTensor, its .to_local()), or use torch's ops (SCALEDOPTIM_KERNELS=torch)"
+                )
+            if t.device.type not in ("cpu", "cuda") or torch._is_functional_tensor(t):
+                raise TypeError(
+                    f"{where} has no storage a kernel can read (a {t.device.type} "
+                    f"{'functional ' if t.device.type in ('cpu', 'cuda') else ''}tensor); "
+                    "kernels run on CUDA tensors, and on CPU tensors through the emulator"
+                )
+            if t.numel() and not t.data_ptr():
+                raise TypeError(
+                    f"{where} has a null data pointer with {t.numel()} elements; kernels need "
+                    "tensors with storage of their own"
+                )
+
+
 def _planned_launches(
     kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]
 ) -> list[tuple[str, PlannedLaunch]]:
+    check_launchable(kernel, tensor_lists)
     first = tensor_lists[0]
     key = (
         kernel,

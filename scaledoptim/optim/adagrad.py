@@ -96,6 +96,7 @@ class Adagrad(FusedOptimizer):
     """
 
     kernel = ADAGRAD_KERNEL
+    elementwise = True
     torch_optim = torch.optim.Adagrad
 
     def __init__(

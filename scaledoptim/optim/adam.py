@@ -121,6 +121,7 @@ class Adam(FusedOptimizer):
     """
 
     kernel = ADAM_KERNEL
+    elementwise = True
     torch_optim = torch.optim.Adam
     _legacy_options: ClassVar[dict[str, Any]] = {
         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,

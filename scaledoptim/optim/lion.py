@@ -105,6 +105,7 @@ class Lion(FusedOptimizer):
     """
 
     kernel = LION_KERNEL
+    elementwise = True
 
     def __init__(
         self,

@@ -99,6 +99,7 @@ class RMSprop(FusedOptimizer):
     """
 
     kernel = RMSPROP_KERNEL
+    elementwise = True
     torch_optim = torch.optim.RMSprop
     _legacy_options: ClassVar[dict[str, Any]] = {
         "momentum": 0, "centered": False, "foreach": None, "maximize": False,

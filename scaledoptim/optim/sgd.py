@@ -107,6 +107,7 @@ class SGD(FusedOptimizer):
     """
 
     kernel = SGD_KERNEL
+    elementwise = True
     torch_optim = torch.optim.SGD
     _legacy_options: ClassVar[dict[str, Any]] = {
         "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,

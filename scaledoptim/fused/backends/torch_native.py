@@ -34,6 +34,25 @@ from .base import Backend
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+
+# Note [tensor subclasses]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# Params that are tensor subclasses (DTensor under FSDP2 or tensor parallel, ...) take this
+# backend (Note [launchable tensors] in kernels/launcher.py). An elementwise update
+# (``Update.elementwise``) runs on a DTensor's local shard: each element's update reads only that
+# element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
+# strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
+# norms) take the DTensors, whose ops reduce over the whole sharded tensor. The unscale and the
+# inf/nan check take DTensor grads as they are.
+
+
+def _local_shards(tensors: list[Tensor]) -> list[Tensor]:
+    """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
+    return [
+        t if type(t) in _PLAIN_TENSOR_TYPES or not hasattr(t, "to_local") else t.to_local()
+        for t in tensors
+    ]
 
 
 class TorchNativeBackend(Backend):
@@ -113,6 +132,10 @@ class TorchUpdate:
         if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # Note [param rounding]
             *state_lists, self.masters, self.seeds = state_lists
         self.state_lists = state_lists
+        # Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
+        self.on_shards = update.elementwise and any(
+            type(p) not in _PLAIN_TENSOR_TYPES for p in params
+        )
         # No working copies: no masters, no 16-bit params, grads of their params' dtypes (the
         # step cache keeps the dtypes as planned, Note [step cache]).
         self.in_place = not self.masters and all(
@@ -122,16 +145,21 @@ class TorchUpdate:
     def __call__(
         self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
     ) -> None:
-        params, steps = self.params, self.steps
+        params, masters, state_lists = self.params, self.masters, self.state_lists
+        steps = self.steps
+        if self.on_shards:
+            params, grads, masters = map(_local_shards, (params, grads, masters))
+            state_lists = [_local_shards(state) for state in state_lists]
         if self.in_place:
-            self.run([params, grads, *self.state_lists, steps], found_inf)
+            self.run([params, grads, *state_lists, steps], found_inf)
             return
         # Note [param rounding]: with masters the update runs on them in place.
-        work = self.masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
+        work = masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
-        self.run([work, work_grads, *self.state_lists, steps], found_inf)
+        self.run([work, work_grads, *state_lists, steps], found_inf)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
-            stochastic_round_(params, work, self.seeds, steps)
+            seeds = _local_shards(self.seeds) if self.on_shards else self.seeds
+            stochastic_round_(params, work, seeds, steps)
             return
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
         if not rounded:
