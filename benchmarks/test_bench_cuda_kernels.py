@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from scaledoptim import kernels
+from scaledoptim.doctor.adamw_loops import SCALE, gradscaler_loop
 from scaledoptim.testing.optim_db import row
 from tests.support.gpu import (
     CUDA_KERNEL_MARKS,
@@ -23,7 +24,6 @@ from tests.support.launches import row_update
 pytestmark = list(CUDA_KERNEL_MARKS)
 
 SHAPES = {"1x25M": [25_000_000], "500x10k": [10_000] * 500}
-SCALE = 2.0**16
 BYTES_PER_PARAM = 32
 
 
@@ -61,20 +61,13 @@ def _scaledoptim_step(sizes):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_torch_gradscaler_fused_adamw_cuda(benchmark, shape) -> None:
+    """GradScaler's ``step`` + ``update`` over torch's fused AdamW, on grads of a backward of
+    ``scaler.scale(loss)`` (its ``step`` needs the scale that call creates)."""
     benchmark.group = f"adamw-step-cuda-{shape}"
     benchmark.extra_info["baseline"] = True
-    params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in SHAPES[shape]]
-    for p, g in zip(params, _scaled_grads(SHAPES[shape])):
-        p.grad = g
-    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
-    scaler = torch.amp.GradScaler("cuda", init_scale=SCALE, growth_interval=10**9)
-
-    def step():
-        scaler.step(optimizer)  # fused: unscale folded into the kernel, no host sync
-        scaler.update()
-
-    step()
-    benchmark.pedantic(_synchronized(step), rounds=30, warmup_rounds=3)
+    loop = gradscaler_loop(SHAPES[shape], torch.device("cuda"))
+    loop.step()
+    benchmark.pedantic(_synchronized(loop.step), rounds=30, warmup_rounds=3)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

@@ -5,8 +5,11 @@
 #include "common.cuh"
 #include "dtypes.cuh"
 
-// Elements per thread per iteration: 4 fp32 = one 16-byte vector load.
+// Elements per thread per iteration, unless a kernel asks for more: 4 fp32 = one 16-byte vector
+// load. See Note [vector lanes].
 constexpr int kILP = 4;
+// The widest load or store one thread issues (LDG.128 / STG.128).
+constexpr int kVectorBytes = 16;
 // Chunks per launch, as in apex/torch.
 constexpr int kMaxChunks = 320;
 // The table travels by value in the kernel parameters, which CUDA caps at 4 KB; keep room for
@@ -29,7 +32,7 @@ struct TensorTable {
 
   void* ptrs[N_LISTS][kMaxTensors];
   long long sizes[kMaxTensors];
-  long long chunk_size;  // a multiple of kILP
+  long long chunk_size;  // a multiple of kILP (of 8 for 16-byte 16-bit vectors in every chunk)
   int chunk_index[kMaxChunks];  // chunk number within its tensor
   unsigned char chunk_tensor[kMaxChunks];  // slot of the chunk's tensor
 };
@@ -69,23 +72,40 @@ __device__ __forceinline__ T* tensor_scalar(const TensorTable<N>& table, int lis
   return static_cast<T*>(table.ptrs[list][c.tensor]);
 }
 
-template <typename T>
-struct alignas(sizeof(T) * kILP) Vec {
-  T x[kILP];
+// Note [vector lanes]
+// ~~~~~~~~~~~~~~~~~~~
+// A thread handles ILP elements ("lanes") of every list per iteration. Where every list's chunk
+// is aligned, the lanes are contiguous and each list moves them in 16-byte accesses (fewer when
+// ILP elements are narrower): 4 fp32 = one float4, 8 fp16/bf16 = one 16-byte access, 8 fp32 = two
+// float4. Elsewhere (a view at an odd storage offset, the tail after the last whole vector) the
+// lanes are guarded scalars. Lanes only decide which thread touches which element, never the
+// per-element math: an elementwise kernel gives the same bits at any ILP and on either path.
+// update_each picks ILP so that its narrowest list moves 16 bytes (kUpdateLanes); kernels
+// that sum across lanes (LAMB's norms) keep kILP, so their order of summation stays put.
+
+// Elements of T in one vector access of ILP lanes.
+template <typename T, int ILP>
+constexpr int kVectorWidth = ILP * static_cast<int>(sizeof(T)) < kVectorBytes
+                                 ? ILP
+                                 : kVectorBytes / static_cast<int>(sizeof(T));
+
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Vec {
+  T x[W];
 };
 
-template <typename T>
+template <int ILP = kILP, typename T>
 __device__ __forceinline__ bool is_aligned(const T* p) {
-  return reinterpret_cast<so_uintptr>(p) % sizeof(Vec<T>) == 0;
+  return reinterpret_cast<so_uintptr>(p) % sizeof(Vec<T, kVectorWidth<T, ILP>>) == 0;
 }
 
 // Null pointers (lists the kernel does not read) count as aligned.
-template <typename... T>
+template <int ILP = kILP, typename... T>
 __device__ __forceinline__ bool all_aligned(const T*... p) {
-  return (is_aligned(p) && ...);
+  return (is_aligned<ILP>(p) && ...);
 }
 
-// The kILP elements one thread handles in one iteration: first + k * stride for k < kILP.
+// The ILP elements one thread handles in one iteration: first + k * stride for k < ILP.
 // Vector lanes are contiguous and in bounds; scalar lanes are strided across the block (so the
 // block's accesses stay coalesced) and only those with index < end exist.
 struct Lanes {
@@ -98,44 +118,55 @@ struct Lanes {
 };
 
 // Loads the lanes as fp32; inactive lanes read as 0 and are never stored.
-template <typename T>
-__device__ __forceinline__ void load(float (&r)[kILP], const T* p, const Lanes& l) {
+template <int ILP, typename T>
+__device__ __forceinline__ void load(float (&r)[ILP], const T* p, const Lanes& l) {
   if (l.vector) {
-    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(p + l.first);
+    constexpr int W = kVectorWidth<T, ILP>;
+    const Vec<T, W>* vectors = reinterpret_cast<const Vec<T, W>*>(p + l.first);
 #pragma unroll
-    for (int k = 0; k < kILP; ++k) r[k] = to_float(v.x[k]);
+    for (int j = 0; j < ILP / W; ++j) {
+      const Vec<T, W> v = vectors[j];
+#pragma unroll
+      for (int k = 0; k < W; ++k) r[j * W + k] = to_float(v.x[k]);
+    }
   } else {
 #pragma unroll
-    for (int k = 0; k < kILP; ++k) r[k] = l.active(k) ? to_float(p[l.first + k * l.stride]) : 0.0f;
+    for (int k = 0; k < ILP; ++k) r[k] = l.active(k) ? to_float(p[l.first + k * l.stride]) : 0.0f;
   }
 }
 
 // Stores the lanes, each rounded once (round-to-nearest-even) to T.
-template <typename T>
-__device__ __forceinline__ void store(T* p, const float (&r)[kILP], const Lanes& l) {
+template <int ILP, typename T>
+__device__ __forceinline__ void store(T* p, const float (&r)[ILP], const Lanes& l) {
   if (l.vector) {
-    Vec<T> v;
+    constexpr int W = kVectorWidth<T, ILP>;
+    Vec<T, W>* vectors = reinterpret_cast<Vec<T, W>*>(p + l.first);
 #pragma unroll
-    for (int k = 0; k < kILP; ++k) v.x[k] = from_float<T>(r[k]);
-    *reinterpret_cast<Vec<T>*>(p + l.first) = v;
+    for (int j = 0; j < ILP / W; ++j) {
+      Vec<T, W> v;
+#pragma unroll
+      for (int k = 0; k < W; ++k) v.x[k] = from_float<T>(r[j * W + k]);
+      vectors[j] = v;
+    }
   } else {
 #pragma unroll
-    for (int k = 0; k < kILP; ++k) {
+    for (int k = 0; k < ILP; ++k) {
       if (l.active(k)) p[l.first + k * l.stride] = from_float<T>(r[k]);
     }
   }
 }
 
 // Calls body(Lanes) until this thread has covered its share of the chunk's `n` elements:
-// 16-byte vectors while every pointer is aligned, guarded scalars for the rest.
-template <typename Body>
+// vectors of ILP lanes while every pointer is aligned, guarded scalars for the rest
+// (Note [vector lanes]).
+template <int ILP = kILP, typename Body>
 __device__ __forceinline__ void for_each_lanes(long long n, bool aligned, Body&& body) {
   const long long threads = blockDim.x;
-  const long long vector_end = aligned ? n / kILP * kILP : 0;
-  for (long long i = threadIdx.x * kILP; i < vector_end; i += threads * kILP) {
+  const long long vector_end = aligned ? n / ILP * ILP : 0;
+  for (long long i = threadIdx.x * ILP; i < vector_end; i += threads * ILP) {
     body(Lanes{i, 1, vector_end, true});
   }
-  for (long long i = vector_end + threadIdx.x; i < n; i += threads * kILP) {
+  for (long long i = vector_end + threadIdx.x; i < n; i += threads * ILP) {
     body(Lanes{i, threads, n, false});
   }
 }
@@ -172,8 +203,8 @@ __device__ __forceinline__ ParamRounding param_rounding(const TensorTable<N>& ta
 }
 
 // The param's lanes as fp32: from the master when there is one.
-template <typename P>
-__device__ __forceinline__ void load_param(float (&r)[kILP], const P* p, const ParamRounding& pr,
+template <int ILP, typename P>
+__device__ __forceinline__ void load_param(float (&r)[ILP], const P* p, const ParamRounding& pr,
                                            const Lanes& l) {
   if (pr.master) {
     load(r, pr.master, l);
@@ -183,16 +214,17 @@ __device__ __forceinline__ void load_param(float (&r)[kILP], const P* p, const P
 }
 
 // Stochastic rounding exists for bf16 only; the host never asks it of another type.
-template <typename T>
-__device__ __forceinline__ void store_stochastic(T* p, const float (&r)[kILP], const Lanes& l,
+template <int ILP, typename T>
+__device__ __forceinline__ void store_stochastic(T* p, const float (&r)[ILP], const Lanes& l,
                                                  const ParamRounding&) {
   store(p, r, l);
 }
 
-__device__ __forceinline__ void store_stochastic(so_bfloat16* p, const float (&r)[kILP], const Lanes& l,
+template <int ILP>
+__device__ __forceinline__ void store_stochastic(so_bfloat16* p, const float (&r)[ILP], const Lanes& l,
                                                  const ParamRounding& pr) {
 #pragma unroll
-  for (int k = 0; k < kILP; ++k) {
+  for (int k = 0; k < ILP; ++k) {
     if (!l.active(k)) continue;
     const long long i = l.first + k * l.stride;
     p[i].bits = bfloat16_bits_from_float_sr(r[k], so_sr_noise(pr.key, pr.start + i));
@@ -201,8 +233,8 @@ __device__ __forceinline__ void store_stochastic(so_bfloat16* p, const float (&r
 
 // Stores the updated fp32 lanes: into the master (if any), and into the param rounded to
 // nearest or stochastically.
-template <typename P>
-__device__ __forceinline__ void store_param(P* p, const float (&r)[kILP], const ParamRounding& pr,
+template <int ILP, typename P>
+__device__ __forceinline__ void store_param(P* p, const float (&r)[ILP], const ParamRounding& pr,
                                             const Lanes& l) {
   if (pr.master) store(pr.master, r, l);
   if (pr.stochastic) {
@@ -264,9 +296,10 @@ __device__ __forceinline__ UpdateChunk update_chunk(const TensorTable<N>& table,
 
 // One state list's lanes in registers; a list the host left null (an option that turns it
 // off, e.g. max_exp_avg_sq without amsgrad) is neither read nor written and reads as 0.
+template <int ILP>
 struct StateLanes {
   float* data;
-  float r[kILP];
+  float r[ILP];
 
   __device__ __forceinline__ void load(const Lanes& l) {
     if (data) ::load(r, data, l);
@@ -276,16 +309,23 @@ struct StateLanes {
   }
 };
 
+// Lanes per thread of an update with params P and grads G (Note [vector lanes]): its narrowest
+// list moves 16 bytes per access (8 lanes when either is 16-bit; the fp32 lists then move two
+// float4 each).
+template <typename P, typename G>
+constexpr int kUpdateLanes =
+    kVectorBytes / static_cast<int>(sizeof(P) < sizeof(G) ? sizeof(P) : sizeof(G));
+
 // C++ has no pack of local variables: each state list's lanes are one parameter of the pack.
-template <typename P, typename G, typename Math, typename... State>
+template <int ILP, typename P, typename G, typename Math, typename... State>
 __device__ __forceinline__ void update_lanes(P* p, const G* g, const UpdateChunk& u,
                                              const Math& math, const Lanes& l, State... state) {
-  float rp[kILP], rg[kILP];
+  float rp[ILP], rg[ILP];
   load_param(rp, p, u.rounding, l);
   load(rg, g, l);
   (state.load(l), ...);
 #pragma unroll
-  for (int k = 0; k < kILP; ++k) math(rp[k], rg[k] * u.inv_scale, state.r[k]...);
+  for (int k = 0; k < ILP; ++k) math(rp[k], rg[k] * u.inv_scale, state.r[k]...);
   store_param(p, rp, u.rounding, l);
   (state.store(l), ...);
 }
@@ -294,10 +334,12 @@ template <typename P, typename G, int N, typename Math, typename... State>
 __device__ __forceinline__ void update_chunk_lanes(const TensorTable<N>& table,
                                                    const UpdateChunk& u, const Math& math,
                                                    State*... state) {
+  constexpr int ILP = kUpdateLanes<P, G>;
   P* p = chunk_data<P>(table, kParamList, u.chunk);
   const G* g = chunk_data<const G>(table, kGradList, u.chunk);
-  for_each_lanes(u.chunk.size, all_aligned(p, g, state..., u.rounding.master), [&](const Lanes& l) {
-    update_lanes(p, g, u, math, l, StateLanes{state, {}}...);
+  const bool aligned = all_aligned<ILP>(p, g, state..., u.rounding.master);
+  for_each_lanes<ILP>(u.chunk.size, aligned, [&](const Lanes& l) {
+    update_lanes<ILP>(p, g, u, math, l, StateLanes<ILP>{state, {}}...);
   });
 }
 

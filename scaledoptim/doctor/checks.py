@@ -64,6 +64,8 @@ CHECKS: tuple[Check, ...] = (
           performance.bandwidth, needs_gpu=True),
     Check("step-time", "fused AdamW step vs GradScaler + torch fused AdamW",
           performance.step_time, needs_gpu=True),
+    Check("clip-step-time", "unscale + clip_grad_norm_ + step vs the same loop with GradScaler",
+          performance.clip_step_time, needs_gpu=True),
     Check("host-cost", "host time of a step, per tensor (launches off)", host_cost.run),
 )  # fmt: skip
 

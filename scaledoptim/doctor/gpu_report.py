@@ -3,8 +3,10 @@ the doctor in one run, written to one Markdown report.
 
 Run it from a checkout (the tests and benchmarks are not in the wheel) with the ``test`` and
 ``cuda12`` extras installed. On a machine without a CUDA device the GPU tests and benchmarks
-report *skipped* and the doctor skips its GPU checks; the report says so. Exits with status 1 when
-any part failed.
+report *skipped* (the tests' CPU twins, on the emulator, still run) and the doctor skips its GPU
+checks; the report says so. The summary at the top repeats the doctor's bandwidth and step-time
+lines (ours against GradScaler + torch's fused AdamW, without and with clipping). Exits with
+status 1 when any part failed.
 """
 
 from __future__ import annotations
@@ -26,11 +28,19 @@ _PYTEST = (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA")
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """One command of the report: its title, its argv, and the paths it needs in the checkout."""
+    """One command of the report.
+
+    Args:
+        title: the report's heading for it.
+        argv: the command.
+        needs: paths it needs in the checkout.
+        highlights: the first words of output lines that the report's summary repeats.
+    """
 
     title: str
     argv: tuple[str, ...]
     needs: tuple[str, ...] = ()
+    highlights: tuple[str, ...] = ()
 
 
 PARTS: tuple[Part, ...] = (
@@ -40,7 +50,11 @@ PARTS: tuple[Part, ...] = (
         (*_PYTEST, "benchmarks/test_bench_cuda_kernels.py"),
         ("benchmarks/test_bench_cuda_kernels.py",),
     ),
-    Part("doctor", (sys.executable, "-m", "scaledoptim.doctor")),
+    Part(
+        "doctor",
+        (sys.executable, "-m", "scaledoptim.doctor"),
+        highlights=("bandwidth", "step-time", "clip-step-time"),
+    ),
 )
 _TAIL_LINES = 120  # of each part's output, in the report
 
@@ -74,6 +88,11 @@ def _section(part: Part, returncode: int, output: str, seconds: float) -> str:
     )
 
 
+def _highlighted(part: Part, output: str) -> list[str]:
+    """The lines of ``output`` whose first word is one of ``part.highlights``."""
+    return [line for line in output.splitlines() if line.split(" ", 1)[0] in part.highlights]
+
+
 def main(argv: Sequence[str] | None = None, parts: Sequence[Part] = PARTS) -> int:
     """Runs ``parts`` from the current directory and writes the report; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m scaledoptim.doctor.gpu_report")
@@ -81,10 +100,11 @@ def main(argv: Sequence[str] | None = None, parts: Sequence[Part] = PARTS) -> in
     args = parser.parse_args(argv)
     root = pathlib.Path.cwd()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    sections, failed = [], []
+    sections, failed, highlights = [], [], []
     for part in parts:
         returncode, output, seconds = _run(part, root)
         sections.append(_section(part, returncode, output, seconds))
+        highlights += _highlighted(part, output)
         if returncode != 0:
             failed.append(part.title)
     summary = f"FAILED: {', '.join(failed)}" if failed else "every part passed"
@@ -93,6 +113,8 @@ def main(argv: Sequence[str] | None = None, parts: Sequence[Part] = PARTS) -> in
         f"# scaledoptim GPU report\n\n{datetime.datetime.now():%Y-%m-%d %H:%M}, {device}, "
         f"torch {torch.__version__}.\n\n**{summary}.**\n\n"
     )
+    if highlights:
+        header += "```text\n" + "\n".join(highlights) + "\n```\n\n"
     args.report.write_text(header + "\n".join(sections))
     print(f"{summary}; report written to {args.report}")
     return 1 if failed else 0

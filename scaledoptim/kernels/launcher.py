@@ -229,7 +229,9 @@ def _planned_launches(
     key = (
         kernel,
         launch_config.chunk_size,
-        tuple(t.data_ptr() for tensors in tensor_lists for t in tensors),
+        # Per list: flattened, the same tensors with another list left empty would share a key
+        # (the caching allocator hands the next optimizer's state the addresses just freed).
+        tuple(tuple(t.data_ptr() for t in tensors) for tensors in tensor_lists),
         tuple(t.numel() for t in first),
         tuple(t.stride() for t in first),
         tuple(

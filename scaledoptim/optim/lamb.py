@@ -55,6 +55,8 @@ class LambArgs(ctypes.Structure):
         ("eps", ctypes.c_float),
         ("weight_decay", ctypes.c_float),
         ("max_grad_norm", ctypes.c_float),
+        ("log_beta1", ctypes.c_float),
+        ("log_beta2", ctypes.c_float),
         ("bias_correction", ctypes.c_int),
         ("adam_w_mode", ctypes.c_int),
         ("trust_ratio", ctypes.c_int),
@@ -98,6 +100,11 @@ LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_gra
                                           dtype_lists=(0,), per_chunk_lists=(1,))  # fmt: skip
 
 
+def _log(beta: float) -> float:
+    """log(beta) in double; -inf for 0 (the bias correction is then 1)."""
+    return math.log(beta) if beta > 0 else -math.inf
+
+
 def lamb_args(
     found_inf: int | None,
     inv_scale: int | None,
@@ -119,7 +126,8 @@ def lamb_args(
         found_inf=found_inf, inv_scale=inv_scale, grad_norm_sq=grad_norm_sq, lr=lr, beta1=beta1,
         beta1_grad=1 - beta1 if grad_averaging else 1.0, beta2=beta2, one_minus_beta2=1 - beta2,
         eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-        bias_correction=bias_correction, adam_w_mode=adam_w_mode,
+        log_beta1=_log(beta1), log_beta2=_log(beta2), bias_correction=bias_correction,
+        adam_w_mode=adam_w_mode,
         trust_ratio=use_nvlamb or weight_decay != 0,
     )  # fmt: skip
 
@@ -262,8 +270,9 @@ class LAMB(FusedOptimizer):
         v = torch._foreach_mul(exp_avg_sqs, o["beta2"])
         torch._foreach_addcmul_(v, grads, grads, value=1 - o["beta2"])
         if o["bias_correction"]:
-            c1 = [1 - torch.pow(o["beta1"], s) for s in steps]
-            c2 = [1 - torch.pow(o["beta2"], s) for s in steps]
+            # -expm1(step * log(beta)), as the kernel: 1 - beta**step cancels.
+            c1 = [-torch.expm1(s * _log(o["beta1"])) for s in steps]
+            c2 = [-torch.expm1(s * _log(o["beta2"])) for s in steps]
             update = torch._foreach_div(
                 torch._foreach_div(m, c1),
                 torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, c2)), o["eps"]),

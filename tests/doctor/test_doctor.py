@@ -23,6 +23,7 @@ ENVIRONMENT_KEYS = {
     "compute_capability", "SCALEDOPTIM_KERNELS", "fused_step_backend",
 }  # fmt: skip
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
+CHECK_TIMES = ("bandwidth", "step-time", "clip-step-time")
 
 
 def _doctor(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
@@ -137,6 +138,20 @@ def test_the_gpu_report_runs_every_part_and_names_the_failed_one(tmp_path, monke
     assert "## clean: passed" in report and "all good" in report
     assert "## broken: FAILED (exit status 3)" in report and "boom" in report
     assert "['no/such/folder'] not found" in report and "never runs" not in report
+
+
+def test_the_gpu_reports_summary_repeats_the_step_time_lines(tmp_path, monkeypatch) -> None:
+    lines = ("bandwidth  pass  1.0s  3141 GB/s", "step-time  fail  2.0s  0.52 ms vs 0.64 ms")
+    printed = "; ".join(f"print({line!r})" for line in ("parity:SGD  pass", *lines))
+    doctor = gpu_report.Part("doctor", (sys.executable, "-c", printed), highlights=CHECK_TIMES)
+    monkeypatch.chdir(tmp_path)
+    assert gpu_report.main(["report.md"], (doctor,)) == 0
+    summary = (tmp_path / "report.md").read_text().split("## doctor")[0]
+    assert "```text\n" + "\n".join(lines) + "\n```" in summary
+    assert "parity:SGD" not in summary
+    (real_doctor,) = [part for part in gpu_report.PARTS if part.title == "doctor"]
+    assert real_doctor.highlights == CHECK_TIMES
+    assert set(CHECK_TIMES) <= {check.name for check in CHECKS if check.needs_gpu}
 
 
 def test_the_gpu_report_runs_what_the_readme_promises() -> None:
