@@ -16,7 +16,10 @@ from .protocol import (
     share_scale,
     with_scaling,
 )
+from .kernels import environment as _environment
 from .scale import ScalingConfig
+
+_environment.warn_unknown_variables()  # a misspelt SCALEDOPTIM_* variable would do nothing
 
 __version__ = "0.1.0.dev0"
 
