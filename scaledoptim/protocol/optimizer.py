@@ -56,6 +56,7 @@ from ..scale import (
 )
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
+from .backward_check import GradCheck
 from .ownership import ScaleOwner, ScalingState
 from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
 from .replay import ClosureReplayError
@@ -194,7 +195,7 @@ class Optimizer(ScaleOwner):
                 return param.device
         raise RuntimeError("The optimizer holds no parameters, so it has no device for its scale")
 
-    def _overlapped_check(self, device: torch.device) -> Callable[[list[torch.Tensor], torch.Tensor], None] | None:
+    def _overlapped_check(self, device: torch.device) -> GradCheck | None:
         """How ``check_during_backward`` folds a grad on ``device`` into ``found_inf`` as backward
         produces it, or ``None`` when that saves nothing: a generic step unscales, and so
         checks, every grad in place anyway."""
@@ -456,7 +457,7 @@ class Optimizer(ScaleOwner):
         if backward_check is None:
             flag = torch.zeros((), dtype=torch.float32, device=device) if found_inf is None else found_inf.clone()
             return UnscalePlan(scale, inv_scale, flag)
-        flag, checked = backward_check.take(step.params, device)
+        flag, checked = backward_check.take(step.params, device, scale)
         if found_inf is not None:
             flag = torch.maximum(flag, found_inf)
         return UnscalePlan(scale, inv_scale, flag, checked)

@@ -65,6 +65,10 @@ class ScaleOwner(torch.optim.Optimizer):
 
         def _overlapped_check(self, device: torch.device) -> Any: ...
 
+    def _current_scale(self) -> torch.Tensor:
+        """The scale tensor in use now (``opt.scale``)."""
+        return self._scaling().loss_scale.scale
+
     def configure_scaling(
         self: _Self,
         init_scale: float = 2.0**16,
@@ -130,7 +134,9 @@ class ScaleOwner(torch.optim.Optimizer):
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.remove()
         self._scaledoptim_backward_check = (
-            BackwardCheck(self.param_groups, self._overlapped_check) if check_during_backward else None
+            BackwardCheck(self.param_groups, self._overlapped_check, self._current_scale)
+            if check_during_backward
+            else None
         )
         return self
 
