@@ -57,6 +57,7 @@ from ..scale import (
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
 from .backward_check import GradCheck
+from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
 from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
 from .replay import ClosureReplayError
@@ -546,15 +547,19 @@ class Optimizer(ScaleOwner):
             )
 
     def _check_told_unscaled(self, grads_scaled_by: torch.Tensor | float | None) -> None:
-        """Refuses ``grads_scaled_by=None`` (nothing to unscale or skip) after a backward scaled
-        by :attr:`scale`: the step would apply scaled grads."""
+        """Refuses a ``grads_scaled_by`` that is not the scale the grads' backward was scaled by:
+        ``None`` (or another scale) after a backward scaled by :attr:`scale`, or :attr:`scale`
+        where the backward looks unscaled (Note [the scale a backward was scaled by] in
+        outputs.py)."""
         state = self._scaledoptim_scaling
-        if grads_scaled_by is None and state is not None and state.loss_scale.scaled_for(id(self)):
-            raise RuntimeError(
-                "grads_scaled_by=None says the grads are not scaled, but they come from a "
-                "backward scaled by opt.scale (scaledoptim.scale_outputs(loss, opt.scale)): pass "
-                "grads_scaled_by=opt.scale, or scale the loss by None for unscaled training"
-            )
+        if state is None:
+            return
+        check_grads_scaled_by(
+            grads_scaled_by,
+            state.loss_scale.scale,
+            state.loss_scale.scaled_for(id(self)),
+            lambda: any(p.grad is not None for g in self.param_groups for p in g["params"]),
+        )
 
     def _adopt_scale(self, loss_scale: LossScale, driver: str) -> None:
         """Makes a GradScaler's ``loss_scale`` this optimizer's scale: ``opt.scale`` is the

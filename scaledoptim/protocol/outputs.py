@@ -1,15 +1,37 @@
-"""Scaling what backward starts from: outputs, or the gradients fed to them."""
+"""Scaling what backward starts from: outputs, or the gradients fed to them; and the check that
+a step unscales by the scale its grads' backward was scaled by.
+
+Note [the scale a backward was scaled by]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``scale_outputs(loss, S)`` with an optimizer's scale tensor ``S`` records, on ``S`` (Note [scale
+handles] in scale/loss_scale.py), that a backward is being scaled by it (``"scaled"``, cleared
+when the scale moves for that backward) and that this training loop scales with it
+(``"scaled_before"``, kept). The optimizer's ``unscale()``/``unscale_and_step()`` then check
+``grads_scaled_by`` against the record, before anything changes:
+
+* After a backward scaled by ``S``, ``grads_scaled_by`` must be ``S`` itself. ``None`` would
+  step on scaled grads; a Python number or another tensor is refused too, whatever its value:
+  comparing values would read ``S`` on the host (a sync on a GPU), and the record is the tensor
+  (its identity: ``S`` moves only when the scale moves for that backward, or a load or
+  ``configure_scaling`` writes it, and each of those clears ``"scaled"``). Passing ``S`` itself
+  is always right, and costs nothing.
+* ``grads_scaled_by=S`` with no backward scaled by ``S`` since the scale last moved, in a loop
+  that did scale by ``scale_outputs(loss, S)`` before, and with grads present: the backward was
+  most likely not scaled (the update would be ``S`` times too small), and it is refused. A loop
+  that scales by hand, ``(loss * S).backward()``, never sets ``"scaled_before"``, so it is
+  never refused: the library cannot tell its backward from an unscaled one.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 
 from ..scale import handle_state
 
-__all__ = ["backward", "grad", "scale_outputs"]
+__all__ = ["backward", "check_grads_scaled_by", "grad", "scale_outputs"]
 
 _T = TypeVar("_T")
 
@@ -39,8 +61,69 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
         raise RuntimeError(f"This scale tensor is no longer in use. {handle['retired']}")
     scaled = _scaled(outputs, scale)
     if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
-        handle["scaled"] = True
+        handle["scaled"] = handle["scaled_before"] = True
     return scaled
+
+
+def check_grads_scaled_by(
+    grads_scaled_by: torch.Tensor | float | None,
+    scale: torch.Tensor,
+    scaled: bool,
+    has_grads: Callable[[], bool],
+) -> None:
+    """Refuses a ``grads_scaled_by`` that is not the scale of the backward that made the grads
+    (Note [the scale a backward was scaled by]). No host sync.
+
+    Args:
+        grads_scaled_by: what the user says the grads were scaled by.
+        scale: the optimizer's scale tensor (``opt.scale``).
+        scaled: whether a backward was scaled by ``scale`` that the optimizer has not unscaled.
+        has_grads: whether any of the optimizer's params has a grad (asked only when needed).
+
+    Raises:
+        RuntimeError: naming both scales and the fix.
+    """
+    if scaled:
+        if grads_scaled_by is None:
+            raise RuntimeError(
+                "grads_scaled_by=None says the grads are not scaled, but they come from a "
+                "backward scaled by opt.scale (scaledoptim.scale_outputs(loss, opt.scale)): pass "
+                "grads_scaled_by=opt.scale, or scale the loss by None for unscaled training"
+            )
+        if grads_scaled_by is not scale:
+            raise RuntimeError(
+                f"grads_scaled_by={_described(grads_scaled_by)}, but the grads come from a "
+                f"backward scaled by opt.scale{_value(scale)} "
+                "(scaledoptim.scale_outputs(loss, opt.scale)): pass grads_scaled_by=opt.scale, "
+                "the tensor the loss was scaled by. A number or another tensor is refused even "
+                "when it holds the same value: comparing them would read the scale on the host."
+            )
+    elif (
+        grads_scaled_by is scale
+        and (handle_state(scale) or {}).get("scaled_before")  # (absent in older pickles)
+        and has_grads()
+    ):
+        raise RuntimeError(
+            f"grads_scaled_by=opt.scale{_value(scale)}, but no backward was scaled by it since "
+            "the last step, where earlier iterations scaled with scaledoptim.scale_outputs(loss, "
+            "opt.scale): these grads look unscaled, and unscaling them would make the update "
+            "that many times too small. Scale the backward with scaledoptim.scale_outputs(loss, "
+            "opt.scale) (scaling by hand, (loss * S).backward(), does not tell the optimizer), "
+            "or pass grads_scaled_by=None for grads that are not scaled."
+        )
+
+
+def _described(value: torch.Tensor | float) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor that is not opt.scale{_value(value)}"
+    return repr(value)
+
+
+def _value(tensor: torch.Tensor) -> str:
+    """`` (= value)`` where reading it is free (a CPU tensor), else where it lives."""
+    if tensor.device.type == "cpu" and tensor.numel() == 1:
+        return f" (= {tensor.item():g})"
+    return f" (on {tensor.device}; not read, which would sync)"
 
 
 def _scaled(outputs: _T, scale: torch.Tensor | float | None) -> _T:
