@@ -3,6 +3,7 @@
 from . import amp
 from .amp import autocast
 from .fused import FusedOptimizer
+from .kernels import environment as _environment
 from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion, RMSprop
 from .protocol import (
     LBFGS,
@@ -16,7 +17,6 @@ from .protocol import (
     share_scale,
     with_scaling,
 )
-from .kernels import environment as _environment
 from .scale import ScalingConfig
 
 _environment.warn_unknown_variables()  # a misspelt SCALEDOPTIM_* variable would do nothing

@@ -18,7 +18,13 @@ import warnings
 import pytest
 import torch
 
-from scaledoptim.kernels import NON_FINITE_CHECK, disk_cache, emulator, environment, non_finite_check_
+from scaledoptim.kernels import (
+    NON_FINITE_CHECK,
+    disk_cache,
+    emulator,
+    environment,
+    non_finite_check_,
+)
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -72,7 +78,7 @@ def _key(entry: pathlib.Path) -> str:
     ["empty", "truncated", "garbage", "another library", "content changed", "another key"],
 )
 def test_a_corrupt_entry_is_rebuilt_not_loaded(cache, damage: str) -> None:
-    folder, entry = cache
+    _, entry = cache
     data, key = entry.read_bytes(), _key(entry)
     body = data[: -len(disk_cache._MAGIC) - 128]
     if damage == "empty":
@@ -110,23 +116,23 @@ def test_a_truncated_entry_does_not_kill_the_process(cache) -> None:
 
 
 def test_an_entry_of_another_user_is_refused(cache, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder, entry = cache
+    _, entry = cache
     entry_owner = os.stat(entry).st_uid
     monkeypatch.setattr(disk_cache.os, "getuid", lambda: entry_owner + 1)
-    with pytest.raises(disk_cache.CacheError, match="belongs to user id .* not to you"):
+    with pytest.raises(disk_cache.CacheError, match=r"belongs to user id .* not to you"):
         emulator.emulator_library(NON_FINITE_CHECK)
 
 
 @pytest.mark.parametrize("what", ["file", "folder"])
 def test_a_cache_others_can_write_is_refused(cache, what: str) -> None:
-    folder, entry = cache
+    _, entry = cache
     os.chmod(entry if what == "file" else entry.parent, 0o777)
-    with pytest.raises(disk_cache.CacheError, match=f"{what} .* is writable by other users"):
+    with pytest.raises(disk_cache.CacheError, match=rf"{what} .* is writable by other users"):
         emulator.emulator_library(NON_FINITE_CHECK)
 
 
 def test_a_link_in_place_of_an_entry_is_refused(cache, tmp_path: pathlib.Path) -> None:
-    folder, entry = cache
+    _, entry = cache
     target = tmp_path / "elsewhere.so"
     entry.rename(target)
     entry.symlink_to(target)
