@@ -452,6 +452,12 @@ class Optimizer(ScaleOwner):
                 raise RuntimeError(f"grads_scaled_by is a scale no longer in use. {handle['retired']}")
             scale = as_scale_tensor(grads_scaled_by, device)
         if own:
+            check_grads_scaled_by(
+                grads_scaled_by,
+                loss_scale.scale,
+                loss_scale.scaled_for(id(self)),
+                lambda: any(p.grad is not None for g in self.param_groups for p in g["params"]),
+            )
             loss_scale.check_can_report(id(self))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
         backward_check = self._scaledoptim_backward_check
@@ -547,19 +553,15 @@ class Optimizer(ScaleOwner):
             )
 
     def _check_told_unscaled(self, grads_scaled_by: torch.Tensor | float | None) -> None:
-        """Refuses a ``grads_scaled_by`` that is not the scale the grads' backward was scaled by:
-        ``None`` (or another scale) after a backward scaled by :attr:`scale`, or :attr:`scale`
-        where the backward looks unscaled (Note [the scale a backward was scaled by] in
-        outputs.py)."""
+        """Refuses ``grads_scaled_by=None`` (nothing to unscale or skip) after a backward scaled
+        by :attr:`scale`: the step would apply scaled grads."""
         state = self._scaledoptim_scaling
-        if state is None:
-            return
-        check_grads_scaled_by(
-            grads_scaled_by,
-            state.loss_scale.scale,
-            state.loss_scale.scaled_for(id(self)),
-            lambda: any(p.grad is not None for g in self.param_groups for p in g["params"]),
-        )
+        if grads_scaled_by is None and state is not None and state.loss_scale.scaled_for(id(self)):
+            raise RuntimeError(
+                "grads_scaled_by=None says the grads are not scaled, but they come from a "
+                "backward scaled by opt.scale (scaledoptim.scale_outputs(loss, opt.scale)): pass "
+                "grads_scaled_by=opt.scale, or scale the loss by None for unscaled training"
+            )
 
     def _adopt_scale(self, loss_scale: LossScale, driver: str) -> None:
         """Makes a GradScaler's ``loss_scale`` this optimizer's scale: ``opt.scale`` is the

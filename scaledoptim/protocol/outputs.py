@@ -66,13 +66,15 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
 
 
 def check_grads_scaled_by(
-    grads_scaled_by: torch.Tensor | float | None,
+    grads_scaled_by: torch.Tensor | float,
     scale: torch.Tensor,
     scaled: bool,
     has_grads: Callable[[], bool],
 ) -> None:
     """Refuses a ``grads_scaled_by`` that is not the scale of the backward that made the grads
-    (Note [the scale a backward was scaled by]). No host sync.
+    (Note [the scale a backward was scaled by]). No host sync. Called once the value passed its
+    own validation (finite, positive), so a bad value is refused as such first; ``None`` is
+    checked before (``Optimizer._check_told_unscaled``).
 
     Args:
         grads_scaled_by: what the user says the grads were scaled by.
@@ -84,12 +86,6 @@ def check_grads_scaled_by(
         RuntimeError: naming both scales and the fix.
     """
     if scaled:
-        if grads_scaled_by is None:
-            raise RuntimeError(
-                "grads_scaled_by=None says the grads are not scaled, but they come from a "
-                "backward scaled by opt.scale (scaledoptim.scale_outputs(loss, opt.scale)): pass "
-                "grads_scaled_by=opt.scale, or scale the loss by None for unscaled training"
-            )
         if grads_scaled_by is not scale:
             raise RuntimeError(
                 f"grads_scaled_by={_described(grads_scaled_by)}, but the grads come from a "
