@@ -9,12 +9,13 @@ when the scale moves for that backward) and that this training loop scales with 
 (``"scaled_before"``, kept). The optimizer's ``unscale()``/``unscale_and_step()`` then check
 ``grads_scaled_by`` against the record, before anything changes:
 
-* After a backward scaled by ``S``, ``grads_scaled_by`` must be ``S`` itself. ``None`` would
-  step on scaled grads; a Python number or another tensor is refused too, whatever its value:
-  comparing values would read ``S`` on the host (a sync on a GPU), and the record is the tensor
-  (its identity: ``S`` moves only when the scale moves for that backward, or a load or
-  ``configure_scaling`` writes it, and each of those clears ``"scaled"``). Passing ``S`` itself
-  is always right, and costs nothing.
+* After a backward scaled by ``S``, ``grads_scaled_by`` must be ``S`` itself, or hold its
+  value. ``None`` would step on scaled grads. The record is the tensor (its identity: ``S`` moves
+  only when the scale moves for that backward, or a load or ``configure_scaling`` writes it, and
+  each of those clears ``"scaled"``), so ``S`` itself is always right and costs nothing. A
+  Python number or another tensor is compared by value where reading both is free (a CPU
+  scale); elsewhere it is refused, whatever its value: comparing would read ``S`` on the host, a
+  sync on a GPU.
 * ``grads_scaled_by=S`` with no backward scaled by ``S`` since the scale last moved, in a loop
   that did scale by ``scale_outputs(loss, S)`` before, and with grads present: the backward was
   most likely not scaled (the update would be ``S`` times too small), and it is refused. A loop
@@ -86,13 +87,14 @@ def check_grads_scaled_by(
         RuntimeError: naming both scales and the fix.
     """
     if scaled:
-        if grads_scaled_by is not scale:
+        if grads_scaled_by is not scale and not _equal_on_host(grads_scaled_by, scale):
             raise RuntimeError(
                 f"grads_scaled_by={_described(grads_scaled_by)}, but the grads come from a "
                 f"backward scaled by opt.scale{_value(scale)} "
                 "(scaledoptim.scale_outputs(loss, opt.scale)): pass grads_scaled_by=opt.scale, "
-                "the tensor the loss was scaled by. A number or another tensor is refused even "
-                "when it holds the same value: comparing them would read the scale on the host."
+                "the tensor the loss was scaled by. Off the CPU a number or another tensor is "
+                "refused even when it holds the same value: comparing them would read the scale "
+                "on the host."
             )
     elif (
         grads_scaled_by is scale
@@ -107,6 +109,18 @@ def check_grads_scaled_by(
             "opt.scale) (scaling by hand, (loss * S).backward(), does not tell the optimizer), "
             "or pass grads_scaled_by=None for grads that are not scaled."
         )
+
+
+def _equal_on_host(value: torch.Tensor | float, scale: torch.Tensor) -> bool:
+    """Whether ``value`` equals ``scale``, where both can be read for free (on the CPU);
+    ``False`` where telling would sync."""
+    if scale.device.type != "cpu":
+        return False
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.numel() != 1:
+            return False
+        value = value.item()
+    return float(value) == scale.item()
 
 
 def _described(value: torch.Tensor | float) -> str:

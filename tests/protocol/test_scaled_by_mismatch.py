@@ -58,13 +58,25 @@ def test_another_scale_than_the_backwards_is_refused(make, form: str, told: str)
     model = _model()
     opt = make(model.parameters())
     scaledoptim.scale_outputs(_loss(model), opt.scale).backward()
-    wrong = 1024.0 if told == "a number" else opt.scale.clone()
+    wrong = 1024.0 if told == "a number" else opt.scale * 2
     before = _everything(model, opt)
     expected = "grads_scaled_by=1024.0" if told == "a number" else "a tensor that is not opt.scale"
     with pytest.raises(RuntimeError, match=rf"{expected}.*scaled by opt.scale \(= 65536\)"):
         _call(opt, form, wrong)
     assert _unchanged(before, _everything(model, opt))
     _call(opt, form, opt.scale)  # still usable, and the right call steps
+    assert not _unchanged(before, _everything(model, opt))
+
+
+@pytest.mark.parametrize("make", MAKERS)
+@pytest.mark.parametrize("told", ["a number", "another tensor"])
+def test_the_backwards_scale_by_value_steps_on_the_cpu(make, told: str) -> None:
+    # On the CPU the values compare for free: an equal number or tensor is the same scale.
+    model = _model()
+    opt = make(model.parameters())
+    scaledoptim.scale_outputs(_loss(model), opt.scale).backward()
+    before = _everything(model, opt)
+    opt.unscale_and_step(grads_scaled_by=65536.0 if told == "a number" else opt.scale.double())
     assert not _unchanged(before, _everything(model, opt))
 
 
