@@ -159,21 +159,19 @@ def test_entries_are_written_private_whatever_the_umask(
     assert _valid(entry, _key(entry))
 
 
-def test_an_empty_cache_dir_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(disk_cache.CACHE_DIR_ENV, "")
-    emulator._library.cache_clear()
-    with pytest.raises(disk_cache.CacheError, match="SCALEDOPTIM_CACHE_DIR is set but empty"):
-        emulator.emulator_library(NON_FINITE_CHECK)
-
-
-def test_a_cache_dir_that_is_a_file_is_refused(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "value, error",
+    [("", "SCALEDOPTIM_CACHE_DIR is set but empty"), ("a-file", "is not a folder; point")],
+)
+def test_a_cache_dir_variable_naming_no_folder_is_refused(
+    value: str, error: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    file = tmp_path / "a-file"
-    file.write_text("")
-    monkeypatch.setenv(disk_cache.CACHE_DIR_ENV, str(file))
+    if value:  # a file where the folder should be
+        (tmp_path / value).write_text("")
+        value = str(tmp_path / value)
+    monkeypatch.setenv(disk_cache.CACHE_DIR_ENV, value)
     emulator._library.cache_clear()
-    with pytest.raises(disk_cache.CacheError, match="is not a folder; point SCALEDOPTIM_CACHE_DIR"):
+    with pytest.raises(disk_cache.CacheError, match=error):
         emulator.emulator_library(NON_FINITE_CHECK)
 
 
