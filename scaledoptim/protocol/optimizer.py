@@ -453,12 +453,7 @@ class Optimizer(ScaleOwner):
             scale = as_scale_tensor(grads_scaled_by, device)
         if own:
             loss_scale.check_can_report(id(self))
-            check_grads_scaled_by(
-                grads_scaled_by,
-                loss_scale.scale,
-                loss_scale.scaled_for(id(self)),
-                lambda: any(p.grad is not None for g in self.param_groups for p in g["params"]),
-            )
+            check_grads_scaled_by(grads_scaled_by, loss_scale.scale, loss_scale.scaled_for(id(self)))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
         backward_check = self._scaledoptim_backward_check
         if backward_check is None:

@@ -5,8 +5,7 @@ Note [the scale a backward was scaled by]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``scale_outputs(loss, S)`` with an optimizer's scale tensor ``S`` records, on ``S`` (Note [scale
 handles] in scale/loss_scale.py), that a backward is being scaled by it (``"scaled"``, cleared
-when the scale moves for that backward) and that this training loop scales with it
-(``"scaled_before"``, kept). The optimizer's ``unscale()``/``unscale_and_step()`` then check
+when the scale moves for that backward). The optimizer's ``unscale()``/``unscale_and_step()`` then check
 ``grads_scaled_by`` against the record, before anything changes:
 
 * After a backward scaled by ``S``, ``grads_scaled_by`` must be ``S`` itself, or hold its
@@ -16,16 +15,14 @@ when the scale moves for that backward) and that this training loop scales with 
   Python number or another tensor is compared by value where reading both is free (a CPU
   scale); elsewhere it is refused, whatever its value: comparing would read ``S`` on the host, a
   sync on a GPU.
-* ``grads_scaled_by=S`` with no backward scaled by ``S`` since the scale last moved, in a loop
-  that did scale by ``scale_outputs(loss, S)`` before, and with grads present: the backward was
-  most likely not scaled (the update would be ``S`` times too small), and it is refused. A loop
-  that scales by hand, ``(loss * S).backward()``, never sets ``"scaled_before"``, so it is
-  never refused: the library cannot tell its backward from an unscaled one.
+* The reverse mistake, ``grads_scaled_by=S`` after a backward that was not scaled, is not
+  refused: a backward scaled by hand, ``(loss * S).backward()``, looks the same to the library,
+  and so do grads left by a closure step (already unscaled) that a later ``unscale`` is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -62,7 +59,7 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
         raise RuntimeError(f"This scale tensor is no longer in use. {handle['retired']}")
     scaled = _scaled(outputs, scale)
     if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
-        handle["scaled"] = handle["scaled_before"] = True
+        handle["scaled"] = True
     return scaled
 
 
@@ -70,7 +67,6 @@ def check_grads_scaled_by(
     grads_scaled_by: torch.Tensor | float,
     scale: torch.Tensor,
     scaled: bool,
-    has_grads: Callable[[], bool],
 ) -> None:
     """Refuses a ``grads_scaled_by`` that is not the scale of the backward that made the grads
     (Note [the scale a backward was scaled by]). No host sync. Called once the value passed its
@@ -81,7 +77,6 @@ def check_grads_scaled_by(
         grads_scaled_by: what the user says the grads were scaled by.
         scale: the optimizer's scale tensor (``opt.scale``).
         scaled: whether a backward was scaled by ``scale`` that the optimizer has not unscaled.
-        has_grads: whether any of the optimizer's params has a grad (asked only when needed).
 
     Raises:
         RuntimeError: naming both scales and the fix.
@@ -96,19 +91,6 @@ def check_grads_scaled_by(
                 "refused even when it holds the same value: comparing them would read the scale "
                 "on the host."
             )
-    elif (
-        grads_scaled_by is scale
-        and (handle_state(scale) or {}).get("scaled_before")  # (absent in older pickles)
-        and has_grads()
-    ):
-        raise RuntimeError(
-            f"grads_scaled_by=opt.scale{_value(scale)}, but no backward was scaled by it since "
-            "the last step, where earlier iterations scaled with scaledoptim.scale_outputs(loss, "
-            "opt.scale): these grads look unscaled, and unscaling them would make the update "
-            "that many times too small. Scale the backward with scaledoptim.scale_outputs(loss, "
-            "opt.scale) (scaling by hand, (loss * S).backward(), does not tell the optimizer), "
-            "or pass grads_scaled_by=None for grads that are not scaled."
-        )
 
 
 def _equal_on_host(value: torch.Tensor | float, scale: torch.Tensor) -> bool:

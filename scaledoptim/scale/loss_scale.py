@@ -18,12 +18,9 @@ The tensor carries a small dict, its handle state (:data:`HANDLE_ATTR`):
   Cleared when the scale moves for that backward (the reports of a round complete, or a
   GradScaler's ``update()``). A plain ``step()`` reads it to unscale instead of stepping on
   scaled grads (the GradScaler habit).
-* ``"scaled_before"``: set with ``"scaled"`` and never cleared: the training loop scales its
-  backward with ``scale_outputs`` (Note [the scale a backward was scaled by] in
-  protocol/outputs.py).
 * ``"retired"``: ``None``, or why the tensor is no longer any optimizer's scale.
 
-A dict of bools and a string: it pickles and loads under ``torch.load(weights_only=True)``
+A dict of a bool and a string: it pickles and loads under ``torch.load(weights_only=True)``
 with the tensor, and ``torch.compile`` traces the write in ``scale_outputs`` without a graph
 break or a guard on its value. ``clone()`` (and so every ``state_dict``) does not copy it.
 """
@@ -65,7 +62,7 @@ class LossScale:
     def __init__(self, config: ScalingConfig, device: torch.device) -> None:
         self.config = config
         self.scale = torch.full((), config.init_scale, dtype=torch.float32, device=device)
-        self.handle: dict[str, Any] = {"scaled": False, "scaled_before": False, "retired": None}
+        self.handle: dict[str, Any] = {"scaled": False, "retired": None}
         setattr(self.scale, HANDLE_ATTR, self.handle)
         self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self.hysteresis_tracker = torch.full(

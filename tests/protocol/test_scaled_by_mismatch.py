@@ -80,23 +80,6 @@ def test_the_backwards_scale_by_value_steps_on_the_cpu(make, told: str) -> None:
     assert not _unchanged(before, _everything(model, opt))
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("make", MAKERS)
-def test_an_unscaled_backward_told_scaled_is_refused(make, form: str) -> None:
-    model = _model()
-    opt = make(model.parameters())
-    scaledoptim.scale_outputs(_loss(model), opt.scale).backward()
-    _call(opt, form, opt.scale)
-    opt.zero_grad()
-    _loss(model).backward()  # the scale_outputs call forgotten
-    before = _everything(model, opt)
-    with pytest.raises(RuntimeError, match=r"no backward was scaled by it.*look unscaled"):
-        _call(opt, form, opt.scale)
-    assert _unchanged(before, _everything(model, opt))
-    _call(opt, form, None)  # they are unscaled: stepped as they are
-    assert not _unchanged(before, _everything(model, opt))
-
-
 @pytest.mark.parametrize("make", MAKERS)
 def test_a_backward_scaled_by_hand_is_never_refused(make) -> None:
     by_hand, told = _model(), _model()
