@@ -3,6 +3,7 @@
 from . import amp
 from .amp import autocast
 from .fused import FusedOptimizer
+from .kernels import environment as _environment
 from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion, RMSprop
 from .protocol import (
     LBFGS,
@@ -17,6 +18,8 @@ from .protocol import (
     with_scaling,
 )
 from .scale import ScalingConfig
+
+_environment.warn_unknown_variables()  # a misspelt SCALEDOPTIM_* variable would do nothing
 
 __version__ = "0.1.0.dev0"
 

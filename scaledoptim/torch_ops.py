@@ -1,6 +1,7 @@
 """Torch-op helpers every layer shares; this module imports only torch.
 
-* :func:`unscale_in_place_`: ``g *= inv_scale`` with the inf/nan check, on device.
+* :func:`unscale_in_place_` and :func:`unscale_dense_`: ``g *= inv_scale`` with the inf/nan
+  check of the unscaled values, on device.
 * :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
   for :class:`PackedSteps`, Note [packed counters]).
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
@@ -41,6 +42,7 @@ __all__ = [
     "split_large",
     "stochastic_round_",
     "storage_flat",
+    "unscale_dense_",
     "unscale_in_place_",
 ]
 
@@ -50,14 +52,14 @@ _MASK32 = 0xFFFFFFFF
 
 # ---------------------------------------------------------------------------- the skip on device
 def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
-    """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan (torch's op, grouped
-    by dtype as it requires).
+    """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan in what the update
+    will read: the unscaled values (torch's op, grouped by dtype as it requires).
 
-    torch checks the grads before multiplying, so 16-bit grads are checked again after: at a
-    scale below 1 an unscaled fp16 value can exceed the dtype's range, and that is an overflow.
-    A sparse grad is unscaled through its values, as ``torch.amp.GradScaler`` does; a 16-bit one
-    is checked again coalesced, since values at one index sum when it is applied. A complex grad
-    is unscaled as its real view.
+    torch's op checks the grads before multiplying, so they are checked again after: at a scale
+    below 1 a finite scaled value can unscale to inf (9.5e32 at 2**-20 in float32, far less in
+    fp16), and that is an overflow. A sparse grad is unscaled through its values, as
+    ``torch.amp.GradScaler`` does; a 16-bit one is checked again coalesced, since values at one
+    index sum when it is applied. A complex grad is unscaled as its real view.
     """
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     sparse_16bit: list[Tensor] = []
@@ -69,12 +71,17 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
         if grad.is_complex():
             grad = torch.view_as_real(grad)
         by_dtype.setdefault(grad.dtype, []).append(grad)
-    for dtype, same_dtype in by_dtype.items():
-        torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, inv_scale)
-        if dtype in _LOW_PRECISION:
-            _check_non_finite_(same_dtype, found_inf)
+    for same_dtype in by_dtype.values():
+        unscale_dense_(same_dtype, found_inf, inv_scale)
     for grad in sparse_16bit:
         _check_non_finite_([grad.coalesce()._values()], found_inf)
+
+
+def unscale_dense_(tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+    """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
+    inf/nan before or after the multiply (see :func:`unscale_in_place_`)."""
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
+    _check_non_finite_(tensors, found_inf)
 
 
 def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:

@@ -73,7 +73,6 @@ def _replay_plan() -> Plan:
     devices = regions.governed_devices()
     if not devices:
         return ()
-    version = registry.keep_snapshot()
     # torch.autocast's settings too: torch's checkpoint restores them only for the device
     # type of the inputs and the CPU.
     return tuple(
@@ -82,10 +81,22 @@ def _replay_plan() -> Plan:
             torch.get_autocast_dtype(device_type),
             torch.is_autocast_enabled(device_type),
             torch.is_autocast_cache_enabled(),
-            version,
+            _edits_version(device_type),
         )
         for device_type in devices
     )
+
+
+def _edits_version(device_type: str) -> int:
+    """The version of the edits the region governing ``device_type`` applies: a checkpoint's
+    region (its forward, or its recomputation in backward) applies its snapshot, so a
+    checkpoint nested in it records that one, not the edits in force now (which backward may
+    have changed since the forward it recomputes); any other region applies the edits in
+    force, frozen now."""
+    entry = regions.current().governing(device_type)
+    if entry is not None and entry.snapshot is not None:
+        return entry.snapshot.version
+    return registry.keep_snapshot()
 
 
 def _in_regions(plan: Plan, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ import torch
 from .. import compile_boundary
 from ..kernels import ROUNDING_LISTS, MultiTensorKernel
 from ..protocol import Optimizer
+from ..protocol.backward_check import GradCheck
 from ..protocol.plans import PendingStep
 from .backends import select
 from .loading import plan_loaded_groups, plan_loaded_state
@@ -186,9 +187,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         plan, self._step_cache = plan_step(self, self._step_cache)
         return plan
 
-    def _overlapped_check(
-        self, device: torch.device
-    ) -> Callable[[list[torch.Tensor], torch.Tensor], None] | None:
+    def _overlapped_check(self, device: torch.device) -> GradCheck | None:
         backend = select(device)
         return backend.check_ if backend.folds_unscale else None
 

@@ -24,7 +24,7 @@ __all__ = [
 class NonFiniteCheckArgs(ctypes.Structure):
     """Mirror of ``NonFiniteCheckArgs`` in cuda/non_finite_check.cu."""
 
-    _fields_ = [("found_inf", ctypes.c_void_p)]
+    _fields_ = [("found_inf", ctypes.c_void_p), ("inv_scale", ctypes.c_void_p)]
 
 
 class StepEpilogueArgs(ctypes.Structure):
@@ -62,13 +62,25 @@ STEP_EPILOGUE = MultiTensorKernel(
 )
 
 
-def non_finite_check_(tensors: Sequence[Tensor], found_inf: Tensor) -> None:
-    r"""Sets ``found_inf`` to 1.0 if any element of ``tensors`` is inf or nan; never writes 0.
+def non_finite_check_(
+    tensors: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor | None = None
+) -> None:
+    r"""Sets ``found_inf`` to 1.0 if any element of ``tensors`` times ``inv_scale`` (``None``:
+    as it is) is inf or nan; never writes 0.
 
-    Read-only on ``tensors`` (dense, see :func:`~scaledoptim.kernels.prepare_launch`). The
-    caller zeroes ``found_inf`` first (Note [found_inf contract] in cuda/common.cuh).
+    The product is the unscaled grad an update kernel computes in registers: at a scale below 1
+    a finite scaled grad can unscale to inf. Read-only on ``tensors`` (dense, see
+    :func:`~scaledoptim.kernels.prepare_launch`). The caller zeroes ``found_inf`` first (Note
+    [found_inf contract] in cuda/common.cuh).
     """
     if not tensors:
         return
-    found = scalar_pointer(found_inf, "found_inf", tensors[0].device)
-    launch(NON_FINITE_CHECK, [tensors], NonFiniteCheckArgs(found))
+    device = tensors[0].device
+    launch(
+        NON_FINITE_CHECK,
+        [tensors],
+        NonFiniteCheckArgs(
+            scalar_pointer(found_inf, "found_inf", device),
+            scalar_pointer(inv_scale, "inv_scale", device),
+        ),
+    )

@@ -3,9 +3,10 @@
 A test and kernel-author tool, not a CPU execution path (torch's native CPU optimizers are
 faster). Each kernel source becomes a shared library (``cuda/emulator_shim.h`` stands in for
 the CUDA built-ins) with one ``extern "C"`` entry per template instantiation, taking the same
-``kernelParams`` array the GPU launch takes. Libraries are cached on disk under
-``$SCALEDOPTIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/scaledoptim``, else ``~/.cache/scaledoptim``,
-keyed by the sources, the compiler and its flags.
+``kernelParams`` array the GPU launch takes. Libraries are cached on disk in the ``emulator``
+folder of the kernel cache (``$SCALEDOPTIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/scaledoptim``,
+else ``~/.cache/scaledoptim``), keyed by the sources, the compiler and its flags, private to
+the user and verified before they are loaded (Note [kernel cache] in disk_cache.py).
 
 Environment (``SCALEDOPTIM_KERNELS=emulate`` itself is read by ``scaledoptim.fused.backends``):
     SCALEDOPTIM_EMULATOR_SANITIZE=address: build with AddressSanitizer; the Python process
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import launch_config
+from .disk_cache import cache_dir, private_dir, read_entry, write_entry
 from .sources import CUDA_SOURCE_DIR, sources_fingerprint
 from .spec import MultiTensorKernel, c_symbol
 from .table import MAX_CHUNKS, max_tensors, table_type
@@ -43,14 +45,6 @@ _BASE_FLAGS = (
     "-Wno-unknown-pragmas",
 )
 _SANITIZER_FLAGS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer", "-g")}
-
-
-def cache_dir() -> Path:
-    """The folder of on-disk caches (emulator libraries)."""
-    if "SCALEDOPTIM_CACHE_DIR" in os.environ:
-        return Path(os.environ["SCALEDOPTIM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "scaledoptim"
 
 
 def _flags() -> tuple[str, ...]:
@@ -126,10 +120,10 @@ def expected_abi_layout(kernel: MultiTensorKernel) -> list[int]:
 class EmulatorLibrary:
     """A kernel source built for the CPU: one launch entry per template instantiation."""
 
-    def __init__(self, kernel: MultiTensorKernel, path: Path) -> None:
+    def __init__(self, kernel: MultiTensorKernel, path: Path, content: bytes) -> None:
         self.kernel = kernel
         self.path = path
-        self._library = ctypes.CDLL(str(path))
+        self._library = _load(content, path)
         self._entries: dict[str, Any] = {}  # ctypes function pointers
 
     def entry(self, instantiation: str) -> Any:
@@ -195,31 +189,59 @@ def _library(kernel: MultiTensorKernel, flags: tuple[str, ...], compiler: str) -
                 *flags,
             )
         ).encode()
-    ).hexdigest()[:24]
-    directory = cache_dir() / "emulator"
-    path = directory / f"{kernel.source.stem}-{key}.so"
-    if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as build:
-            glue_path = Path(build) / f"{kernel.source.stem}_emulator.cpp"
-            glue_path.write_text(glue)
-            output = Path(build) / path.name
-            command = [
-                compiler,
-                *flags,
-                *(f"-I{d}" for d in include_dirs),
-                str(glue_path),
-                "-o",
-                str(output),
-            ]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode:
-                raise RuntimeError(
-                    f"Building the CPU emulator for {kernel.source} failed:\n{' '.join(command)}\n"
-                    f"{result.stderr}"
-                )
-            os.replace(output, path)  # atomic: concurrent builders agree on the result
-    return EmulatorLibrary(kernel, path)
+    ).hexdigest()
+    directory = private_dir("emulator")
+    path = directory / f"{kernel.source.stem}-{key[:24]}.so"
+    content = read_entry(path, key)  # Note [kernel cache]: None when missing or corrupt
+    if content is None:
+        content = _build(kernel, glue, include_dirs, flags, compiler, directory)
+        write_entry(path, key, content)
+    return EmulatorLibrary(kernel, path, content)
+
+
+def _build(
+    kernel: MultiTensorKernel,
+    glue: str,
+    include_dirs: tuple[Path, ...],
+    flags: tuple[str, ...],
+    compiler: str,
+    directory: Path,
+) -> bytes:
+    """The shared library of ``kernel``'s source, compiled in a private temporary folder."""
+    with tempfile.TemporaryDirectory(dir=directory) as build:
+        glue_path = Path(build) / f"{kernel.source.stem}_emulator.cpp"
+        glue_path.write_text(glue)
+        output = Path(build) / f"{kernel.source.stem}.so"
+        command = [
+            compiler,
+            *flags,
+            *(f"-I{d}" for d in include_dirs),
+            str(glue_path),
+            "-o",
+            str(output),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(
+                f"Building the CPU emulator for {kernel.source} failed:\n{' '.join(command)}\n"
+                f"{result.stderr}"
+            )
+        return output.read_bytes()
+
+
+def _load(content: bytes, path: Path) -> ctypes.CDLL:
+    """Loads exactly the verified bytes ``content`` (of the cache entry at ``path``) from an
+    in-memory file, so that the file on disk, were it truncated or replaced since it was
+    verified, is never mapped (Note [kernel cache]). Without in-memory files (not Linux) the
+    entry itself is loaded: it was verified, in a folder only its owner can write."""
+    if not hasattr(os, "memfd_create"):
+        return ctypes.CDLL(str(path))
+    # Never closed: the loader knows a library by its path, and a closed descriptor's number
+    # (so its /proc path) would be reused for the next library, which it would take for this one.
+    fd = os.memfd_create(path.name, os.MFD_CLOEXEC)
+    with open(fd, "wb", closefd=False) as file:
+        file.write(content)
+    return ctypes.CDLL(f"/proc/self/fd/{fd}")
 
 
 def emulator_library(kernel: MultiTensorKernel) -> EmulatorLibrary:

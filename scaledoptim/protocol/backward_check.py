@@ -7,7 +7,10 @@ in the update (32 B/param for fp32 AdamW; GradScaler + torch's fused AdamW read 
 grads to check them and read them again: 36). With this option a post-accumulate-grad hook
 folds each grad into this iteration's ``found_inf`` as backward produces it, while it is still
 in cache, and records the grad (a weak reference, its data pointer and version counter: the
-hooks keep no grad alive). The step then checks only grads that were not recorded, or changed
+hooks keep no grad alive). What it folds is what the update will read: the grad times the
+reciprocal of the optimizer's scale as the iteration's first hook found it (at a scale below 1 a
+finite scaled grad can unscale to inf). The step uses what was folded only when it unscales by
+that same scale tensor, unmoved since (its version counter); any other scale is checked anew. The step then checks only grads that were not recorded, or changed
 since (set outside backward, modified in place, accumulated by another backward): 28 B/param
 when none did. ``found_inf`` is still agreed across the process group before anything uses it.
 On torch's ops the step unscales, and so checks, every grad in place anyway: there the hooks
@@ -42,8 +45,9 @@ from torch import distributed as dist
 
 __all__ = ["BackwardCheck", "GradCheck"]
 
-#: ``check(grads, found_inf)`` sets ``found_inf`` to 1.0 if any of ``grads`` holds inf/nan.
-GradCheck = Callable[[list[Tensor], Tensor], None]
+#: ``check(grads, found_inf, inv_scale)`` sets ``found_inf`` to 1.0 if any of ``grads`` times
+#: ``inv_scale`` (``None``: as they are) is inf/nan.
+GradCheck = Callable[[list[Tensor], Tensor, "Tensor | None"], None]
 
 
 class BackwardCheck:
@@ -53,13 +57,20 @@ class BackwardCheck:
         param_groups: the optimizer's param groups; every param that requires grad gets a hook.
         check_for: the check to fold a grad on a device with, or ``None`` where the step checks
             every grad anyway (the optimizer decides: ``Optimizer._overlapped_check``).
+        scale_for: the optimizer's scale tensor now, whose reciprocal the grads are checked at.
     """
 
     def __init__(
-        self, param_groups: list[dict[str, Any]], check_for: Callable[[torch.device], GradCheck | None]
+        self,
+        param_groups: list[dict[str, Any]],
+        check_for: Callable[[torch.device], GradCheck | None],
+        scale_for: Callable[[], Tensor],
     ) -> None:
         self._check_for = check_for
+        self._scale_for = scale_for
         self._found_inf: Tensor | None = None
+        # The scale the iteration's grads were checked at, its version then, and its reciprocal.
+        self._scale: tuple[Tensor, int, Tensor] | None = None
         # id(param) -> (its grad, the grad's data pointer and version counter when folded)
         self._checked: dict[int, tuple[weakref.ref[Tensor], int, int]] = {}
         self._handles = [
@@ -84,21 +95,28 @@ class BackwardCheck:
             # version by one): that grad was dropped or rewritten, so what was folded may
             # count values no step will read.
             self.reset()
-        if self._found_inf is None:
+        if self._found_inf is None or self._scale is None:
             self._found_inf = torch.zeros((), dtype=torch.float32, device=grad.device)
-        check([grad], self._found_inf)
+            scale = self._scale_for()
+            self._scale = (scale, scale._version, scale.double().reciprocal().float())
+        check([grad], self._found_inf, self._scale[2])
         self._checked[id(param)] = (weakref.ref(grad), grad.data_ptr(), grad._version)
 
     def reset(self) -> None:
         """Forgets what was folded (the grads were zeroed or dropped)."""
-        self._found_inf, self._checked = None, {}
+        self._found_inf, self._checked, self._scale = None, {}, None
 
-    def take(self, params: list[Tensor], device: torch.device) -> tuple[Tensor, frozenset[int]]:
+    def take(
+        self, params: list[Tensor], device: torch.device, scaled_by: Tensor
+    ) -> tuple[Tensor, frozenset[int]]:
         """This iteration's ``found_inf`` and the ids of the grads it covers as they are now, or
-        zeros and none when a folded grad is no longer its param's as it was folded (the step
-        then checks every grad); starts the next iteration."""
-        found_inf, checked = self._found_inf, self._checked
+        zeros and none when a folded grad is no longer its param's as it was folded, or the step
+        unscales by another scale than the grads were checked at (the step then checks every
+        grad); starts the next iteration."""
+        found_inf, checked, checked_at = self._found_inf, self._checked, self._scale
         self.reset()
+        if checked_at is None or checked_at[0] is not scaled_by or checked_at[1] != scaled_by._version:
+            return torch.zeros((), dtype=torch.float32, device=device), frozenset()
         covered = frozenset(
             id(grad)
             for p in params

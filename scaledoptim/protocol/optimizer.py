@@ -56,6 +56,8 @@ from ..scale import (
 )
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
+from .backward_check import GradCheck
+from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
 from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
 from .replay import ClosureReplayError
@@ -194,7 +196,7 @@ class Optimizer(ScaleOwner):
                 return param.device
         raise RuntimeError("The optimizer holds no parameters, so it has no device for its scale")
 
-    def _overlapped_check(self, device: torch.device) -> Callable[[list[torch.Tensor], torch.Tensor], None] | None:
+    def _overlapped_check(self, device: torch.device) -> GradCheck | None:
         """How ``check_during_backward`` folds a grad on ``device`` into ``found_inf`` as backward
         produces it, or ``None`` when that saves nothing: a generic step unscales, and so
         checks, every grad in place anyway."""
@@ -451,12 +453,13 @@ class Optimizer(ScaleOwner):
             scale = as_scale_tensor(grads_scaled_by, device)
         if own:
             loss_scale.check_can_report(id(self))
+            check_grads_scaled_by(grads_scaled_by, loss_scale.scale, loss_scale.scaled_for(id(self)))
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
         backward_check = self._scaledoptim_backward_check
         if backward_check is None:
             flag = torch.zeros((), dtype=torch.float32, device=device) if found_inf is None else found_inf.clone()
             return UnscalePlan(scale, inv_scale, flag)
-        flag, checked = backward_check.take(step.params, device)
+        flag, checked = backward_check.take(step.params, device, scale)
         if found_inf is not None:
             flag = torch.maximum(flag, found_inf)
         return UnscalePlan(scale, inv_scale, flag, checked)

@@ -1,4 +1,24 @@
-"""Scaling what backward starts from: outputs, or the gradients fed to them."""
+"""Scaling what backward starts from: outputs, or the gradients fed to them; and the check that
+a step unscales by the scale its grads' backward was scaled by.
+
+Note [the scale a backward was scaled by]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``scale_outputs(loss, S)`` with an optimizer's scale tensor ``S`` records, on ``S`` (Note [scale
+handles] in scale/loss_scale.py), that a backward is being scaled by it (``"scaled"``, cleared
+when the scale moves for that backward). The optimizer's ``unscale()``/``unscale_and_step()`` then check
+``grads_scaled_by`` against the record, before anything changes:
+
+* After a backward scaled by ``S``, ``grads_scaled_by`` must be ``S`` itself, or hold its
+  value. ``None`` would step on scaled grads. The record is the tensor (its identity: ``S`` moves
+  only when the scale moves for that backward, or a load or ``configure_scaling`` writes it, and
+  each of those clears ``"scaled"``), so ``S`` itself is always right and costs nothing. A
+  Python number or another tensor is compared by value where reading both is free (a CPU
+  scale); elsewhere it is refused, whatever its value: comparing would read ``S`` on the host, a
+  sync on a GPU.
+* The reverse mistake, ``grads_scaled_by=S`` after a backward that was not scaled, is not
+  refused: a backward scaled by hand, ``(loss * S).backward()``, looks the same to the library,
+  and so do grads left by a closure step (already unscaled) that a later ``unscale`` is given.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +29,7 @@ import torch
 
 from ..scale import handle_state
 
-__all__ = ["backward", "grad", "scale_outputs"]
+__all__ = ["backward", "check_grads_scaled_by", "grad", "scale_outputs"]
 
 _T = TypeVar("_T")
 
@@ -41,6 +61,61 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
     if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
         handle["scaled"] = True
     return scaled
+
+
+def check_grads_scaled_by(
+    grads_scaled_by: torch.Tensor | float,
+    scale: torch.Tensor,
+    scaled: bool,
+) -> None:
+    """Refuses a ``grads_scaled_by`` that is not the scale of the backward that made the grads
+    (Note [the scale a backward was scaled by]). No host sync. Called once the value passed its
+    own validation (finite, positive), so a bad value is refused as such first; ``None`` is
+    checked before (``Optimizer._check_told_unscaled``).
+
+    Args:
+        grads_scaled_by: what the user says the grads were scaled by.
+        scale: the optimizer's scale tensor (``opt.scale``).
+        scaled: whether a backward was scaled by ``scale`` that the optimizer has not unscaled.
+
+    Raises:
+        RuntimeError: naming both scales and the fix.
+    """
+    if scaled:
+        if grads_scaled_by is not scale and not _equal_on_host(grads_scaled_by, scale):
+            raise RuntimeError(
+                f"grads_scaled_by={_described(grads_scaled_by)}, but the grads come from a "
+                f"backward scaled by opt.scale{_value(scale)} "
+                "(scaledoptim.scale_outputs(loss, opt.scale)): pass grads_scaled_by=opt.scale, "
+                "the tensor the loss was scaled by. Off the CPU a number or another tensor is "
+                "refused even when it holds the same value: comparing them would read the scale "
+                "on the host."
+            )
+
+
+def _equal_on_host(value: torch.Tensor | float, scale: torch.Tensor) -> bool:
+    """Whether ``value`` equals ``scale``, where both can be read for free (on the CPU);
+    ``False`` where telling would sync."""
+    if scale.device.type != "cpu":
+        return False
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.numel() != 1:
+            return False
+        value = value.item()
+    return float(value) == scale.item()
+
+
+def _described(value: torch.Tensor | float) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor that is not opt.scale{_value(value)}"
+    return repr(value)
+
+
+def _value(tensor: torch.Tensor) -> str:
+    """`` (= value)`` where reading it is free (a CPU tensor), else where it lives."""
+    if tensor.device.type == "cpu" and tensor.numel() == 1:
+        return f" (= {tensor.item():g})"
+    return f" (on {tensor.device}; not read, which would sync)"
 
 
 def _scaled(outputs: _T, scale: torch.Tensor | float | None) -> _T:

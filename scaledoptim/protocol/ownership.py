@@ -67,6 +67,10 @@ class ScaleOwner(torch.optim.Optimizer):
 
         def _overlapped_check(self, device: torch.device) -> Any: ...
 
+    def _current_scale(self) -> torch.Tensor:
+        """The scale tensor in use now (``opt.scale``)."""
+        return self._scaling().loss_scale.scale
+
     def configure_scaling(
         self: _Self,
         init_scale: float = 2.0**16,
@@ -132,7 +136,9 @@ class ScaleOwner(torch.optim.Optimizer):
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.remove()
         self._scaledoptim_backward_check = (
-            BackwardCheck(self.param_groups, self._overlapped_check) if check_during_backward else None
+            BackwardCheck(self.param_groups, self._overlapped_check, self._current_scale)
+            if check_during_backward
+            else None
         )
         return self
 
@@ -252,12 +258,11 @@ class ScaleOwner(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         pickled = state.pop(self._PICKLED_SCALING, None)
+        # torch.optim's __setstate__ adds "differentiable" to the defaults only; LBFGS,
+        # Adafactor and SparseAdam groups stay without it, as in torch (a load must give back
+        # the groups it was given: torch's test_state_dict_deterministic), and
+        # Optimizer._check_param_groups lets a group lack it.
         super().__setstate__(state)
-        # torch.optim's __setstate__ adds "differentiable" to the defaults; its own classes add
-        # it to their groups too, LBFGS and classes of users do not (and every group must hold
-        # every option: Optimizer._check_param_groups).
-        for group in self.param_groups:
-            group.setdefault("differentiable", self.defaults.get("differentiable", False))
         if pickled is not None:
             loss_scale = pickled["loss_scale"]
             restored = LossScale.from_state_dict(loss_scale, loss_scale["scale"].device)

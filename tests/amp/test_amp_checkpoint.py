@@ -182,3 +182,41 @@ def test_a_recomputation_whose_policies_were_dropped_is_refused():
             amp.checkpoint(block, x, use_reentrant=False)
     with pytest.raises(RuntimeError, match="no longer kept"):
         first.float().sum().backward()
+
+
+def _nested(block: Block, x: torch.Tensor, depth: int, use_reentrant: bool) -> torch.Tensor:
+    """``depth`` amp.checkpoints, each around an op and the next (the block innermost)."""
+    if depth == 0:
+        return block(x)
+
+    def level(x: torch.Tensor) -> torch.Tensor:
+        return _nested(block, torch.softmax(x, dim=-1) * 4, depth - 1, use_reentrant)
+
+    return amp.checkpoint(level, x, use_reentrant=use_reentrant)
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_nested_amp_checkpoints_recompute_under_their_forwards_policies(depth, use_reentrant):
+    # Each level recomputes inside the recomputation of the level around it: with the policies
+    # of the forward it recomputes, not those of the backward (edited in between).
+    forward_edits = {"aten::softmax.int": "lower_precision_fp", "aten::exp": "lower_precision_fp"}
+    block = Block(7)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(8))
+    _set(forward_edits)
+    plain = _forward_backward(block, x, torch.bfloat16, lambda b, x: _plain_nested(b, x, depth))
+
+    block.zero_grad(set_to_none=True)
+    x_in = x.detach().requires_grad_()
+    with amp.autocast("cpu", dtype=torch.bfloat16):
+        out = _nested(block, x_in, depth, use_reentrant)
+    amp.reset_policy()  # backward runs under torch's policies...
+    amp.set_policy("aten::mm", "fp32", "cpu")  # ...and another edit
+    out.float().pow(2).sum().backward()
+    _assert_same((out, x_in.grad, block.w1.grad, block.w2.grad), plain)
+
+
+def _plain_nested(block: Block, x: torch.Tensor, depth: int) -> torch.Tensor:
+    for _ in range(depth):
+        x = torch.softmax(x, dim=-1) * 4
+    return block(x)

@@ -259,3 +259,38 @@ def test_a_checkpoint_resumes_bit_for_bit(config: TorchConfig) -> None:
             _scaled_step(config, resumed, resumed_params, step, form, overflow)
             _assert_bit_identical(_everything(resumed), _everything(opt))
             assert resumed.scale.item() == opt.scale.item()
+
+
+
+def _loaded_keys(config: TorchConfig, cls: type[torch.optim.Optimizer]) -> Any:
+    """The keys of each param group (and of each param's state) of a state_dict after one step,
+    and of the state_dict of a fresh optimizer that loaded it."""
+
+    def run() -> Any:
+        params = _params()
+        opt = cls(params, **copy.deepcopy(config.kwargs))
+        _step_torch(config, opt, params, 0)
+        loaded = cls(_params(), **copy.deepcopy(config.kwargs))
+        loaded.load_state_dict(copy.deepcopy(opt.state_dict()))
+        return [
+            (
+                [sorted(g) for g in sd["param_groups"]],
+                {i: sorted(s) for i, s in sd["state"].items()},
+            )
+            for sd in (opt.state_dict(), loaded.state_dict())
+        ]
+
+    return _outcome(run)
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.flagged], ids=str)
+def test_a_loaded_state_dict_is_the_one_saved(config: TorchConfig) -> None:
+    """torch's ``test_state_dict_deterministic``: a load gives back the param groups and state
+    it was given, key for key, as torch's own class does (LBFGS, Adafactor and SparseAdam groups
+    have no ``differentiable``: a load must not add one)."""
+    expected = _loaded_keys(config, config.torch_class)
+    actual = _loaded_keys(config, scaledoptim.with_scaling(config.torch_class))
+    assert actual == expected
+    if not isinstance(expected, type):
+        saved, loaded = actual
+        assert loaded == saved

@@ -99,8 +99,9 @@ class Backend(abc.ABC):
         return True
 
     @abc.abstractmethod
-    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
-        """Sets ``found_inf`` to 1.0 if any of ``grads`` holds inf/nan; reads them only."""
+    def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
+        """Sets ``found_inf`` to 1.0 if any of ``grads`` times ``inv_scale`` (``None``: as they
+        are) is inf/nan, which is what the update would read; reads them only."""
 
     @abc.abstractmethod
     def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> PreparedUnscale:

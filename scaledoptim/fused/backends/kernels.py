@@ -40,8 +40,9 @@ class KernelBackend(Backend):
     def supports(self, param: Tensor) -> bool:
         return param.dtype in CUDA_TYPE_NAMES  # float32, float16, bfloat16
 
-    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
-        non_finite_check_([g if is_dense(g) else g.contiguous() for g in grads], found_inf)
+    def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
+        dense = [g if is_dense(g) else g.contiguous() for g in grads]
+        non_finite_check_(dense, found_inf, inv_scale)
 
     def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> _KernelCheck:
         grads = list(chain.from_iterable(grad_lists))
@@ -93,8 +94,8 @@ class _Tables:
 
 
 class _KernelCheck(_Tables):
-    """The read-only inf/nan check over every grad of a step, in one prepared launch (the
-    updates unscale in registers)."""
+    """The read-only inf/nan check over every grad of a step, in one prepared launch, of the
+    unscaled values the updates compute in registers."""
 
     def __call__(
         self,
@@ -106,10 +107,18 @@ class _KernelCheck(_Tables):
         (launch,) = self.launches
         if checked:  # some grads were checked during backward: check only the others
             non_finite_check_(
-                [g for grads in grad_lists for g in grads if id(g) not in checked], found_inf
+                [g for grads in grad_lists for g in grads if id(g) not in checked],
+                found_inf,
+                inv_scale,
             )
         elif launch.plans:
-            launch.run(NonFiniteCheckArgs(scalar_pointer(found_inf, "found_inf", launch.device)))
+            # The unscaled values, as the updates will compute them in registers.
+            launch.run(
+                NonFiniteCheckArgs(
+                    scalar_pointer(found_inf, "found_inf", launch.device),
+                    scalar_pointer(inv_scale, "inv_scale", launch.device),
+                )
+            )
         return inv_scale
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ...kernels import ROUNDING_LISTS
 from ...scale import ScaleUpdate
-from ...torch_ops import stochastic_round_, unscale_in_place_
+from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend
 
@@ -62,9 +62,10 @@ class TorchNativeBackend(Backend):
     folds_unscale = False
     applies_scale_update = False
 
-    def check_(self, grads: list[Tensor], found_inf: Tensor) -> None:
+    def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
         for grad in grads:
-            torch.maximum(found_inf, grad.isfinite().logical_not().any().float(), out=found_inf)
+            unscaled = grad if inv_scale is None else grad.float() * inv_scale
+            torch.maximum(found_inf, unscaled.isfinite().logical_not().any().float(), out=found_inf)
 
     def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> _TorchUnscale:
         return _TorchUnscale(grad_lists)
@@ -104,7 +105,7 @@ class _TorchUnscale:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+                unscale_dense_(grads, found_inf, inv_scale)
             return
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
