@@ -88,11 +88,11 @@ class Adagrad(FusedOptimizer):
         eps: term added to the denominator for numerical stability.
         foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
             depend on it (see above).
+        maximize: maximize the objective instead of minimizing.
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.adagrad.adagrad` (see above).
         fused: torch.optim's ``fused`` flag, with its checks; the fused path does not
             depend on it (see above).
-        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes torch.optim's own
-            implementation (see above).
-        maximize: maximize the objective instead of minimizing.
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see

@@ -118,8 +118,8 @@ class Adam(FusedOptimizer):
             depend on it (see above).
         capturable: torch.optim's ``capturable`` flag, with its checks; the fused path does
             not depend on it (see above).
-        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes torch.optim's own
-            implementation (see above).
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.adam.adam` (see above).
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see

@@ -88,8 +88,8 @@ class RMSprop(FusedOptimizer):
             not depend on it (see above).
         foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
             depend on it (see above).
-        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes torch.optim's own
-            implementation (see above).
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.rmsprop.rmsprop` (see above).
         maximize: maximize the objective instead of minimizing.
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).

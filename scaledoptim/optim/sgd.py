@@ -102,8 +102,8 @@ class SGD(FusedOptimizer):
             depend on it (see above).
         fused: torch.optim's ``fused`` flag, with its checks; the fused path does not
             depend on it (see above).
-        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes torch.optim's own
-            implementation (see above).
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.sgd.sgd` (see above).
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
