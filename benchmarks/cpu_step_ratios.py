@@ -2,7 +2,8 @@
 
 Each case (optimizer, shape) builds every option over its own copy of the same params and
 scaled grads (2**16), then times one step per option per round, interleaved, with the grads
-restored before every step; a repetition's time of an option is its median over the rounds,
+restored before every step; each round starts one option later than the one before (A B C,
+B C A, C A B, ...), so that no option always runs first, or always right after the same other; a repetition's time of an option is its median over the rounds,
 and the ratio ours / alternative is printed as the median over the repetitions with its
 range (< 1: ours is faster). Transient memory is the peak of the CPU allocations alive during
 one step, over what was alive before it (torch's profiler), in bytes per param. It ends with
@@ -12,7 +13,16 @@ one table: optimizer x shape x alternative, ratios with their range, transient b
         [--shapes 1x25M 500x10k 2000x1k char-lm]
         [--rounds 15] [--reps 3] [--threads 1]
 
-Options (GS = torch.amp.GradScaler unscale_ + step + update):
+What each option's timed step runs:
+    ours: ``opt.unscale_and_step(grads_scaled_by=S)`` (the unscale, the inf check and the
+        update, skipping on inf).
+    GS + X: ``scaler.step(X)`` then ``scaler.update()`` with a ``torch.amp.GradScaler``; no
+        separate ``unscale_`` call. ``scaler.step`` unscales the grads itself: for a foreach
+        or for-loop X with ``_amp_foreach_non_finite_check_and_unscale_``, then reads
+        ``found_inf`` on the host and calls ``X.step()``; for a fused torch X it hands
+        ``grad_scale`` and ``found_inf`` to the fused step, which unscales and skips inside.
+
+The options per case:
     AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
         GS + torch foreach.
     RMSprop (momentum 0.9, weight decay 0.01, not centered): ours, GS + torch foreach (torch
@@ -199,8 +209,9 @@ def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
     medians: dict[str, list[float]] = {o.name: [] for o in options}
     for _ in range(reps):
         times: dict[str, list[float]] = {o.name: [] for o in options}
-        for _ in range(rounds):
-            for option in options:
+        for round_ in range(rounds):
+            first = round_ % len(options)  # rotated: see the module's docstring
+            for option in options[first:] + options[:first]:
                 times[option.name].append(option.timed())
         for name, values in times.items():
             medians[name].append(statistics.median(values))

@@ -48,7 +48,8 @@ def run(device: torch.device) -> Outcome:
                 nvrtc.compile_for_arch(kernel, arch)
             except Exception as error:
                 return Outcome(False, f"{kernel.source.name} for sm_{arch}: {error}")
-    names = ", ".join(k.source.name for k in builtin_kernels())
+    # One entry per source: a file with several kernels (lamb.cu) compiled them all.
+    names = ", ".join(dict.fromkeys(k.source.name for k in builtin_kernels()))
     unsupported = [a for a in nvrtc.TARGET_ARCHS if a not in supported]
     note = f"; this NVRTC cannot target sm_{unsupported}" if unsupported else ""
     return Outcome(True, f"{names} for {', '.join(f'sm_{a}' for a in archs)}{note}")

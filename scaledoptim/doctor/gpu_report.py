@@ -2,11 +2,11 @@
 the doctor in one run, written to one Markdown report.
 
 Run it from a checkout (the tests and benchmarks are not in the wheel) with the ``test`` and
-``cuda12`` extras installed. On a machine without a CUDA device the GPU tests and benchmarks
-report *skipped* (the tests' CPU twins, on the emulator, still run) and the doctor skips its GPU
-checks; the report says so. The summary at the top repeats the doctor's bandwidth and step-time
-lines (ours against GradScaler + torch's fused AdamW, without and with clipping). Exits with
-status 1 when any part failed.
+``cuda12`` extras installed; installed from a wheel, it says so and exits with status 2. On a
+machine without a CUDA device the GPU tests and benchmarks report *skipped* (the tests' CPU twins,
+on the emulator, still run) and the doctor skips its GPU checks; the report says so. The summary
+at the top repeats the doctor's bandwidth and step-time lines (ours against GradScaler + torch's
+fused AdamW, without and with clipping). Exits with status 1 when any part failed.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ PARTS: tuple[Part, ...] = (
     ),
 )
 _TAIL_LINES = 120  # of each part's output, in the report
+# Where the package was imported from: a checkout's root holds tests/, an installed wheel's
+# site-packages does not.
+_PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(part: Part, root: pathlib.Path) -> tuple[int, str, float]:
@@ -99,6 +102,15 @@ def main(argv: Sequence[str] | None = None, parts: Sequence[Part] = PARTS) -> in
     parser.add_argument("report", nargs="?", default="gpu-report.md", type=pathlib.Path)
     args = parser.parse_args(argv)
     root = pathlib.Path.cwd()
+    missing = [path for part in parts for path in part.needs if not (root / path).exists()]
+    if missing and not (_PACKAGE_ROOT / "tests").is_dir():
+        parser.exit(
+            2,
+            f"{parser.prog} needs a checkout of scaledoptim: it runs the GPU tests and "
+            f"benchmarks, which the wheel does not ship ({', '.join(missing)} not found under "
+            f"{root}). Run it from the root of a clone, after pip install -e \".[test,cuda12]\" "
+            "there; from a wheel, python -m scaledoptim.doctor runs the doctor alone.\n",
+        )
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     sections, failed, highlights = [], [], []
     for part in parts:

@@ -74,13 +74,11 @@ def run(device: torch.device) -> Outcome:
         for n in COUNTS
     )
     worst = max(per_tensor.values())
-    verdict = (
-        "meets"
-        if all(seconds[n] * 1e6 <= TARGET_US_PER_TENSOR * n + TARGET_US_FIXED for n in COUNTS)
-        else "misses"
-    )
+    met = all(seconds[n] * 1e6 <= TARGET_US_PER_TENSOR * n + TARGET_US_FIXED for n in COUNTS)
+    # The verdict is the fail threshold's; the target is a goal, reported beside it.
     return Outcome(
         worst <= ABSURD_US_PER_TENSOR,
-        f"{measured}; {verdict} the target of {TARGET_US_PER_TENSOR} us/tensor + "
-        f"{TARGET_US_FIXED:.0f} us (informational: fails above {ABSURD_US_PER_TENSOR:.0f} us/tensor)",
+        f"{measured}. Fails only above {ABSURD_US_PER_TENSOR:.0f} us/tensor; the goal of "
+        f"{TARGET_US_PER_TENSOR} us/tensor + {TARGET_US_FIXED:.0f} us is "
+        f"{'met' if met else 'not met yet'} (informational)",
     )

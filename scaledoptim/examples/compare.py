@@ -128,8 +128,16 @@ def format_table(results: list[RunResult]) -> str:
                  "optimizer phase")  # fmt: skip
     if lbfgs:
         lines.append(_lbfgs_reads(results))
+    else:
+        lines += [f"skipped steps of {r.label}: {skipped_steps(r)}" for r in results if r.scales]
     lines += _comparisons({r.label: r for r in results})
     return "\n".join(lines)
+
+
+def skipped_steps(result: RunResult) -> str:
+    """The steps ``result`` skipped, numbered from 0 as on the plot's step axis."""
+    steps = [str(i) for i, skipped in enumerate(result.skipped) if skipped]
+    return ", ".join(steps) if steps else "none"
 
 
 def _device(config: RunConfig) -> str:

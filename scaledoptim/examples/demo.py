@@ -29,7 +29,9 @@ DEFAULT_TASKS = ("lm", "cnn")  # "all": the built-in models; hf-gpt2 needs an ex
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scaledoptim.examples.demo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--model",
         "--task",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pathlib
 
 from .deps import install_hint
-from .train import RunResult
+from .train import LBFGS_INIT_SCALE, RunResult
 
 STYLES = {
     "fp32": {"linewidth": 1.5, "color": "tab:blue", "zorder": 2},
@@ -15,8 +15,8 @@ STYLES = {
     "fp32-lbfgs": {"linewidth": 1.5, "color": "tab:blue", "zorder": 2},
     "scaledoptim-lbfgs": {"linewidth": 3.5, "alpha": 0.6, "color": "tab:orange", "zorder": 1},
 }
-# Skips of torch.amp and scaledoptim fall on the same steps: a large hollow circle around a
-# small cross keeps both visible where they coincide.
+# Skips of torch.amp and scaledoptim may fall on the same steps: a large hollow circle around
+# a small cross keeps both visible where they coincide.
 MARKERS = {
     "torch.amp": {"marker": "x", "s": 30, "color": "black", "zorder": 5},
     "scaledoptim": {"marker": "o", "s": 110, "facecolors": "none", "edgecolors": "tab:orange",
@@ -24,6 +24,10 @@ MARKERS = {
 }  # fmt: skip
 REPLAY_MARKER = {"marker": "^", "s": 60, "color": "tab:red", "zorder": 5}
 SMOOTHING = 0.9  # exponential moving average of the per-step training loss, for readability
+LBFGS_SCALE_NOTE = (
+    "scaledoptim-lbfgs starts at 2^24 on purpose: far too large for fp16,\n"
+    "so the first closure evaluations overflow and the replay shows"
+)
 
 
 def _smoothed(values: list[float]) -> list[float]:
@@ -36,6 +40,13 @@ def _smoothed(values: list[float]) -> list[float]:
 
 def write_plot(results_by_task: dict[str, list[RunResult]], path: pathlib.Path) -> None:
     """One column per task: training loss, loss scale (log2) with skips/replays, host reads."""
+    plt = _pyplot()
+    fig = make_figure(results_by_task)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pyplot():
     try:
         import matplotlib
 
@@ -45,7 +56,12 @@ def write_plot(results_by_task: dict[str, list[RunResult]], path: pathlib.Path) 
         raise SystemExit(
             f"--plot needs matplotlib: {install_hint('plot')} (or pip install matplotlib)"
         ) from None
+    return plt
 
+
+def make_figure(results_by_task: dict[str, list[RunResult]]):
+    """The figure :func:`write_plot` writes, a ``matplotlib.figure.Figure``: a column per task."""
+    plt = _pyplot()
     columns = len(results_by_task)
     fig, axes = plt.subplots(
         3, columns, figsize=(6.5 * columns, 9), squeeze=False,
@@ -56,29 +72,37 @@ def write_plot(results_by_task: dict[str, list[RunResult]], path: pathlib.Path) 
         _scale_panel(axes[1, column], results)
         _reads_panel(axes[2, column], results)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _loss_panel(ax, task: str, results: list[RunResult]) -> None:
     first = results[0]
     full_batch = any(r.evaluations for r in results)  # one fixed batch: no noise to smooth
-    for r in results:
-        curve = r.losses if full_batch else _smoothed(r.losses)
-        ax.plot(curve, label=f"{r.label} (held-out loss {r.final_loss:.3f})",
-                **STYLES.get(r.label, {}))  # fmt: skip
+    curves = [r.losses if full_batch else _smoothed(r.losses) for r in results]
+    for r, curve in zip(results, curves):
+        ax.plot(curve, label=r.label, **STYLES.get(r.label, {}))
     ax.set_title(f"{task} ({first.title}): {first.parameters:,} params,\n"
                  f"{first.config.dtype} autocast on {first.config.device}")  # fmt: skip
-    if not full_batch:
-        tail = _smoothed(first.losses)[len(first.losses) // 10]
-        ax.set_ylim(top=tail * 1.2)  # the first steps' loss would squash the rest
+    # A log axis shows the first steps' loss and the end of training on one panel (LBFGS
+    # drops by orders of magnitude in a few steps); the limits hold every curve whole.
+    ax.set_yscale("log")
+    low, high = min(min(c) for c in curves), max(max(c) for c in curves)
+    ax.set_ylim(low / 1.1, high * 1.1)
     ax.set_ylabel("training loss" + ("" if full_batch else " (smoothed)"))
     ax.set_xlabel("step")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="training loss", title_fontsize=8, loc="upper right")
+    # The held-out loss is one number per run, measured after training: beside the curves,
+    # not in the training-loss legend.
+    held_out = "\n".join(f"{r.label}: {r.final_loss:.4f}" for r in results)
+    # Where the curves are not: below a falling curve's start, or above LBFGS's fast drop.
+    x, y = (0.3, 0.55) if full_batch else (0.02, 0.03)
+    ax.text(x, y, f"held-out loss after training\n{held_out}", transform=ax.transAxes,
+            fontsize=7, va="bottom", bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
 
 
 def _scale_panel(ax, results: list[RunResult]) -> None:
+    marked = []  # what this panel's markers mean, for its axis label
     for r in results:
         if not r.scales:
             continue
@@ -88,6 +112,7 @@ def _scale_panel(ax, results: list[RunResult]) -> None:
         if r.label in MARKERS:
             ax.scatter(skips, [r.scales[i] for i in skips], **MARKERS[r.label],
                        label=f"{r.label}: {len(skips)} skipped")  # fmt: skip
+            marked.append(f"{MARKERS[r.label]['marker']}: {r.label} skipped")
         replayed = [i for i, n in enumerate(r.replays) if n]
         if replayed:
             ax.scatter(replayed, [r.scales[i] for i in replayed], **REPLAY_MARKER,
@@ -95,13 +120,17 @@ def _scale_panel(ax, results: list[RunResult]) -> None:
             for i in replayed:
                 ax.annotate(f"{r.replays[i]}", (i, r.scales[i]), textcoords="offset points",
                             xytext=(4, 6), fontsize=7, color="tab:red")  # fmt: skip
+            marked.append("^: evaluations replayed (how many beside)")
+        if r.evaluations and r.scales[0] == LBFGS_INIT_SCALE:
+            ax.text(0.98, 0.97, LBFGS_SCALE_NOTE, transform=ax.transAxes, ha="right", va="top",
+                    fontsize=7, bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
     if ax.has_data():
         ax.set_yscale("log", base=2)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
     else:
         ax.text(0.5, 0.5, "no loss scale (unscaled runs)", ha="center", transform=ax.transAxes)
     ax.set_ylabel("loss scale at step start")
-    ax.set_xlabel("step (x/o: skipped step, ^: replayed evaluations)")
+    ax.set_xlabel("step" + (f" ({'; '.join(marked)})" if marked else ""))
     ax.grid(alpha=0.3)
 
 

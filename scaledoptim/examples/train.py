@@ -26,6 +26,8 @@ from .hostreads import HostReads, host_side_counters
 from .tasks import ALL_TASKS, SIZES, Task
 
 LBFGS_MAX_ITER = 5  # LBFGS iterations per step(); each evaluates the closure once or more
+# scaledoptim-lbfgs's first scale: far too large for fp16, so that the replay shows at once.
+LBFGS_INIT_SCALE = 2.0**24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +205,7 @@ def scaledoptim_lbfgs_step(model: nn.Module, task: Task, config: RunConfig) -> S
     """
     device_type, dtype = _autocast_args(config)
     opt = scaledoptim.LBFGS(model.parameters(), **_lbfgs_args(task, config))
-    opt.configure_scaling(init_scale=2.0**24, growth_interval=config.growth_interval)
+    opt.configure_scaling(init_scale=LBFGS_INIT_SCALE, growth_interval=config.growth_interval)
     S = opt.scale
 
     def optimizer_phase(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -86,9 +86,13 @@ class Adagrad(FusedOptimizer):
         weight_decay: weight decay (L2 penalty).
         initial_accumulator_value: initial value of the sum of squared gradients.
         eps: term added to the denominator for numerical stability.
-        foreach, fused, differentiable: torch.optim's flags, with its checks; see above for what
-            they change.
+        foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
+            depend on it (see above).
         maximize: maximize the objective instead of minimizing.
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.adagrad.adagrad` (see above).
+        fused: torch.optim's ``fused`` flag, with its checks; the fused path does not
+            depend on it (see above).
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see

@@ -112,8 +112,14 @@ class Adam(FusedOptimizer):
         amsgrad: use the maximum of past squared-gradient averages.
         maximize: maximize the objective instead of minimizing.
         decoupled_weight_decay: apply weight decay as AdamW does.
-        foreach, fused, capturable, differentiable: torch.optim's flags, with its checks; see
-            above for what they change.
+        foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
+            depend on it (see above).
+        fused: torch.optim's ``fused`` flag, with its checks; the fused path does not
+            depend on it (see above).
+        capturable: torch.optim's ``capturable`` flag, with its checks; the fused path does
+            not depend on it (see above).
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.adam.adam` (see above).
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see

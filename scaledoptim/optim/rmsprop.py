@@ -84,8 +84,12 @@ class RMSprop(FusedOptimizer):
         momentum: momentum factor.
         centered: normalize by the estimated variance of the gradient instead of its second
             moment.
-        capturable, foreach, differentiable: torch.optim's flags, with its checks; see above for
-            what they change.
+        capturable: torch.optim's ``capturable`` flag, with its checks; the fused path does
+            not depend on it (see above).
+        foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
+            depend on it (see above).
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.rmsprop.rmsprop` (see above).
         maximize: maximize the objective instead of minimizing.
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).

@@ -98,8 +98,12 @@ class SGD(FusedOptimizer):
         weight_decay: weight decay (L2 penalty).
         nesterov: enables Nesterov momentum.
         maximize: maximize the objective instead of minimizing.
-        foreach, fused, differentiable: torch.optim's flags, with its checks; see above for what
-            they change.
+        foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
+            depend on it (see above).
+        fused: torch.optim's ``fused`` flag, with its checks; the fused path does not
+            depend on it (see above).
+        differentiable: torch.optim's ``differentiable`` flag: ``True`` takes
+            :func:`torch.optim.sgd.sgd` (see above).
         master_weights: keep an fp32 master copy of 16-bit params (see
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see

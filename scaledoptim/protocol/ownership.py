@@ -86,24 +86,40 @@ class ScaleOwner(torch.optim.Optimizer):
     ) -> _Self:
         r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
 
-        The defaults reproduce :class:`torch.amp.GradScaler`'s scale sequence exactly. See
-        :class:`scaledoptim.ScalingConfig` for the other arguments. The new scale is written
-        into :attr:`~scaledoptim.Optimizer.scale`'s tensor: a handle taken before stays live.
+        The defaults reproduce :class:`torch.amp.GradScaler`'s scale sequence exactly
+        (:class:`scaledoptim.ScalingConfig` checks the values). The new scale is written into
+        :attr:`~scaledoptim.Optimizer.scale`'s tensor: a handle taken before stays live.
 
         Args:
+            init_scale: the scale before the first step. Default: ``2**16``.
+            growth_factor: multiplies the scale after ``growth_interval`` clean steps (> 1).
+                Default: ``2.0``.
+            backoff_factor: multiplies the scale when an overflow is not tolerated (in (0, 1)).
+                Default: ``0.5``.
+            growth_interval: consecutive clean steps before the scale grows; ``2**31`` or more
+                never grows it. Default: ``2000``.
+            hysteresis: consecutive overflows needed before the scale backs off; ``N``
+                tolerates ``N - 1``. Default: ``1`` (back off on every overflow, as GradScaler).
+            min_scale: the scale never backs off below this. Default: the smallest normal
+                float32 (``torch.finfo(torch.float32).tiny``, about ``1.2e-38``).
+            max_scale: the scale never grows above this. Default: the largest float32
+                (``torch.finfo(torch.float32).max``, about ``3.4e38``).
+            max_replays: how many times a closure may be replayed with a smaller scale in one
+                step before :class:`~scaledoptim.ClosureReplayError` is raised. Default: ``32``.
             process_group: a :class:`torch.distributed.ProcessGroup` whose ranks must agree on
-                overflow (DDP, FSDP, sharded optimizers). Every :meth:`~scaledoptim.Optimizer.unscale` then all-reduces
-                ``found_inf`` with MAX over it, on device with no host read, before the scale
-                moves or anything steps: if one rank overflows, every rank skips and every
-                rank's scale moves the same way. Every rank of the group must unscale once per
-                iteration. ``None`` (default): no agreement (single process).
+                overflow (DDP, FSDP, sharded optimizers). Every
+                :meth:`~scaledoptim.Optimizer.unscale` then all-reduces ``found_inf`` with MAX
+                over it, on device with no host read, before the scale moves or anything steps:
+                if one rank overflows, every rank skips and every rank's scale moves the same
+                way. Every rank of the group must unscale once per
+                iteration. Default: ``None``, no agreement (single process).
             check_during_backward: fold each grad into ``found_inf`` as backward produces it
                 (a post-accumulate-grad hook per param), so that the step reads each grad once
                 instead of twice on our kernels; grads set or changed after backward are checked
                 in the step as usual (the docs' *Concepts* page explains when it helps). Does
                 nothing once torch.distributed is initialized: collectives rewrite grads without
                 moving their version counters. Not kept in the ``state_dict`` or in copies:
-                configure it again after loading or copying.
+                configure it again after loading or copying. Default: ``False``.
 
         Returns:
             the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.

@@ -215,6 +215,35 @@ def test_plot_writes_a_png(compared, lbfgs, tmp_path) -> None:
     assert path.read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_plot_shows_every_curve_and_says_what_each_panel_marks(compared, lbfgs) -> None:
+    require_module("matplotlib", "the plot is written with the plot extra")
+    import matplotlib.pyplot as plt
+
+    from scaledoptim.examples.plot import make_figure
+
+    figure = make_figure({"lm": list(compared.values()), "lbfgs": list(lbfgs.values())})
+    try:
+        # Rows of panels (loss, scale, host reads), a column per task.
+        lm_loss, lbfgs_loss, lm_scale, lbfgs_scale = figure.axes[:4]
+        for ax in (lm_loss, lbfgs_loss):
+            # A log axis whose limits hold every curve whole, its first steps included: LBFGS's
+            # loss falls by orders of magnitude after step 2, the transformer's starts high.
+            assert ax.get_yscale() == "log"
+            low, high = ax.get_ylim()
+            for line in ax.get_lines():
+                assert low <= min(line.get_ydata()) and max(line.get_ydata()) <= high
+            legend = [text.get_text() for text in ax.get_legend().get_texts()]
+            assert legend and not any("held-out" in label for label in legend), legend
+            assert any("held-out loss" in text.get_text() for text in ax.texts)
+        # Each scale panel names its own markers: skips on the AdamW runs, replays on LBFGS's.
+        assert "skipped" in lm_scale.get_xlabel() and "replayed" not in lm_scale.get_xlabel()
+        assert "replayed" in lbfgs_scale.get_xlabel() and "skipped" not in lbfgs_scale.get_xlabel()
+        assert any("2^24" in text.get_text() for text in lbfgs_scale.texts)
+        assert not any("2^24" in text.get_text() for text in lm_scale.texts)
+    finally:
+        plt.close(figure)
+
+
 def test_hf_gpt2_trains_like_the_built_in_models() -> None:
     require_module("transformers", "the hf-gpt2 example runs with the examples-hf extra")
     config = RunConfig(task="hf-gpt2", size="tiny", steps=40, growth_interval=5)
@@ -233,9 +262,9 @@ README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 # The README's claims about the main command on a CPU, each with what the demo must print for
 # it: (task, pairs of variants whose "held-out loss vs" line is checked, the bound).
 LOSS_CLAIMS = {
-    "the transformer's held-out loss: scaledoptim within 0.2% of fp32 and of torch.amp": (
+    "its held-out loss is within 0.2% of fp32 and of torch.amp": (
         "lm", [("scaledoptim", "fp32"), ("scaledoptim", "torch.amp")], 0.002),
-    "the CNN's: all three within 2% of each other": (
+    "the held-out losses of all three are within 2% of each other": (
         "cnn", [("scaledoptim", "fp32"), ("scaledoptim", "torch.amp"), ("torch.amp", "fp32")],
         0.02),
     "(`GradScaler` refuses closures); they end within 0.1% of each other": (
@@ -245,9 +274,12 @@ OTHER_CLAIMS = (
     "on a CPU, small models for 150 steps on one intra-op thread",
     "1.0 for `GradScaler` with torch's default AdamW",
     "0.0 for scaledoptim",
-    "scaledoptim skips the same steps as torch.amp and ends at the same scale",
+    "the transformer: scaledoptim skips exactly the steps torch.amp skips (the demo prints both "
+    "lists) and ends at the same scale",
+    "the CNN: scaledoptim and torch.amp skip the same number of steps, the first at the same "
+    "step, and end at the same scale, but the later skips drift a step or more apart",
     "the replay adds two reads per closure evaluation (the scale and `found_inf`",
-    "`AdamW(fused=True)` bit for bit",
+    "`AdamW(fused=True)` bit for bit, skips included",
 )
 
 
@@ -268,7 +300,15 @@ def _tables(printed: str) -> dict[str, dict]:
                 r"^(\S+) held-out loss vs (\S+): ([\d.]+)% apart$", block, flags=re.MULTILINE
             )
         }
-        tables[lines[0].split()[0]] = {"title": lines[0], "rows": rows, "gaps": gaps, "text": block}
+        skips = {
+            variant: [] if steps == "none" else [int(step) for step in steps.split(", ")]
+            for variant, steps in re.findall(
+                r"^skipped steps of (\S+): (.*)$", block, flags=re.MULTILINE
+            )
+        }
+        tables[lines[0].split()[0]] = {
+            "title": lines[0], "rows": rows, "gaps": gaps, "skips": skips, "text": block
+        }  # fmt: skip
     return tables
 
 
@@ -295,6 +335,13 @@ def test_the_readme_claims_hold_in_what_the_main_command_prints(capsys) -> None:
         assert float(rows["fp32"][4]) == 0.0
         skipped, scale = rows["scaledoptim"][5:7]
         assert int(skipped) > 0 and [skipped, scale] == rows["torch.amp"][5:7], table["text"]
+        ours, theirs = table["skips"]["scaledoptim"], table["skips"]["torch.amp"]
+        assert len(ours) == int(skipped) and len(theirs) == int(rows["torch.amp"][5])
+        if task == "lm":  # "skips exactly the steps torch.amp skips"
+            assert ours == theirs, table["text"]
+        else:  # "the same number of steps, the first at the same step"
+            assert len(ours) == len(theirs) and ours[0] == theirs[0], table["text"]
+        assert "fp32" not in table["skips"]  # an unscaled run skips nothing and lists nothing
     lbfgs = tables["lbfgs"]
     assert int(lbfgs["rows"]["scaledoptim-lbfgs"][6]) > 0  # replays happened
     per_evaluation = re.search(r"by the replay \(([\d.]+)/evaluation\)", lbfgs["text"])
