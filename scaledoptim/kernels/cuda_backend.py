@@ -13,8 +13,9 @@ from .spec import MultiTensorKernel
 
 __all__ = ["launch"]
 
-# (kernel, device index) -> cupy.RawModule; (kernel, instantiation, device index) -> Function.
-# One module per device: a RawModule is compiled for the arch of the device it first runs on.
+# (kernel, device index) -> cupy.RawModule; (kernel, instantiation, device index) -> the driver
+# function (cupy.cuda.function.Function). One module per device: a RawModule is compiled for the
+# arch of the device it first runs on.
 _modules: dict[tuple[MultiTensorKernel, int], Any] = {}
 _functions: dict[tuple[MultiTensorKernel, str, int], Any] = {}
 
@@ -50,8 +51,10 @@ def _function(kernel: MultiTensorKernel, instantiation: str, device_index: int) 
                     name_expressions=kernel.instantiations(),
                 )
             try:
-                # Compiles all instantiations at the first call.
-                function = module.get_function(instantiation)
+                # Compiles all instantiations at the first call. CuPy (13 and 14, the range the
+                # extras allow) returns a RawKernel; its driver function, for the current
+                # device, is `.kernel`, a Function whose `.ptr` is the CUfunction.
+                function = module.get_function(instantiation).kernel
             except cupy.cuda.compiler.CompileException as error:
                 raise KernelCompileError(
                     f"NVRTC could not compile {kernel.source.name} ({kernel.source}) for "
