@@ -42,8 +42,8 @@ def unmet_requirement(device: torch.device) -> str | None:
     CUDA that CuPy was built for. Reads the install only; launches nothing."""
     try:
         cupy = _import_cupy()
-    except RuntimeError as error:
-        return str(error)
+    except RuntimeError as error:  # CuPy's own ImportError (not installed, or broken) as cause
+        return f"{error} ({type(error.__cause__).__name__}: {error.__cause__})"
     try:
         archs = tuple(cupy.cuda.nvrtc.getSupportedArchs())
     except Exception as error:  # whatever CuPy raises for a library it cannot load
