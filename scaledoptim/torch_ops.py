@@ -120,8 +120,12 @@ def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
         return
     if isinstance(steps, PackedSteps):
         steps.flat.add_(1 if found_inf is None else 1 - found_inf)
+    elif found_inf is None:
+        torch._foreach_add_(steps, 1)
     else:
-        torch._foreach_add_(steps, 1 if found_inf is None else 1 - found_inf)
+        # `alpha=` matches only the Tensor overload: without it Python's argument parser takes
+        # the 0-dim tensor as the Scalar overload's number, an .item() (a sync on a GPU).
+        torch._foreach_add_(steps, 1 - found_inf, alpha=1)
 
 
 def copy_unless_skipped_(

@@ -30,8 +30,8 @@ def _parser() -> argparse.ArgumentParser:
         f"(e.g. 'parity'). Checks: {', '.join(c.name for c in CHECKS)}",
     )  # fmt: skip
     parser.add_argument("--all-archs", action="store_true",
-                        help="without a GPU, compile for every target arch, not just sm_70 and "
-                        "sm_90 (about a minute)")  # fmt: skip
+                        help="without a GPU, compile for every target arch the installed NVRTC "
+                        "supports, not just its oldest and newest (several minutes)")  # fmt: skip
     parser.add_argument("--device", default=None,
                         help="device to check (default: cuda if available, else cpu)")  # fmt: skip
     return parser

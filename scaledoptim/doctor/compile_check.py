@@ -1,5 +1,7 @@
-"""Every kernel compiles with NVRTC: for this GPU, or (without one) for the ends of the range of
-architectures we promise, sm_70 and sm_90 (``--all-archs``: every one of them).
+"""Every kernel compiles with NVRTC: for this GPU, or (without one) for the oldest and the newest
+target architecture the installed NVRTC supports (CUDA 12.9's: sm_70 and sm_121; CUDA 13's: sm_75
+and sm_121), ``--all-archs``: every one of them. The detail names the targets this NVRTC cannot
+compile for (Note [target archs] in kernels/nvrtc.py).
 
 Without CuPy the check is skipped, not failed: nothing needs it there. CPU training runs torch's
 fused ops, and on a GPU the fused optimizers fall back to torch's fused ops (sync-free too). The
@@ -32,14 +34,22 @@ def run(device: torch.device) -> Outcome:
     if importlib.util.find_spec("cupy") is None:
         return Outcome.skip(_without_cupy(device))
     try:
-        supported = nvrtc.supported_archs()
+        installed = nvrtc.installed_archs()
     except Exception as error:
         return Outcome(False, f"NVRTC cannot be loaded ({type(error).__name__}: {error}); {_FIX}")
+    supported = nvrtc.supported_archs()
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         archs: tuple[int, ...] = (10 * major + minor,)
+        if archs[0] not in installed:
+            return Outcome(
+                False,
+                f"this NVRTC cannot compile for sm_{archs[0]} of {device} (it targets "
+                f"{_names(installed)}); the fused optimizers use torch's fused ops there. For the "
+                f"kernels, {_FIX} (the cuda12 extra for sm_70/sm_72: CUDA 13 dropped them)",
+            )
     elif not supported:
-        return Outcome(False, f"this NVRTC supports none of {nvrtc.TARGET_ARCHS}; {_FIX}")
+        return Outcome(False, f"this NVRTC supports none of {_names(nvrtc.TARGET_ARCHS)}; {_FIX}")
     else:
         archs = supported if ALL_ARCHS else tuple(sorted({supported[0], supported[-1]}))
     for arch in archs:
@@ -51,8 +61,12 @@ def run(device: torch.device) -> Outcome:
     # One entry per source: a file with several kernels (lamb.cu) compiled them all.
     names = ", ".join(dict.fromkeys(k.source.name for k in builtin_kernels()))
     unsupported = [a for a in nvrtc.TARGET_ARCHS if a not in supported]
-    note = f"; this NVRTC cannot target sm_{unsupported}" if unsupported else ""
-    return Outcome(True, f"{names} for {', '.join(f'sm_{a}' for a in archs)}{note}")
+    note = f"; this NVRTC cannot target {_names(unsupported)}" if unsupported else ""
+    return Outcome(True, f"{names} for {_names(archs)}{note}")
+
+
+def _names(archs: tuple[int, ...] | list[int]) -> str:
+    return ", ".join(f"sm_{a}" for a in archs)
 
 
 def _without_cupy(device: torch.device) -> str:

@@ -11,7 +11,7 @@ import torch
 
 import scaledoptim
 
-from ..fused.backends import kernels_mode, select
+from ..fused.backends import KernelProbeError, kernels_mode, select
 
 __all__ = ["environment"]
 
@@ -35,6 +35,8 @@ def environment(device: torch.device) -> dict[str, str]:
         env["fused_step_backend"] = f"{select(device).name} on {device.type}"
     except ValueError as error:
         env["fused_step_backend"] = f"invalid: {error}"
+    except KernelProbeError as error:
+        env["fused_step_backend"] = f"none: {error}"
     return env
 
 

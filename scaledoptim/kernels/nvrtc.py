@@ -10,12 +10,22 @@ __all__ = [
     "KernelCompileError",
     "compile_for_arch",
     "compile_options",
+    "installed_archs",
     "program_source",
     "supported_archs",
 ]
 
-# The architectures we promise to compile for (the NVRTC check tests those NVRTC supports).
-TARGET_ARCHS = (70, 75, 80, 86, 89, 90)
+# Note [target archs]
+# ~~~~~~~~~~~~~~~~~~~
+# The kernels target every sm_XY from sm_70 (Volta) through sm_121 that an NVRTC the extras
+# allow lists in nvrtcGetSupportedArchs (read from the wheels): CUDA 12.9's lists 70, 72, 75, 80,
+# 86, 87, 89, 90, 100, 101, 103, 120, 121; CUDA 13.0's lists 75, 80, 86, 87, 88, 89, 90, 100,
+# 103, 110, 120, 121; CUDA 13.5's adds 107. So the cuda13 extra cannot serve sm_70/sm_72 (V100,
+# Xavier: use the cuda12 extra) nor sm_101 (CUDA 13 calls it sm_110), and the cuda12 extra not
+# sm_88, sm_107, sm_110; NVRTC before 12.8 stops at sm_90. A device the installed NVRTC does not
+# list is an expected absence (Note [kernel probe]): torch's ops there, with one warning.
+#: Every architecture the kernels target (Note [target archs]).
+TARGET_ARCHS = (70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 107, 110, 120, 121)
 
 
 class KernelCompileError(RuntimeError):
@@ -48,11 +58,16 @@ def compile_options(kernel: MultiTensorKernel) -> tuple[str, ...]:
     )
 
 
-def supported_archs() -> tuple[int, ...]:
-    """The :data:`TARGET_ARCHS` the installed NVRTC can compile for."""
+def installed_archs() -> tuple[int, ...]:
+    """Every ``sm_XY`` the installed NVRTC can compile for, as ``XY`` (CuPy's NVRTC)."""
     from cupy.cuda import nvrtc
 
-    return tuple(a for a in TARGET_ARCHS if a in nvrtc.getSupportedArchs())
+    return tuple(nvrtc.getSupportedArchs())
+
+
+def supported_archs() -> tuple[int, ...]:
+    """The :data:`TARGET_ARCHS` the installed NVRTC can compile for."""
+    return tuple(a for a in TARGET_ARCHS if a in installed_archs())
 
 
 def compile_for_arch(kernel: MultiTensorKernel, arch: int) -> bytes:

@@ -14,6 +14,13 @@ from scaledoptim.kernels import launcher
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
 
+@pytest.fixture
+def fresh_probe(monkeypatch) -> None:
+    """No device probed, found lacking or warned about yet."""
+    for name, empty in (("_probed", set()), ("_absent", {}), ("_warned", set())):
+        monkeypatch.setattr(backends, name, empty)
+
+
 @pytest.mark.parametrize(
     "mode, cupy, expected",
     [
@@ -25,15 +32,17 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
         ("cupy", False, {CPU: backends.TORCH_NATIVE, CUDA: backends.KERNELS}),
     ],
 )
-def test_select_follows_the_environment_and_cupy(monkeypatch, mode, cupy, expected) -> None:
+def test_select_follows_the_environment_and_cupy(monkeypatch, fresh_probe, mode, cupy, expected) -> None:
     if mode is None:
         monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
     else:
         monkeypatch.setenv("SCALEDOPTIM_KERNELS", mode)
-    monkeypatch.setattr(backends, "_cupy_installed", lambda: cupy)
-    monkeypatch.setattr(backends, "kernel_problem", lambda device: None)  # kernels work there
-    for device, backend in expected.items():
-        assert backends.select(device) is backend
+    monkeypatch.setattr(backends, "unmet_requirement", lambda device: None if cupy else "no CuPy")
+    monkeypatch.setattr(backends, "probe_kernels", lambda device: None)  # kernels work there
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning: its own test below
+        for device, backend in expected.items():
+            assert backends.select(device) is backend
 
 
 def test_an_unknown_mode_is_refused_naming_the_choices(monkeypatch) -> None:
@@ -97,34 +106,54 @@ def test_a_kernel_step_is_three_launches(monkeypatch, groups, overflow) -> None:
     assert S.item() == (2.0**9 if overflow else 2.0**11) and found_inf.item() == float(overflow)
 
 
-def test_kernels_that_cannot_run_fall_back_to_torch_with_one_warning(monkeypatch) -> None:
+@pytest.mark.parametrize("missing", ["Fused CUDA kernels need CuPy", "NVRTC 13.0 cannot compile for sm_70"])
+def test_a_missing_piece_of_the_install_falls_back_to_torch_with_one_warning(monkeypatch, fresh_probe, missing) -> None:
     monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
-    monkeypatch.setattr(backends, "_cupy_installed", lambda: True)
-    monkeypatch.setattr(backends, "kernel_problem", lambda device: "CompileException: no NVRTC")
-    monkeypatch.setattr(backends, "_warned", set())
-    with pytest.warns(RuntimeWarning, match=r"cannot run on cuda:0 \(CompileException: no NVRTC\).*scaledoptim\[cuda12\]"):
+    asked = []
+    monkeypatch.setattr(backends, "unmet_requirement", lambda device: asked.append(device) or missing)
+    monkeypatch.setattr(backends, "probe_kernels", lambda device: pytest.fail("probed an install that lacks a piece"))
+    with pytest.warns(RuntimeWarning, match=rf"cannot run on cuda:0: {missing}.*SCALEDOPTIM_KERNELS=torch silences"):
         assert backends.select(CUDA) is backends.TORCH_NATIVE
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per device
+        warnings.simplefilter("error")  # once per device, and the install is read once
         assert backends.select(CUDA) is backends.TORCH_NATIVE
+    assert asked == [CUDA]
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "cupy")  # forced: no fallback, errors surface
     assert backends.select(CUDA) is backends.KERNELS
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "torch")
     assert backends.select(CUDA) is backends.TORCH_NATIVE
 
 
-def test_the_probe_reports_why_the_kernels_cannot_run(monkeypatch) -> None:
-    """The probe itself, on the CPU (through the emulator): it passes, and a launch that raises
-    becomes the warning's reason."""
-    backends.kernel_problem.cache_clear()
-    assert backends.kernel_problem(CPU) is None
-    backends.kernel_problem.cache_clear()
+def test_a_failed_probe_raises_every_time_until_it_passes(monkeypatch, fresh_probe) -> None:
+    """Not a silent fallback, and not sticky: each step probes again until the kernels run."""
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    monkeypatch.setattr(backends, "unmet_requirement", lambda device: None)
+    probes = []
 
     def broken(*args, **kwargs):
-        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version\nmore")
+        probes.append(args)
+        raise AttributeError("'cupy._core.raw.RawKernel' object has no attribute 'ptr'")
 
-    monkeypatch.setattr("scaledoptim.fused.backends.non_finite_check_", broken)
-    try:
-        assert backends.kernel_problem(CPU) == "RuntimeError: CUDA driver version is insufficient for CUDA runtime version"
-    finally:
-        backends.kernel_problem.cache_clear()
+    monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", broken)
+    tensor, zeros = torch.tensor, torch.zeros  # the probe's tensors, on the CPU: no CUDA here
+    monkeypatch.setattr(torch, "tensor", lambda data, device: tensor(data))
+    monkeypatch.setattr(torch, "zeros", lambda shape, device: zeros(shape))
+    for attempt in (1, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # raised, not warned
+            with pytest.raises(backends.KernelProbeError, match=r"probe launch on cuda:0 \(AttributeError: .*no attribute 'ptr'\).*SCALEDOPTIM_KERNELS=torch") as error:
+                backends.select(CUDA)
+        assert isinstance(error.value.__cause__, AttributeError) and len(probes) == attempt
+    monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", lambda tensors, found_inf: found_inf.fill_(1.0))
+    assert backends.select(CUDA) is backends.KERNELS
+    monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", broken)
+    assert backends.select(CUDA) is backends.KERNELS  # a passed probe is kept
+    assert len(probes) == 2
+
+
+def test_the_probe_launches_the_check_and_reads_its_result(monkeypatch) -> None:
+    """The probe itself, on the CPU (through the emulator): it passes; a wrong result raises."""
+    backends.probe_kernels(CPU)
+    monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", lambda tensors, found_inf: None)
+    with pytest.raises(backends.KernelProbeError, match=r"found_inf=0.0 where a NaN makes it 1.0.*SCALEDOPTIM_KERNELS=torch"):
+        backends.probe_kernels(CPU)

@@ -3,10 +3,11 @@
 A :class:`Backend` turns one param group's tensors into a prepared update (validated before
 anything runs); :func:`select` picks the backend for a device, in one place:
 
-* CUDA tensors take our kernels (``cuda/``, launched through CuPy) when CuPy is installed and
-  the kernels compile and run on that device, and torch's fused multi-tensor ops otherwise
-  (when CuPy is there but the kernels fail -- no NVRTC, an unsupported arch, a CuPy/driver
-  mismatch -- with one warning naming the reason and the fix);
+* CUDA tensors take our kernels (``cuda/``, launched through CuPy) when the install has what
+  they need for that device, and torch's fused multi-tensor ops when it lacks a piece (no CuPy,
+  no NVRTC, an arch the installed NVRTC cannot target, a driver older than CuPy's CUDA), with
+  one warning naming it and the fix; a probe launch that fails anyway raises (Note [kernel
+  probe] in ``probe.py``);
 * CPU tensors take torch's fused ops, or our kernels through the CPU emulator;
 * what neither can update (complex params, sparse grads, views with gaps, ``differentiable=True``)
   takes torch.optim's own implementation (``torch_optim.py``, Note [torch.optim route]).
@@ -20,22 +21,21 @@ Environment:
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 import warnings
 
 import torch
 
-from ...kernels import non_finite_check_
+from ...kernels.cuda_backend import unmet_requirement
 from .base import Backend, PreparedEpilogue, PreparedReduction, PreparedUnscale, PreparedUpdate
 from .kernels import KERNELS
+from .probe import KernelProbeError, probe_kernels
 from .torch_native import TORCH_NATIVE
 from .torch_optim import TORCH_OPTIM, step_device, torch_optim_indices
 
 __all__ = [
-    "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "TORCH_OPTIM", "Backend", "PreparedEpilogue",
-    "PreparedReduction", "PreparedUnscale", "PreparedUpdate", "kernel_problem", "kernels_mode",
+    "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "TORCH_OPTIM", "Backend", "KernelProbeError",
+    "PreparedEpilogue", "PreparedReduction", "PreparedUnscale", "PreparedUpdate", "kernels_mode",
     "select", "step_device", "torch_optim_indices",
 ]  # fmt: skip
 
@@ -57,51 +57,42 @@ def kernels_mode() -> str:
 def select(device: torch.device) -> Backend:
     """The backend that runs fused updates of tensors on ``device`` (see the module docs).
 
-    The first call for a CUDA device in ``auto`` mode compiles and runs a one-element probe
-    launch there and waits for it (one host sync, once per device per process).
+    The first call for a CUDA device in ``auto`` mode reads the install and, when it has what
+    the kernels need, compiles and runs a probe launch there and waits for it (one host sync,
+    once per device per process; Note [kernel probe]).
+
+    Raises:
+        KernelProbeError: when the install has what the kernels need but the probe fails.
     """
     mode = kernels_mode()
     if mode == "emulate" or (mode == "cupy" and device.type == "cuda"):
         return KERNELS
-    if mode == "torch" or device.type != "cuda" or not _cupy_installed():
+    if mode == "torch" or device.type != "cuda":
         return TORCH_NATIVE
-    problem = kernel_problem(device)
-    if problem is None:
+    if device in _probed:
         return KERNELS
-    if device not in _warned:
-        _warned.add(device)
-        warnings.warn(
-            f"scaledoptim's CUDA kernels cannot run on {device} ({problem}); the fused "
-            "optimizers use torch's fused ops there instead (also sync-free, but grads are "
-            "unscaled in place). To fix it, install the CuPy build for your driver, the cuda12 "
-            'or cuda13 extra (pip install -e ".[cuda12]" in a checkout, pip install '
-            '"scaledoptim[cuda12]" with a wheel); SCALEDOPTIM_KERNELS=torch silences this, '
-            "SCALEDOPTIM_KERNELS=cupy turns it into an error.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return TORCH_NATIVE
+    if device not in _absent:
+        _absent[device] = unmet_requirement(device)
+    missing = _absent[device]
+    if missing is not None:
+        if device not in _warned:
+            _warned.add(device)
+            warnings.warn(
+                f"scaledoptim's CUDA kernels cannot run on {device}: {missing}. Until then the "
+                "fused optimizers use torch's fused ops there (also sync-free, but grads are "
+                "unscaled in place); SCALEDOPTIM_KERNELS=torch silences this, "
+                "SCALEDOPTIM_KERNELS=cupy turns it into an error.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return TORCH_NATIVE
+    probe_kernels(device)  # raises, and is not kept: the next step probes again
+    _probed.add(device)
+    return KERNELS
 
 
+#: Devices whose probe passed; what each device's install lacks (``None``: nothing); devices
+#: warned about (Note [kernel probe]).
+_probed: set[torch.device] = set()
+_absent: dict[torch.device, str | None] = {}
 _warned: set[torch.device] = set()
-
-
-@functools.cache
-def kernel_problem(device: torch.device) -> str | None:
-    """Why our kernels cannot run on ``device`` (a probe compiles and launches the inf/nan check
-    on a tensor there and reads the result), or ``None`` when they can."""
-    try:
-        probe = torch.tensor([0.0, float("nan")], device=device)
-        found_inf = torch.zeros((), device=device)
-        non_finite_check_([probe], found_inf)
-        seen = found_inf.item()
-    except Exception as error:
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    if seen != 1.0:
-        return f"the probe launch computed found_inf={seen} instead of 1.0"
-    return None
-
-
-@functools.cache
-def _cupy_installed() -> bool:
-    return importlib.util.find_spec("cupy") is not None
