@@ -22,8 +22,9 @@ from .spec import CUDA_TYPE_NAMES, MultiTensorKernel
 from .table import PlannedLaunch, plan_launches
 
 __all__ = [
-    "PreparedLaunch", "check_launchable", "chunk_count", "launch", "prepare_launch", "scalar_pointer",
-]
+    "PreparedLaunch", "check_launchable", "chunk_count", "launch", "prepare_launch",
+    "scalar_pointer",
+]  # fmt: skip
 
 # Tables are rebuilt only when a tensor set's data pointers (or sizes, dtypes, chunk size)
 # change; an optimizer reuses the same few sets every step.
