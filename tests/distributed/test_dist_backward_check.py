@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import pathlib
 
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import run_world
+from dist_harness import kernels_mode, run_world
 from torch.nn.parallel import DistributedDataParallel
 
 import scaledoptim
@@ -26,19 +25,6 @@ STEPS = 8
 INJECTED = {1: (0, 0), 3: (1, 1), 4: (1, 0), 6: (0, 1)}  # step -> (rank, micro-batch) of the inf
 BACKENDS = ("torch", "emulate")  # SCALEDOPTIM_KERNELS: torch's fused ops, our kernels emulated
 FORMS = (False, True)  # check_during_backward
-
-
-@contextlib.contextmanager
-def _kernels(backend: str):
-    before = os.environ.get("SCALEDOPTIM_KERNELS")
-    os.environ["SCALEDOPTIM_KERNELS"] = backend
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["SCALEDOPTIM_KERNELS"]
-        else:
-            os.environ["SCALEDOPTIM_KERNELS"] = before
 
 
 def _gathered(value):
@@ -103,7 +89,7 @@ def _assert_forms_and_ranks_agree(results) -> None:
 def _ddp_case(bucket_view: bool, set_to_none: bool, comm_hook=None):
     def scenario(rank, world_size, tmp):
         for backend in BACKENDS:
-            with _kernels(backend):
+            with kernels_mode(backend):
                 _assert_forms_and_ranks_agree(
                     {
                         check: _train_accumulating(rank, check, bucket_view, set_to_none, comm_hook)
@@ -155,7 +141,7 @@ def ddp_overflow_made_by_the_reduction_is_skipped_alike(rank, world_size, tmp):
     """Every rank's grad is finite, their sum is not: only a check of the reduced grad sees it,
     agreeing on found_inf does not help."""
     for backend in BACKENDS:
-        with _kernels(backend):
+        with kernels_mode(backend):
             (plain, plain_weight, _), (checked, checked_weight, local_finite) = (
                 _train_summing_huge_grads(rank, check) for check in FORMS
             )
@@ -188,7 +174,7 @@ def hand_rolled_all_reduce_is_skipped_alike(rank, world_size, tmp):
     """The all-reduce makes every rank's grads equal, so the plain form agrees on found_inf
     without a process group; the checked form must too."""
     for backend in BACKENDS:
-        with _kernels(backend):
+        with kernels_mode(backend):
             _assert_forms_and_ranks_agree(
                 {check: _train_hand_rolled(rank, check) for check in FORMS}
             )

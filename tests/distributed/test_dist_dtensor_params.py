@@ -8,16 +8,13 @@ local shards: Note [tensor subclasses].)
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import run_world
+from dist_harness import kernels_mode, run_world
 
 import scaledoptim
 from tests.support.training import assert_bit_identical
@@ -32,20 +29,6 @@ def _optimizer(name: str, params: list[torch.Tensor]) -> scaledoptim.Optimizer:
     options = {"momentum": 0.9} if name in ("SGD", "RMSprop") else {}
     opt = getattr(scaledoptim, name)(params, lr=0.01, **options)
     return opt.configure_scaling(init_scale=2.0**8, process_group=dist.group.WORLD)
-
-
-@contextlib.contextmanager
-def _kernels(mode: str) -> Iterator[None]:
-    """SCALEDOPTIM_KERNELS=mode inside, as it was after."""
-    previous = os.environ.get("SCALEDOPTIM_KERNELS")
-    os.environ["SCALEDOPTIM_KERNELS"] = mode
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("SCALEDOPTIM_KERNELS")
-        else:
-            os.environ["SCALEDOPTIM_KERNELS"] = previous
 
 
 def _grad(step: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -93,7 +76,7 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
             torch.randn(shape, generator=torch.Generator().manual_seed(i)).to(dtype)
             for i, shape in enumerate(shapes)
         ]
-        with _kernels(backend):
+        with kernels_mode(backend):
             sharded = [
                 torch.nn.Parameter(distribute_tensor(w.clone(), mesh, p))
                 for w, p in zip(weights, placements)
@@ -106,7 +89,7 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
                 ),
                 inf_in_rank_1,
             )
-        with _kernels("torch"):  # what a DTensor's update runs
+        with kernels_mode("torch"):  # what a DTensor's update runs
             plain = [torch.nn.Parameter(w.clone()) for w in weights]
             reference, ref_found, ref_scales = _train(
                 name, plain, lambda step, i, p: _grad(step, i, p.shape).to(p.dtype), inf_everywhere
@@ -137,7 +120,7 @@ def _lamb_refuses_sharded_params(backend: str, rank: int, world_size: int, tmp) 
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
-    with _kernels(backend):
+    with kernels_mode(backend):
         param = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)]))
         param.grad = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
         opt = _optimizer("LAMB", [param])
