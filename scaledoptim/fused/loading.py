@@ -232,4 +232,6 @@ def _is_bad(value: Tensor, nonnegative: bool) -> Tensor:
     bad = ~torch.isfinite(real).all()
     if nonnegative:
         bad = bad | (real < 0).any()
-    return bad
+    # A DTensor's (FSDP2's state) is over the whole sharded tensor: the same on every rank, so
+    # every rank refuses or installs alike (a load is collective there).
+    return bad.full_tensor() if hasattr(bad, "full_tensor") else bad

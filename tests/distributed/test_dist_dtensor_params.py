@@ -131,6 +131,32 @@ def _lamb_refuses_sharded_params(backend: str, rank: int, world_size: int, tmp) 
         assert_bit_identical(before, [param.to_local(), opt.scale])
 
 
+def _corrupt_shard_is_refused_on_every_rank(rank: int, world_size: int, tmp) -> None:
+    """A NaN in one rank's shard of a loaded moment: every rank refuses the load (one verdict
+    over the whole sharded tensor), and nothing changes on any rank."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    param = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)]))
+    param.grad = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
+    opt = _optimizer("AdamW", [param])
+    opt.unscale_and_step(grads_scaled_by=opt.scale)
+    saved = opt.state_dict()
+    corrupt = {**saved, "state": {0: dict(saved["state"][0])}}
+    exp_avg = saved["state"][0]["exp_avg"].to_local().clone()
+    if rank == 1:
+        exp_avg[0, 0] = float("nan")
+    corrupt["state"][0]["exp_avg"] = DTensor.from_local(exp_avg, mesh, [Shard(0)])
+    before = [param.to_local().clone(), *(v.to_local().clone() for v in _moments(opt, param))]
+    with pytest.raises(ValueError, match="non-finite"):
+        opt.load_state_dict(corrupt)
+    assert_bit_identical(before, [param.to_local(), *(v.to_local() for v in _moments(opt, param))])
+
+
+def _moments(opt, param):
+    return [v for k, v in opt.state[param].items() if k != "step"]
+
+
 SCENARIOS = {
     **{
         f"{name}-{backend}": functools.partial(_dtensor_steps_like_plain, name, backend)
@@ -141,6 +167,7 @@ SCENARIOS = {
         f"LAMB-refused-{backend}": functools.partial(_lamb_refuses_sharded_params, backend)
         for backend in ("torch", "emulate")
     },
+    "corrupt-shard-refused": _corrupt_shard_is_refused_on_every_rank,
 }
 
 
