@@ -64,8 +64,8 @@ class Update(Protocol):
     #: ``None``: such params are refused.
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
     #: Whether each element's update reads only that element of the param, grad and state
-    #: (and scalars), so that it may run on a DTensor's local shard (Note [tensor subclasses]
-    #: in fused/backends/torch_native.py).
+    #: (and scalars), so that a DTensor param's update may run on its local shard (otherwise
+    #: torch's ops get the DTensors, or the optimizer refuses them).
     elementwise: ClassVar[bool]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
     #: implementation, as torch.optim's ``step`` does.

@@ -79,8 +79,7 @@ class GradScaler(torch.amp.GradScaler):
     scaler's and its optimizers') load. :meth:`update` is torch's: it grows the scale only when
     ``tracker + 1 == interval``, so such a tracker counts on without growing the scale until an
     overflow resets it, exactly as torch.amp.GradScaler (torch 2.13); an optimizer that loads
-    the state and steps with its own protocol grows it at the next clean step (Note [growth
-    tracker past the interval] in scale/loss_scale.py).
+    the state and steps with its own protocol grows it at the next clean step.
 
     Args:
         device: the device type of the scale (``"cuda"``, ``"cpu"``, ...). As torch's, a

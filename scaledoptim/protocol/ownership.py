@@ -179,11 +179,10 @@ class ScaleOwner(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`torch.optim.Optimizer.load_state_dict`, restoring the loss scale too.
 
-        A plan, then a commit (Note [loads are plans] in protocol/loads.py): the load-state-dict
-        pre-hooks run on the state_dict given (they may replace it), then its layout, every
-        value the optimizer will read and the scale state are validated; only then is anything
-        installed, and the post-hooks run. A refusal names the key and the fix and changes
-        nothing.
+        A plan, then a commit, as a step: the load-state-dict pre-hooks run on the state_dict
+        given (they may replace it), then its layout, every value the optimizer will read and
+        the scale state are validated; only then is anything installed, and the post-hooks run.
+        A refusal names the key and the fix and changes nothing.
 
         A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
         scale reset to its configured ``init_scale`` (an optimizer a

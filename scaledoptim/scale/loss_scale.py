@@ -230,8 +230,8 @@ class LossScale:
 
         Reads the values on the host (this is a checkpoint load, not a training step). The
         scale must be a real floating one-element tensor, the trackers integer ones; a growth
-        tracker at or past ``growth_interval`` loads and grows the scale at the next clean step
-        (Note [growth tracker past the interval]). Config keys an older version did not write
+        tracker at or past ``growth_interval`` loads and grows the scale at the next clean
+        step. Config keys an older version did not write
         take their defaults.
 
         Raises:

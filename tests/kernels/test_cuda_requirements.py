@@ -54,7 +54,7 @@ def test_each_missing_piece_is_named_with_its_fix(monkeypatch, device_capability
     device_capability(*capability)
     message = cuda_backend.unmet_requirement(CUDA)
     assert message is not None and re.search(reason, message), message
-    assert "scaledoptim[cuda12]" in message
+    assert '".[cuda12]"' in message and "scaledoptim[cuda12]" in message  # checkout and wheel
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (9, 0), (12, 1)])

@@ -44,9 +44,10 @@ def test_cuda_launch_without_cupy_names_the_fix():
 
 
 def test_gpu_tests_report_skipped_without_gpu_or_cupy():
+    # The GPU-marked ones: tests/gpu's CPU twins (the same bodies on the emulator) run anywhere.
     code = (
-        "import pytest; sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', "
-        "'tests/gpu', 'benchmarks/test_bench_cuda_kernels.py']))"
+        "import pytest; sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', '-m', "
+        "'gpu', 'tests/gpu', 'benchmarks/test_bench_cuda_kernels.py']))"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a GPU machine
     result = subprocess.run(
