@@ -81,10 +81,6 @@ def unscale_dense_(tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor) 
     """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
     inf/nan before or after the multiply (see :func:`unscale_in_place_`)."""
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-    # Multiplying a finite value by at most 1 cannot overflow: where reading inv_scale is free
-    # (Note [host skip]), the second pass is spared at the scales a loss scale usually holds.
-    if _host_reads_free(inv_scale.device) and inv_scale.item() <= 1.0:
-        return
     _check_non_finite_(tensors, found_inf)
 
 
