@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from ..kernels import ROUNDING_LISTS, launch_config
+from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS, launch_config
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
 from ..torch_ops import PackedSteps, refuse_during_capture
@@ -87,7 +87,6 @@ _DTYPE: Callable[[Tensor], torch.dtype] = vars(torch._C.TensorBase)["dtype"].__g
 _SIZE = Tensor.size
 _VERSION: Callable[[Tensor], int] = vars(torch._C.TensorBase)["_version"].__get__
 _DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
-_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
 
 
 class Planned(Update, Protocol):
@@ -205,7 +204,7 @@ def _build_plan(optimizer: Planned) -> FusedStepPlan:
     backend = select(device)
     plan = FusedStepPlan(optimizer, backend)
     plan.over_subclasses = any(
-        type(p) not in _PLAIN_TENSOR_TYPES
+        type(p) not in PLAIN_TENSOR_TYPES
         for group in optimizer.param_groups
         for p in group["params"]
     )

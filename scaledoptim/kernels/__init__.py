@@ -19,6 +19,7 @@ from .builtin import (
 )
 from .config import MAX_THREADS_PER_BLOCK, LaunchConfig, launch_config
 from .launcher import (
+    PLAIN_TENSOR_TYPES,
     PreparedLaunch,
     chunk_count,
     is_dense,
@@ -37,6 +38,7 @@ __all__ = [
     "CUDA_TYPE_NAMES",
     "MAX_THREADS_PER_BLOCK",
     "NON_FINITE_CHECK",
+    "PLAIN_TENSOR_TYPES",
     "ROUNDING_LISTS",
     "STEP_EPILOGUE",
     "KernelCompileError",

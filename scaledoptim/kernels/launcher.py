@@ -22,7 +22,7 @@ from .spec import CUDA_TYPE_NAMES, MultiTensorKernel
 from .table import PlannedLaunch, plan_launches
 
 __all__ = [
-    "PreparedLaunch", "check_launchable", "chunk_count", "launch", "prepare_launch",
+    "PLAIN_TENSOR_TYPES", "PreparedLaunch", "check_launchable", "chunk_count", "launch", "prepare_launch",
     "scalar_pointer",
 ]  # fmt: skip
 
@@ -189,7 +189,8 @@ def scalar_pointer(t: Tensor | None, name: str, device: torch.device) -> int | N
 # refused here, before a pointer is read. `check_launchable` is the one gate: every table is
 # built by `_planned_launches`, which calls it first, and `PreparedLaunch.repoint`, the only
 # other writer of pointers, refuses a null one.
-_PLAIN_TENSOR_TYPES = frozenset((Tensor, torch.nn.Parameter))
+#: The tensor types whose data pointer is their elements' address (Note [launchable tensors]).
+PLAIN_TENSOR_TYPES = frozenset((Tensor, torch.nn.Parameter))
 
 
 def check_launchable(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]) -> None:
@@ -203,7 +204,7 @@ def check_launchable(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[
     for list_name, tensors in zip(kernel.lists, tensor_lists):
         for i, t in enumerate(tensors):
             where = f"{kernel.name}: {list_name}[{i}]"
-            if type(t) not in _PLAIN_TENSOR_TYPES:
+            if type(t) not in PLAIN_TENSOR_TYPES:
                 raise TypeError(
                     f"{where} is a {type(t).__module__}.{type(t).__qualname__}, not a plain "
                     "torch.Tensor; kernels read raw data pointers, so pass plain tensors (for a "

@@ -8,13 +8,12 @@ bounded: the group's collective timeout, and a wall-clock deadline on the whole 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import pathlib
 import socket
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,20 +23,6 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
 WORLD_DEADLINE_S = 240.0
 
 Scenario = Callable[[int, int, pathlib.Path], None]  # (rank, world_size, shared tmp dir)
-
-
-@contextlib.contextmanager
-def kernels_mode(backend: str) -> Iterator[None]:
-    """``SCALEDOPTIM_KERNELS=backend`` inside (a scenario's backend), as it was after."""
-    before = os.environ.get("SCALEDOPTIM_KERNELS")
-    os.environ["SCALEDOPTIM_KERNELS"] = backend
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["SCALEDOPTIM_KERNELS"]
-        else:
-            os.environ["SCALEDOPTIM_KERNELS"] = before
 
 
 def free_port() -> int:

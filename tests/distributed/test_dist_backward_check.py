@@ -15,10 +15,11 @@ import pathlib
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import kernels_mode, run_world
+from dist_harness import run_world
 from torch.nn.parallel import DistributedDataParallel
 
 import scaledoptim
+from tests.support.references import kernels_mode
 from tests.support.training import assert_bit_identical, batch, make_model
 
 STEPS = 8

@@ -14,9 +14,10 @@ import pathlib
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import kernels_mode, run_world
+from dist_harness import run_world
 
 import scaledoptim
+from tests.support.references import kernels_mode
 from tests.support.training import assert_bit_identical
 
 OPTIMIZERS = ("AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Lion")  # the elementwise ones

@@ -31,12 +31,11 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def torch_ops() -> Iterator[None]:
-    """``SCALEDOPTIM_KERNELS=torch`` inside: an optimizer's torch form runs on torch's ops (our
-    kernels take no float64 params, and an update that reduces over every grad, LAMB's, runs on
-    one backend)."""
+def kernels_mode(mode: str) -> Iterator[None]:
+    """``SCALEDOPTIM_KERNELS=mode`` inside, as it was after (a spawned process has no
+    monkeypatch)."""
     saved = os.environ.get("SCALEDOPTIM_KERNELS")
-    os.environ["SCALEDOPTIM_KERNELS"] = "torch"
+    os.environ["SCALEDOPTIM_KERNELS"] = mode
     try:
         yield
     finally:
@@ -44,6 +43,13 @@ def torch_ops() -> Iterator[None]:
             del os.environ["SCALEDOPTIM_KERNELS"]
         else:
             os.environ["SCALEDOPTIM_KERNELS"] = saved
+
+
+def torch_ops() -> contextlib.AbstractContextManager[None]:
+    """``SCALEDOPTIM_KERNELS=torch`` inside: an optimizer's torch form runs on torch's ops (our
+    kernels take no float64 params, and an update that reduces over every grad, LAMB's, runs on
+    one backend)."""
+    return kernels_mode("torch")
 
 
 def reference_step(

@@ -25,7 +25,7 @@ from itertools import chain
 import torch
 from torch import Tensor
 
-from ...kernels import ROUNDING_LISTS
+from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ...scale import ScaleUpdate
 from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
 from ..update import GradReduction, Group, TensorLists, Update
@@ -34,7 +34,6 @@ from .base import Backend
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
 
 # Note [tensor subclasses]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -50,7 +49,7 @@ _PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
 def _local_shards(tensors: list[Tensor]) -> list[Tensor]:
     """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
     return [
-        t if type(t) in _PLAIN_TENSOR_TYPES or not hasattr(t, "to_local") else t.to_local()
+        t if type(t) in PLAIN_TENSOR_TYPES or not hasattr(t, "to_local") else t.to_local()
         for t in tensors
     ]
 
@@ -135,7 +134,7 @@ class TorchUpdate:
         self.state_lists = state_lists
         # Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
         self.on_shards = update.elementwise and any(
-            type(p) not in _PLAIN_TENSOR_TYPES for p in params
+            type(p) not in PLAIN_TENSOR_TYPES for p in params
         )
         # No working copies: no masters, no 16-bit params, grads of their params' dtypes (the
         # step cache keeps the dtypes as planned, Note [step cache]).
