@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS, launch_config
+from ..protocol.clipping import clip_in_place_
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
 from ..torch_ops import PackedSteps, refuse_during_capture
@@ -166,12 +167,30 @@ class FusedStepPlan:
         return self.parts.setdefault(backend, _Part())
 
     def unscale_grads_(
-        self, found_inf: Tensor, inv_scale: Tensor, checked: frozenset[int] = frozenset()
+        self,
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int] = frozenset(),
+        norm_sq: Tensor | None = None,
     ) -> Tensor | None:
         for backend, part in self.parts.items():
             assert part.unscale is not None  # every part is prepared before the plan is returned
-            self.left[backend] = part.unscale(found_inf, inv_scale, checked, part.grad_lists)
+            self.left[backend] = part.unscale(
+                found_inf, inv_scale, checked, part.grad_lists, norm_sq
+            )
         return inv_scale
+
+    def clip_grads_(self, coef: Tensor) -> None:
+        # Note [clipping in the step] in protocol/clipping.py: in the inv_scale an update
+        # applies in registers, else in the grads the unscale left (the torch forms read those).
+        for backend, part in self.parts.items():
+            left = self.left.get(backend)
+            if left is not None:
+                self.left[backend] = left * coef
+                continue
+            grads = list(chain.from_iterable(part.grad_lists))
+            if grads:
+                clip_in_place_(grads, coef)
 
     def commit(self, pending: PendingStep) -> None:
         """Installs the new state, runs every update and the epilogue: only device errors can

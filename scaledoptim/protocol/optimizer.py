@@ -57,6 +57,13 @@ from ..scale import (
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
 from .backward_check import GradCheck
+from .clipping import (
+    agree_on_sum_of_squares,
+    check_max_grad_norm,
+    clip_coefficient,
+    clip_in_place_,
+    sum_of_squares,
+)
 from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
 from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
@@ -80,6 +87,8 @@ class StepRequest:
             protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
         adopt: a GradScaler's scale for the optimizer to take as its own, once every check
             passed.
+        max_grad_norm: clip the global norm of the unscaled grads to it (Note [clipping in the
+            step] in clipping.py); ``None``: no clipping. Only with ``unscale``.
         found: set by the step: the ``found_inf`` it used.
         scale: set by the step: the recommended scale (own protocol only).
     """
@@ -89,6 +98,7 @@ class StepRequest:
     found_inf: torch.Tensor | None = None
     moves_scale: bool = True
     adopt: tuple[LossScale, str] | None = None
+    max_grad_norm: float | None = None
     found: torch.Tensor | None = None
     scale: torch.Tensor | None = None
 
@@ -139,6 +149,8 @@ class Optimizer(ScaleOwner):
     _scaledoptim_stepping: bool = False
     #: Set once this optimizer warned that a torch.amp.GradScaler drives it.
     _scaledoptim_warned_torch_scaler: bool = False
+    #: The pre-clip norm of the last step that clipped (:attr:`grad_norm`).
+    _scaledoptim_grad_norm: torch.Tensor | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wraps a subclass's own ``step`` in the protocol's guard (so that a plain ``step()``
@@ -171,6 +183,19 @@ class Optimizer(ScaleOwner):
         then refused by the protocol with the one to pass instead.
         """
         return self._scaling().loss_scale.scale
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The total 2-norm of the unscaled grads, before clipping, of the last
+        :meth:`unscale_and_step` given ``max_grad_norm`` (``None`` before the first).
+
+        A 0-dim float32 tensor on the params' device, computed on device during the step (read
+        it when you choose: ``opt.grad_norm.item()`` is a host sync). It is the norm
+        :func:`torch.nn.utils.clip_grad_norm_` returns, over all of the optimizer's grads (across
+        the ranks of ``process_group``, and over whole DTensors); inf or nan when the step
+        overflowed (and so was skipped). Each step stores a new tensor, so a kept value stays.
+        """
+        return self._scaledoptim_grad_norm
 
     def _scaling(self) -> ScalingState:
         """This optimizer's scale and protocol state, created on first use (on the params'
@@ -303,8 +328,10 @@ class Optimizer(ScaleOwner):
         self,
         closure: Callable[[Any], Any] | None = None,
         grads_scaled_by: torch.Tensor | float | None = None,
+        max_grad_norm: float | None = None,
     ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
-        r"""Unscales the grads and steps, skipping the step on inf/nan.
+        r"""Unscales the grads, optionally clips their global norm, and steps, skipping the step
+        on inf/nan.
 
         Without a closure: :meth:`unscale` then :meth:`step_after_unscale`, with no host sync on
         fused optimizers, whose update may fold the unscale in (our CUDA kernels do: the grads
@@ -320,10 +347,29 @@ class Optimizer(ScaleOwner):
         Closure replay costs one host read per evaluation and a copy of params and optimizer
         state per call (to restore them if replay fails).
 
+        With ``max_grad_norm=c`` the step clips as :func:`torch.nn.utils.clip_grad_norm_` does
+        after :meth:`torch.amp.GradScaler.unscale_`: ``total`` is the 2-norm of the unscaled
+        grads of all the optimizer's params, and the update reads each unscaled grad times
+        ``min(c / (total + 1e-6), 1)``; ``total`` is kept in :attr:`grad_norm`. No host sync:
+        on our kernels the norm comes from the inf/nan check's read of the grads (in float32) and
+        the clip factor is applied with the unscale in the update (the grads stay scaled and are
+        read no more often than without clipping); the torch forms and generic optimizers
+        multiply the grads they unscaled in place, as ``clip_grad_norm_`` does. It works for
+        fp16 grads, which :meth:`unscale` refuses. A step that overflows is skipped as always.
+        Under ``process_group`` (see :meth:`configure_scaling`) the norm is over the grads of
+        every rank (each rank's optimizer holds its own part of the model, as under FSDP or a
+        sharded optimizer; under DDP the ranks' grads are the same, leave ``process_group`` out
+        there); DTensor params count their whole sharded tensors. With a closure every
+        evaluation is clipped after it is unscaled (its grads are unscaled in place). LAMB's own
+        ``max_grad_norm`` option then clips what this clip left. To clip by another rule, call
+        :meth:`unscale`, clip the grads yourself and :meth:`step_after_unscale`.
+
         Args:
             closure: optional ``closure(S) -> loss``.
             grads_scaled_by: the scale the loss was (or will be) multiplied by; ``None``: not
                 scaled, nothing is unscaled or skipped.
+            max_grad_norm: clip the global 2-norm of the unscaled grads to this (a finite
+                Python float > 0); ``None`` (default): no clipping, the step is unchanged.
 
         Returns:
             ``(loss, found_inf, S)``: ``loss`` from the closure (``None`` without one),
@@ -339,27 +385,38 @@ class Optimizer(ScaleOwner):
             ClosureReplayError: if the closure's grads stay non-finite through every replay;
                 params, optimizer state and scale are then exactly as before the call.
             TypeError: a closure that takes no argument given with a scale (it could not run
-                its backward scaled by ``S``), before anything changes.
+                its backward scaled by ``S``), or a ``max_grad_norm`` that is not a Python number
+                (a tensor, a bool), before anything changes.
+            ValueError: a ``max_grad_norm`` that is not finite and > 0, before anything changes.
             RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
                 (the grads are scaled), a scale tensor no longer in use (see :meth:`unscale`),
                 or an optimizer a :class:`scaledoptim.GradScaler` steps.
         """
         self._check_own_protocol("unscale_and_step")
+        check_max_grad_norm(max_grad_norm)
         if closure is not None:
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
                 unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
+                if max_grad_norm is not None:
+                    unscaled = self._clipping(unscaled, max_grad_norm)
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
                 return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
             replay.check_takes_scale(closure, "unscale_and_step")
-            return replay.step_replaying(
-                self, lambda s: (closure(s), *self.unscale(grads_scaled_by=s)), grads_scaled_by
-            )
+
+            def evaluate(scale: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+                loss = closure(scale)
+                found_inf, recommended = self.unscale(grads_scaled_by=scale)
+                if max_grad_norm is not None:  # the grads are unscaled in place: clip them so
+                    self._clip_in_place(max_grad_norm)
+                return loss, found_inf, recommended
+
+            return replay.step_replaying(self, evaluate, grads_scaled_by)
         self._check_can_step_without_closure("unscale_and_step")
         self._check_can_unscale()
         self._check_told_unscaled(grads_scaled_by)
-        request = StepRequest(unscale=True, scaled_by=grads_scaled_by)
+        request = StepRequest(unscale=True, scaled_by=grads_scaled_by, max_grad_norm=max_grad_norm)
         self._run_step(request)
         if request.found is None:
             raise RuntimeError(
@@ -400,15 +457,25 @@ class Optimizer(ScaleOwner):
             if request.adopt is not None:
                 self._adopt_scale(*request.adopt)  # the GradScaler's scale, once all is checked
             scaled = plan.inv_scale is not None
-            left = (
-                step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked)
-                if plan.inv_scale is not None
-                else None
-            )
+            clip, norm_sq = request.max_grad_norm, None
+            if clip is not None:
+                # Note [clipping in the step] in clipping.py: the check sums the squares of every
+                # grad (those checked during backward too). Unscaled grads are checked into a
+                # flag of their own: nothing skips their step.
+                norm_sq = torch.zeros((), dtype=torch.float32, device=plan.found_inf.device)
+                checking = plan.found_inf if scaled else torch.zeros_like(plan.found_inf)
+                inv = plan.inv_scale if plan.inv_scale is not None else torch.ones_like(checking)
+                left = step.unscale_grads_(checking, inv, frozenset(), norm_sq)
+            elif plan.inv_scale is not None:
+                left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked)
+            else:
+                left = None
             if request.moves_scale:
                 found_inf, scale, update = self._record_unscale(plan, step.applies_scale_update)
             else:  # a GradScaler's scale: it moves in scaler.update()
                 found_inf, scale, update = self._agree(plan.found_inf), None, None
+            if clip is not None and norm_sq is not None:
+                step.clip_grads_(self._clip_coefficient(norm_sq, clip))
             pending = PendingStep(found_inf if scaled else None, left, update)
             request.found, request.scale = found_inf, scale
         else:
@@ -421,6 +488,34 @@ class Optimizer(ScaleOwner):
             self._scaledoptim_stepping = False
         state.found_inf = None
         return result
+
+    def _clip_coefficient(self, norm_sq: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+        """The clip factor from this rank's sum of squares of the unscaled grads, once the
+        ranks' sums are added; keeps the norm in :attr:`grad_norm` (Note [clipping in the
+        step] in clipping.py). On device, no host read."""
+        agree_on_sum_of_squares(norm_sq, self._scaling().process_group)
+        norm = norm_sq.sqrt()
+        self._scaledoptim_grad_norm = norm
+        return clip_coefficient(norm, max_grad_norm)
+
+    def _clip_in_place(self, max_grad_norm: float) -> None:
+        """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does."""
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        device = self._scaling().loss_scale.device
+        norm_sq = sum_of_squares(grads) if grads else torch.zeros((), device=device)
+        coef = self._clip_coefficient(norm_sq, max_grad_norm)
+        if grads:
+            clip_in_place_(grads, coef)
+
+    def _clipping(self, closure: Callable[[], Any], max_grad_norm: float) -> Callable[[], Any]:
+        """``closure`` (of unscaled grads), clipping the grads of every evaluation."""
+
+        def clipped() -> Any:
+            loss = closure()
+            self._clip_in_place(max_grad_norm)
+            return loss
+
+        return clipped
 
     def _plan_unscale(
         self,

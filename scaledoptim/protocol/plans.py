@@ -10,6 +10,7 @@ import torch
 
 from ..scale import ScaleUpdate
 from ..torch_ops import unscale_in_place_
+from .clipping import clip_in_place_, sum_of_squares
 
 __all__ = ["GenericStepPlan", "PendingStep", "StepPlan", "UnscalePlan", "native_amp_scaling"]
 
@@ -60,9 +61,17 @@ class StepPlan(Protocol):
         found_inf: torch.Tensor,
         inv_scale: torch.Tensor,
         checked: frozenset[int] = frozenset(),
+        norm_sq: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Checks (and unscales, or leaves to the update) the grads; returns the ``inv_scale``
-        the update must still apply, or ``None`` when the grads were unscaled in place."""
+        the update must still apply, or ``None`` when the grads were unscaled in place.
+        ``norm_sq``: a 0-dim float32 tensor to add the sum of squares of the unscaled grads to
+        (Note [clipping in the step] in clipping.py); ``checked`` is then ignored."""
+
+    def clip_grads_(self, coef: torch.Tensor) -> None:
+        """Makes the update read the unscaled grads times ``coef`` (after
+        :meth:`unscale_grads_`): folded into the ``inv_scale`` the update applies, or
+        multiplied into grads unscaled in place."""
 
     def commit(self, pending: PendingStep) -> Any:
         """Runs the update, skipped where ``pending.found_inf`` is set; returns what the
@@ -99,8 +108,15 @@ class GenericStepPlan:
         found_inf: torch.Tensor,
         inv_scale: torch.Tensor,
         checked: frozenset[int] = frozenset(),
+        norm_sq: torch.Tensor | None = None,
     ) -> None:
         unscale_in_place_(self.grads, found_inf, inv_scale)
+        if norm_sq is not None and self.grads:
+            norm_sq.add_(sum_of_squares(self.grads))
+
+    def clip_grads_(self, coef: torch.Tensor) -> None:
+        if self.grads:
+            clip_in_place_(self.grads, coef)
 
     def commit(self, pending: PendingStep) -> Any:
         opt, found_inf = self.optimizer, pending.found_inf

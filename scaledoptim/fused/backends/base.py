@@ -42,7 +42,9 @@ class PreparedUnscale(Protocol):
     and returns the ``inv_scale`` the updates must still apply (``None``: the grads they read
     are unscaled). It may replace entries of ``grad_lists`` (by unscaled fp32 copies) for the
     updates to read. ``checked``: ids of grads already folded into ``found_inf`` (Note
-    [overlapped overflow check]); a backend that only checks may skip them."""
+    [overlapped overflow check]); a backend that only checks may skip them. ``norm_sq``, when
+    given, receives (added in place) the sum of squares of the unscaled grads, of every grad
+    whatever ``checked`` says (Note [clipping in the step] in protocol/clipping.py)."""
 
     def __call__(
         self,
@@ -50,6 +52,7 @@ class PreparedUnscale(Protocol):
         inv_scale: Tensor,
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
+        norm_sq: Tensor | None = None,
     ) -> Tensor | None: ...
 
     def repoint(self, pointers: list[int]) -> None:

@@ -21,6 +21,7 @@ from ...kernels import (
     prepare_launch,
     scalar_pointer,
 )
+from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend
@@ -103,8 +104,15 @@ class _KernelCheck(_Tables):
         inv_scale: Tensor,
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
+        norm_sq: Tensor | None = None,
     ) -> Tensor:
         (launch,) = self.launches
+        if norm_sq is not None:  # TEMPORARY: unfused until the check kernel sums squares
+            grads = list(chain.from_iterable(grad_lists))
+            if grads:
+                non_finite_check_(grads, found_inf, inv_scale)
+                norm_sq.add_(sum_of_squares(grads) * inv_scale * inv_scale)
+            return inv_scale
         if checked:  # some grads were checked during backward: check only the others
             non_finite_check_(
                 [g for grads in grad_lists for g in grads if id(g) not in checked],

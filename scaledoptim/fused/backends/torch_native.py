@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
+from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
 from ..update import GradReduction, Group, TensorLists, Update
@@ -100,11 +101,14 @@ class _TorchUnscale:
         inv_scale: Tensor,
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
+        norm_sq: Tensor | None = None,
     ) -> None:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
                 unscale_dense_(grads, found_inf, inv_scale)
+                if norm_sq is not None:  # Note [clipping in the step]: of the unscaled grads
+                    norm_sq.add_(sum_of_squares(grads))
             return
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
@@ -113,7 +117,10 @@ class _TorchUnscale:
             for i, grad in enumerate(grads):
                 if grad.dtype in _LOW_PRECISION:
                     grads[i] = grad.float()
-        unscale_in_place_(list(chain.from_iterable(grad_lists)), found_inf, inv_scale)
+        grads = list(chain.from_iterable(grad_lists))
+        unscale_in_place_(grads, found_inf, inv_scale)
+        if norm_sq is not None and grads:
+            norm_sq.add_(sum_of_squares(grads))
 
     def repoint(self, pointers: list[int]) -> None:
         pass  # it holds no grads

@@ -1,0 +1,135 @@
+"""Clipping the global grad norm inside the step: ``unscale_and_step(..., max_grad_norm=c)``.
+
+Note [clipping in the step]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The arithmetic is :func:`torch.nn.utils.clip_grad_norm_`'s: ``total`` is the 2-norm of the
+unscaled grads of all the optimizer's params, ``coef = clamp(c / (total + 1e-6), max=1)``, and the
+update reads ``unscaled grad * coef``. The step never reads the norm on the host:
+
+* the sum of squares of the unscaled grads comes from where the step reads the grads anyway: our
+  kernels' read-only inf/nan check (cuda/non_finite_check.cu, in fp32, per-chunk partials added
+  in a fixed order: Note [deterministic sums]); the torch forms and generic optimizers, whose
+  grads are unscaled in place first, from foreach norms of the unscaled grads (:func:`sum_of_squares`);
+* the parts of a step (two backends) and, under ``process_group``, the ranks add their sums on
+  device (:func:`agree_on_sum_of_squares`), then ``total = sqrt(sum)``, which is
+  :attr:`Optimizer.grad_norm <scaledoptim.Optimizer.grad_norm>`;
+* our kernels get ``inv_scale * coef`` where they read ``inv_scale``: the clip rides in
+  registers, the grads are neither written nor read again; grads unscaled in place are
+  multiplied by ``coef`` in place, as ``clip_grad_norm_`` does after ``GradScaler.unscale_``.
+
+One part's sum of squares from foreach norms is ``total ** 2`` with ``total`` computed as
+``clip_grad_norm_`` computes it, and ``sqrt(total ** 2) == total`` exactly (correctly rounded
+square and root, no overflow or underflow): on the torch forms a single-process step clips
+exactly as ``GradScaler.unscale_`` + ``clip_grad_norm_`` do. A grad whose unscaled square
+overflows float32 (an unscaled norm above about 1.8e19) makes the norm inf and ``coef`` 0.
+
+A step that overflows (``found_inf``) leaves a non-finite norm and is skipped as always; with
+``grads_scaled_by=None`` nothing is skipped, so non-finite grads make the params non-finite, as
+``clip_grad_norm_`` does.
+
+Under ``process_group`` the sums of squares of the ranks are added: each rank's optimizer holds
+its own part of the model (FSDP's flat shards, sharded optimizers). DTensor grads (FSDP2, tensor
+parallel) give the norm of the whole sharded tensors through their own reductions.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "agree_on_sum_of_squares",
+    "check_max_grad_norm",
+    "clip_coefficient",
+    "clip_in_place_",
+    "sum_of_squares",
+]
+
+
+def check_max_grad_norm(max_grad_norm: Any) -> None:
+    """Raises, before anything changes, for a ``max_grad_norm`` that is not ``None`` or a finite
+    positive Python number."""
+    if max_grad_norm is None:
+        return
+    if isinstance(max_grad_norm, Tensor):
+        raise TypeError(
+            "max_grad_norm must be a Python float, got a tensor: validating it would read it on "
+            "the host. Pass float(max_grad_norm) (or a number from your config)."
+        )
+    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, Real):
+        raise TypeError(
+            f"max_grad_norm must be a positive float or None (no clipping), got "
+            f"{type(max_grad_norm).__name__} {max_grad_norm!r}; pass e.g. max_grad_norm=1.0"
+        )
+    if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+        raise ValueError(
+            f"Invalid max_grad_norm: {max_grad_norm}; it must be finite and > 0 (the norm the "
+            "grads are clipped to, e.g. 1.0). Pass max_grad_norm=None not to clip."
+        )
+
+
+def sum_of_squares(grads: list[Tensor]) -> Tensor:
+    """The squared 2-norm of all of ``grads`` as a 0-dim float32 tensor on their device, computed
+    as :func:`torch.nn.utils.clip_grad_norm_` computes the norm (foreach norms per dtype, then
+    the norm of those), squared (Note [clipping in the step]); no host read.
+
+    Sparse grads count their coalesced values, complex ones their real view; the norm of DTensor
+    grads is over the whole sharded tensors.
+    """
+    device = grads[0].device
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for grad in grads:
+        if grad.is_sparse:
+            grad = grad.coalesce()._values()
+        if grad.is_complex():
+            grad = torch.view_as_real(grad)
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    norms: list[Tensor] = []
+    for dtype, same in by_dtype.items():
+        # 16-bit norms in float32: a 16-bit result would overflow (and round) where fp32 does not.
+        wide = dtype in (torch.float32, torch.float64)
+        if wide:
+            norms.extend(torch._foreach_norm(same, 2.0))
+        else:
+            norms.extend(torch._foreach_norm(same, 2.0, dtype=torch.float32))
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    full_tensor = getattr(total, "full_tensor", None)  # a DTensor: reduce over its mesh
+    if full_tensor is not None:
+        total = full_tensor()
+    total = total.to(device=device, dtype=torch.float32)
+    return total * total
+
+
+def agree_on_sum_of_squares(norm_sq: Tensor, process_group: Any) -> None:
+    """Adds the ranks' sums of squares in place (SUM over ``process_group``, on device, no host
+    read; Note [found_inf agreement] in scale/distributed.py for the ``wait``)."""
+    if process_group is None:
+        return
+    work = dist.all_reduce(norm_sq, op=dist.ReduceOp.SUM, group=process_group, async_op=True)
+    work.wait()
+
+
+def clip_coefficient(norm: Tensor, max_grad_norm: float) -> Tensor:
+    """``clamp(max_grad_norm / (norm + 1e-6), max=1)``, as :func:`torch.nn.utils.clip_grad_norm_`
+    computes it (``nan`` for a ``nan`` norm, ``0`` for an infinite one)."""
+    return torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
+
+
+def clip_in_place_(grads: list[Tensor], coef: Tensor) -> None:
+    """``g *= coef`` for unscaled grads, as ``clip_grad_norm_`` does (a DTensor grad through its
+    local shard: ``coef`` is the same on every rank)."""
+    dense: dict[torch.dtype, list[Tensor]] = {}
+    for grad in grads:
+        to_local = getattr(grad, "to_local", None)
+        if to_local is not None:
+            grad = to_local()
+        if grad.is_sparse:
+            grad = grad._values()
+        dense.setdefault(grad.dtype, []).append(grad)
+    for same in dense.values():
+        torch._foreach_mul_(same, coef.to(same[0].device))
