@@ -66,7 +66,8 @@ def check_max_grad_norm(max_grad_norm: Any) -> None:
             f"max_grad_norm must be a positive float or None (no clipping), got "
             f"{type(max_grad_norm).__name__} {max_grad_norm!r}; pass e.g. max_grad_norm=1.0"
         )
-    if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+    value = float(max_grad_norm)  # numbers.Real: int, float, numpy floats
+    if not (math.isfinite(value) and value > 0):
         raise ValueError(
             f"Invalid max_grad_norm: {max_grad_norm}; it must be finite and > 0 (the norm the "
             "grads are clipped to, e.g. 1.0). Pass max_grad_norm=None not to clip."

@@ -398,7 +398,9 @@ class Optimizer(ScaleOwner):
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
-                unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
+                unscaled: Callable[[], Any] = (
+                    closure if not replay.takes_scale(closure) else lambda: closure(None)
+                )
                 if max_grad_norm is not None:
                     unscaled = self._clipping(unscaled, max_grad_norm)
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
