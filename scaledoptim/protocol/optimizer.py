@@ -398,11 +398,9 @@ class Optimizer(ScaleOwner):
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
-                unscaled: Callable[[], Any] = (
-                    closure if not replay.takes_scale(closure) else lambda: closure(None)
-                )
+                unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
                 if max_grad_norm is not None:
-                    unscaled = self._clipping(unscaled, max_grad_norm)
+                    unscaled = self._clipping(unscaled, max_grad_norm)  # type: ignore[arg-type]  # takes no argument here
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
                 return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
             replay.check_takes_scale(closure, "unscale_and_step")
