@@ -13,6 +13,7 @@ from typing import Any
 from .builtin import (
     NON_FINITE_CHECK,
     STEP_EPILOGUE,
+    ChunkPartials,
     NonFiniteCheckArgs,
     StepEpilogueArgs,
     non_finite_check_,
@@ -41,6 +42,7 @@ __all__ = [
     "PLAIN_TENSOR_TYPES",
     "ROUNDING_LISTS",
     "STEP_EPILOGUE",
+    "ChunkPartials",
     "KernelCompileError",
     "LaunchConfig",
     "MultiTensorKernel",

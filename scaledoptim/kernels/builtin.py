@@ -6,15 +6,17 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
-from .launcher import launch, scalar_pointer
+from .launcher import chunk_count, launch, scalar_pointer
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 __all__ = [
     "NON_FINITE_CHECK",
     "STEP_EPILOGUE",
+    "ChunkPartials",
     "NonFiniteCheckArgs",
     "StepEpilogueArgs",
     "non_finite_check_",
@@ -45,6 +47,20 @@ class StepEpilogueArgs(ctypes.Structure):
         ("hysteresis", ctypes.c_int),
         ("force_backoff", ctypes.c_int),
     ]
+
+
+class ChunkPartials:
+    """Scratch of a sum over the blocks of several launches (Note [deterministic sums] in
+    cuda/block_sums.cuh): one partial per chunk of every tensor, in one buffer in the tensors'
+    order, and the count of blocks that stored theirs (0 between launches: the last resets it)."""
+
+    def __init__(self, chunks: int, device: torch.device) -> None:
+        self.partials = torch.zeros(chunks, device=device)
+        self.arrivals = torch.zeros((), dtype=torch.int32, device=device)
+
+    def per_tensor(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The partials of each of ``tensors`` (those the buffer was sized for), as views."""
+        return list(self.partials.split([chunk_count(t.numel()) for t in tensors]))
 
 
 NON_FINITE_CHECK = MultiTensorKernel(
