@@ -15,9 +15,11 @@ from .spec import MultiTensorKernel
 
 __all__ = [
     "NON_FINITE_CHECK",
+    "NON_FINITE_CHECK_NORM",
     "STEP_EPILOGUE",
     "ChunkPartials",
     "NonFiniteCheckArgs",
+    "NonFiniteCheckNormArgs",
     "StepEpilogueArgs",
     "non_finite_check_",
 ]
@@ -27,6 +29,19 @@ class NonFiniteCheckArgs(ctypes.Structure):
     """Mirror of ``NonFiniteCheckArgs`` in cuda/non_finite_check.cu."""
 
     _fields_ = [("found_inf", ctypes.c_void_p), ("inv_scale", ctypes.c_void_p)]
+
+
+class NonFiniteCheckNormArgs(ctypes.Structure):
+    """Mirror of ``NonFiniteCheckNormArgs`` in cuda/non_finite_check.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("norm_sq", ctypes.c_void_p),
+        ("partials", ctypes.c_void_p),
+        ("arrivals", ctypes.c_void_p),
+        ("n_chunks", ctypes.c_uint),
+    ]
 
 
 class StepEpilogueArgs(ctypes.Structure):
@@ -69,6 +84,16 @@ NON_FINITE_CHECK = MultiTensorKernel(
     ("tensors",),
     NonFiniteCheckArgs,
     dtype_lists=(0,),
+)
+#: The check, and the fp32 sum of squares of the checked values (times ``inv_scale``) into a
+#: device scalar, through per-chunk partial sums (Note [deterministic sums]).
+NON_FINITE_CHECK_NORM = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "non_finite_check.cu",
+    "non_finite_check_norm_kernel",
+    ("tensors", "sq_partials"),
+    NonFiniteCheckNormArgs,
+    dtype_lists=(0,),
+    per_chunk_lists=(1,),
 )
 STEP_EPILOGUE = MultiTensorKernel(
     CUDA_SOURCE_DIR / "step_epilogue.cu",
