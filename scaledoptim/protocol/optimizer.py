@@ -35,7 +35,6 @@ Every protocol step goes through ``self.step()``, and ``step()`` itself honours 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import warnings
@@ -59,38 +58,19 @@ from . import replay
 from .backward_check import GradCheck
 from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
-from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
+from .plans import (
+    GenericStepPlan,
+    PendingStep,
+    StepPlan,
+    StepRequest,
+    UnscalePlan,
+    native_amp_scaling,
+)
 from .replay import ClosureReplayError
 from .validation import check_param_grads
 
 __all__ = ["ClosureReplayError", "Optimizer", "StepRequest"]
 
-
-@dataclasses.dataclass
-class StepRequest:
-    """What a ``step()`` owes the protocol besides the update (Note [step requests]).
-
-    Attributes:
-        unscale: check the grads first, unscaling them by ``scaled_by`` (``None``: they are not
-            scaled; nothing is checked or skipped).
-        scaled_by: the scale the grads were scaled by.
-        found_inf: skip where it is set; given when the grads were checked already (after
-            :meth:`Optimizer.unscale`), or the flag a check adds to.
-        moves_scale: the unscale reports to the optimizer's own scale, which moves (its own
-            protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
-        adopt: a GradScaler's scale for the optimizer to take as its own, once every check
-            passed.
-        found: set by the step: the ``found_inf`` it used.
-        scale: set by the step: the recommended scale (own protocol only).
-    """
-
-    unscale: bool
-    scaled_by: torch.Tensor | float | None = None
-    found_inf: torch.Tensor | None = None
-    moves_scale: bool = True
-    adopt: tuple[LossScale, str] | None = None
-    found: torch.Tensor | None = None
-    scale: torch.Tensor | None = None
 
 #: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
 #: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
