@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .launcher import chunk_count, launch, scalar_pointer
+from .dispatch import launch
+from .launcher import chunk_count, scalar_pointer
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
