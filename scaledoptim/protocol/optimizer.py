@@ -438,12 +438,12 @@ class Optimizer(ScaleOwner):
             clip, norm_sq = request.max_grad_norm, None
             if clip is not None:
                 # Note [clipping in the step] in clipping.py: the check sums the squares of every
-                # grad (those checked during backward too). Unscaled grads are checked into a
-                # flag of their own: nothing skips their step.
+                # grad (those checked during backward too: a plan given norm_sq ignores checked).
+                # Unscaled grads are checked into a flag of their own: nothing skips their step.
                 norm_sq = torch.zeros((), dtype=torch.float32, device=plan.found_inf.device)
                 checking = plan.found_inf if scaled else torch.zeros_like(plan.found_inf)
                 inv = plan.inv_scale if plan.inv_scale is not None else torch.ones_like(checking)
-                left = step.unscale_grads_(checking, inv, frozenset(), norm_sq)
+                left = step.unscale_grads_(checking, inv, plan.checked, norm_sq)
             elif plan.inv_scale is not None:
                 left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked)
             else:
