@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import scaledoptim
 from scaledoptim.testing.optim_db import OptimInfo, row, rows
-from tests.support.references import kernels_mode, reference_optimizer
+from tests.support.references import assert_param_close, kernels_mode, reference_optimizer
 from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
 
 STEPS = 8
@@ -33,6 +33,35 @@ def _inject(model: torch.nn.Module, step: int) -> None:
         param.grad.view(-1)[0] = OVERFLOW_AT[step]
 
 
+def _gradscaler_clip_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    step: int,
+    max_grad_norm: float,
+) -> torch.Tensor:
+    """torch's recipe: scaled backward, unscale_, clip_grad_norm_, step, update; the norm."""
+    opt.zero_grad()
+    scaler.scale(loss_of(model, step)).backward()
+    _inject(model, step)
+    scaler.unscale_(opt)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.step(opt)
+    scaler.update()
+    return norm
+
+
+def _clipping_step(
+    model: torch.nn.Module, opt: scaledoptim.Optimizer, step: int, max_grad_norm: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ours: scaled backward, unscale_and_step(max_grad_norm=...); ``(found_inf, S)``."""
+    opt.zero_grad()
+    scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+    _inject(model, step)
+    _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=max_grad_norm)
+    return found_inf, S
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("max_grad_norm", [0.05, 1e6], ids=["active", "inactive"])
 @pytest.mark.parametrize("info", ROWS)
@@ -44,24 +73,12 @@ def test_trajectory_matches_gradscaler_unscale_clip_step(
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
     with kernels_mode(backend):
         opt = info.make(model.parameters()).configure_scaling(init_scale=2.0**10, growth_interval=3)
-        S, tolerance = opt.scale, info.tolerance
-        clipped = 0
+        tolerance, clipped = info.tolerance, 0
         for step in range(STEPS):
-            ref_opt.zero_grad()
-            scaler.scale(loss_of(ref_model, step)).backward()
-            _inject(ref_model, step)
-            scaler.unscale_(ref_opt)
-            ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_grad_norm)
-            scaler.step(ref_opt)
-            scaler.update()
-
-            opt.zero_grad()
-            scaledoptim.scale_outputs(loss_of(model, step), S).backward()
-            _inject(model, step)
-            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=max_grad_norm)
-
+            ref_norm = _gradscaler_clip_step(ref_model, ref_opt, scaler, step, max_grad_norm)
+            found_inf, S = _clipping_step(model, opt, step, max_grad_norm)
             assert found_inf.item() == float(step in OVERFLOW_AT)
-            assert S.item() == scaler.get_scale()
+            assert S is not None and S.item() == scaler.get_scale()
             norm = opt.grad_norm
             assert norm is not None and norm.dtype == torch.float32 and norm.dim() == 0
             if step in OVERFLOW_AT:
@@ -70,13 +87,7 @@ def test_trajectory_matches_gradscaler_unscale_clip_step(
                 torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
                 clipped += int(ref_norm.item() > max_grad_norm)
             for ref_p, p in zip(ref_model.parameters(), model.parameters()):
-                torch.testing.assert_close(
-                    p,
-                    ref_p,
-                    rtol=tolerance.trajectory_rtol,
-                    atol=tolerance.trajectory_atol,
-                    msg=f"step {step}",
-                )
+                assert_param_close(p, ref_p, tolerance.trajectory_rtol, tolerance.trajectory_atol)
     # The regimes are what they say: every clean step clipped, or none.
     assert clipped == (STEPS - len(OVERFLOW_AT) if max_grad_norm < 1 else 0)
 
@@ -89,10 +100,7 @@ def test_a_clip_that_does_not_bite_is_todays_step_bit_for_bit(info: OptimInfo, b
         opts = [info.make(m.parameters()) for m in models]
         for step in range(4):
             for model, opt, clip in zip(models, opts, (None, 1e30)):
-                opt.zero_grad()
-                scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
-                _inject(model, step)
-                opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+                _clipping_step(model, opt, step, clip)
         assert_bit_identical(snapshot(opts[0]), snapshot(opts[1]))
 
 
@@ -104,15 +112,8 @@ def test_the_torch_backend_clips_bit_for_bit_as_gradscaler_and_fused_adamw() -> 
     with kernels_mode("torch"):
         opt = scaledoptim.AdamW(model.parameters(), lr=1e-2).configure_scaling(init_scale=2.0**10)
         for step in range(5):
-            ref_opt.zero_grad()
-            scaler.scale(loss_of(ref_model, step)).backward()
-            scaler.unscale_(ref_opt)
-            ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.1)
-            scaler.step(ref_opt)
-            scaler.update()
-            opt.zero_grad()
-            scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
-            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=0.1)
+            ref_norm = _gradscaler_clip_step(ref_model, ref_opt, scaler, step, 0.1)
+            _clipping_step(model, opt, step, 0.1)
             assert torch.equal(opt.grad_norm, ref_norm)
             for ref_p, p in zip(ref_model.parameters(), model.parameters()):
                 assert torch.equal(p, ref_p)
@@ -256,17 +257,8 @@ def test_generic_optimizers_clip_the_grads_they_unscale() -> None:
     opt = scaledoptim.with_scaling(torch.optim.Adamax)(model.parameters(), lr=1e-2)
     opt.configure_scaling(init_scale=2.0**10)
     for step in range(4):
-        ref_opt.zero_grad()
-        scaler.scale(loss_of(ref_model, step)).backward()
-        _inject(ref_model, step)
-        scaler.unscale_(ref_opt)
-        ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.1)
-        scaler.step(ref_opt)
-        scaler.update()
-        opt.zero_grad()
-        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
-        _inject(model, step)
-        opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=0.1)
+        ref_norm = _gradscaler_clip_step(ref_model, ref_opt, scaler, step, 0.1)
+        _clipping_step(model, opt, step, 0.1)
         if step not in OVERFLOW_AT:
             assert torch.equal(opt.grad_norm, ref_norm)
         for ref_p, p in zip(ref_model.parameters(), model.parameters()):
