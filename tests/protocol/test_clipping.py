@@ -119,39 +119,53 @@ def test_the_torch_backend_clips_bit_for_bit_as_gradscaler_and_fused_adamw() -> 
                 assert torch.equal(p, ref_p)
 
 
+SIXTEEN_BIT = [
+    pytest.param(torch.float16, {"master_weights": True}, id="fp16-master_weights"),
+    pytest.param(torch.bfloat16, {"stochastic_rounding": True}, id="bf16-stochastic_rounding"),
+]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["AdamW", "SGD", "LAMB"])
-def test_fp16_params_with_master_weights_clip_as_an_fp32_model(name: str, backend: str) -> None:
-    """fp16 grads, which unscale() refuses, are clipped in float32 inside the step."""
+@pytest.mark.parametrize(("dtype", "options"), SIXTEEN_BIT)
+def test_16bit_params_clip_as_an_fp32_model(
+    dtype: torch.dtype, options: dict[str, bool], name: str, backend: str
+) -> None:
+    """16-bit grads (fp16 ones, which unscale() refuses) are clipped in float32 inside the step:
+    each step is the fp32 reference's from the same params (the master, or the bf16 values),
+    within one rounding of the 16-bit param."""
     info = row(name)
-    half = make_model(torch.float16)
+    low = make_model(dtype)
     ref_model = make_model()
-    with torch.no_grad():
-        for ref_p, p in zip(ref_model.parameters(), half.parameters()):
-            ref_p.copy_(p.float())
     ref_opt = reference_optimizer(info, ref_model.parameters())
     with kernels_mode(backend):
-        opt = info.make(half.parameters(), master_weights=True)
+        opt = info.make(low.parameters(), **options)
         S = opt.scale
         gen = torch.Generator().manual_seed(7)
         for step in range(4):
-            grads = [torch.randn(p.shape, generator=gen) * 0.01 for p in half.parameters()]
-            for p, g in zip(half.parameters(), grads):
-                p.grad = (g * S).half()
-            if step == 0:
+            with torch.no_grad():  # the reference starts from where ours is
+                for ref_p, p in zip(ref_model.parameters(), low.parameters()):
+                    ref_p.copy_(opt.state[p].get("master_param", p) if opt.state else p)
+            grads = [torch.randn(p.shape, generator=gen) * 0.01 for p in low.parameters()]
+            for p, g in zip(low.parameters(), grads):
+                p.grad = (g * S).to(dtype)
+            if step == 0 and dtype == torch.float16:
                 with pytest.raises(ValueError, match="fp16 grads"):
                     opt.unscale(grads_scaled_by=S)
-            for ref_p, p in zip(ref_model.parameters(), half.parameters()):
+            for ref_p, p in zip(ref_model.parameters(), low.parameters()):
                 ref_p.grad = p.grad.float() / S  # the same values, unscaled exactly (S = 2**k)
             ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.05)
             ref_opt.step()
             _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=0.05)
             assert found_inf.item() == 0.0 and ref_norm > 0.05
             torch.testing.assert_close(opt.grad_norm, ref_norm, rtol=1e-6, atol=0)
-            for ref_p, p in zip(ref_model.parameters(), half.parameters()):
-                master = opt.state[p]["master_param"]
-                torch.testing.assert_close(master, ref_p, rtol=1e-5, atol=1e-6)
-                assert torch.equal(p, master.half())
+            for ref_p, p in zip(ref_model.parameters(), low.parameters()):
+                if "master_param" in opt.state[p]:
+                    master = opt.state[p]["master_param"]
+                    torch.testing.assert_close(master, ref_p, rtol=1e-5, atol=1e-6)
+                    assert torch.equal(p, master.to(dtype))
+                else:
+                    assert_param_close(p, ref_p)
 
 
 BAD = [
