@@ -37,6 +37,7 @@ updates hold none, only the kernels' tables their pointers.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from itertools import chain
@@ -160,13 +161,12 @@ class StepCache:
             _GroupEntry(optimizer, lists, next(updates) if lists.params else None)
             for lists in plan.groups
         ]
-        self.unscale = part.unscale
-        self.reduction = part.reduction
+        # The plan's part as it was built (its updates, counters, check, reduction, epilogue),
+        # without its grads: each step's are bound in plan() (and the cache keeps none alive).
+        self.part = dataclasses.replace(part, grad_lists=[])
         # Where every state value lives, in order: state moved to another param, replaced,
         # added, dropped or given other storage changes that sequence.
         self.state_ptrs = _state_pointers(optimizer.state)
-        self.steps = part.steps
-        self.epilogue = part.epilogue
         self.masters = plan.masters
 
     @staticmethod
@@ -215,11 +215,9 @@ class StepCache:
         plan.params = list(chain.from_iterable(param_lists))
         plan.grads = list(chain.from_iterable(grad_lists))
         plan.masters, plan.edited_masters = self.masters, edited
-        part = plan.part(self.backend)
-        part.updates = [entry.update for entry in self.groups if entry.update is not None]
-        part.grad_lists = grad_lists
-        part.steps = self.steps
-        part.unscale, part.reduction, part.epilogue = self.unscale, self.reduction, self.epilogue
+        # The same groups have grads as when the part was built (current() checked), so its
+        # updates are this step's, one per grad list.
+        part = plan.parts[self.backend] = dataclasses.replace(self.part, grad_lists=grad_lists)
         assert part.unscale is not None
         part.unscale.repoint(pointers)
         if part.reduction is not None:
