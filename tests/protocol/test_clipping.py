@@ -305,3 +305,19 @@ def test_the_closure_form_clips_every_evaluation() -> None:
     torch.testing.assert_close(opt.grad_norm, norms[-1])
     for ref_p, p in zip(ref_model.parameters(), model.parameters()):
         torch.testing.assert_close(p, ref_p)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_norm_spans_both_backends_of_a_step() -> None:
+    """float64 params take torch's ops beside our (emulated) kernels: one norm over both parts,
+    one factor for both."""
+    wide = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    narrow = torch.nn.Parameter(torch.zeros(4))
+    with kernels_mode("emulate"):
+        opt = scaledoptim.SGD([wide, narrow], lr=1.0)
+        wide.grad = torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64) * opt.scale
+        narrow.grad = torch.tensor([4.0, 0.0, 0.0, 0.0]) * opt.scale
+        opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=1.0)
+    assert opt.grad_norm.item() == 5.0
+    torch.testing.assert_close(wide, torch.tensor([-0.6, 0.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(narrow, torch.tensor([-0.8, 0.0, 0.0, 0.0]))
