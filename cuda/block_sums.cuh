@@ -81,7 +81,8 @@ __device__ __forceinline__ void finish_chunked_sum(const TensorTable<N>& table, 
                                                    const float* partials, unsigned* arrivals,
                                                    unsigned n_chunks, float* out,
                                                    float* scratch) {
-  if (threadIdx.x == 0) tensor_scalar<float>(table, list, c)[this_blocks_chunk_number(table)] = total;
+  float* mine = tensor_scalar<float>(table, list, c);
+  if (threadIdx.x == 0) mine[this_blocks_chunk_number(table)] = total;
   if (last_block_to_arrive(arrivals, n_chunks)) {
     const float sum = fixed_order_sum(partials, n_chunks, scratch);
     if (threadIdx.x == 0) *out = sum;

@@ -9,7 +9,8 @@ update reads ``unscaled grad * coef``. The step never reads the norm on the host
 * the sum of squares of the unscaled grads comes from where the step reads the grads anyway: our
   kernels' read-only inf/nan check (cuda/non_finite_check.cu, in fp32, per-chunk partials added
   in a fixed order: Note [deterministic sums]); the torch forms and generic optimizers, whose
-  grads are unscaled in place first, from foreach norms of the unscaled grads (:func:`sum_of_squares`);
+  grads are unscaled in place first, from foreach norms of the unscaled grads
+  (:func:`sum_of_squares`);
 * the parts of a step (two backends) and, under ``process_group``, the ranks add their sums on
   device (:func:`agree_on_sum_of_squares`), then ``total = sqrt(sum)``, which is
   :attr:`Optimizer.grad_norm <scaledoptim.Optimizer.grad_norm>`;

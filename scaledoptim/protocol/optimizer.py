@@ -378,7 +378,11 @@ class Optimizer(ScaleOwner):
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
                 unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
                 if max_grad_norm is not None:
-                    unscaled = clipping_each_call(unscaled, self._clip_in_place, max_grad_norm)  # type: ignore[arg-type]  # takes no argument here
+                    unscaled = clipping_each_call(
+                        unscaled,  # type: ignore[arg-type]  # torch-style: takes no argument
+                        self._clip_in_place,
+                        max_grad_norm,
+                    )
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
                 return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
             replay.check_takes_scale(closure, "unscale_and_step")

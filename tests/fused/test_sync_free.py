@@ -36,7 +36,9 @@ def _steps_without_host_reads(
         if overflow:
             next(model.parameters()).grad.view(-1)[0] = float("inf")
         with no_host_reads():
-            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S, **kwargs)  # type: ignore[arg-type]
+            _, found_inf, S = opt.unscale_and_step(
+                grads_scaled_by=S, **kwargs  # type: ignore[arg-type]
+            )
     return found_inf
 
 

@@ -94,7 +94,9 @@ def test_trajectory_matches_gradscaler_unscale_clip_step(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("info", ROWS)
-def test_a_clip_that_does_not_bite_is_todays_step_bit_for_bit(info: OptimInfo, backend: str) -> None:
+def test_a_clip_that_does_not_bite_is_todays_step_bit_for_bit(
+    info: OptimInfo, backend: str
+) -> None:
     with kernels_mode(backend):
         models = make_model(), make_model()
         opts = [info.make(m.parameters()) for m in models]

@@ -103,7 +103,9 @@ class _KernelCheck(_Tables):
     the check that also sums their squares (prepared at the first such step: a step that never
     clips allocates no partials)."""
 
-    def __init__(self, launches: list[PreparedLaunch], grads_list: int, pointers: list[int]) -> None:
+    def __init__(
+        self, launches: list[PreparedLaunch], grads_list: int, pointers: list[int]
+    ) -> None:
         super().__init__(launches, grads_list, pointers)
         self.sum: tuple[ChunkPartials, Tensor] | None = None  # the partials and the sum
 
