@@ -78,9 +78,11 @@ class ScaleOwner(torch.optim.Optimizer):
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         hysteresis: int = 1,
-        min_scale: float = ScalingConfig.min_scale,
-        max_scale: float = ScalingConfig.max_scale,
-        max_replays: int = ScalingConfig.max_replays,
+        # Literals, not ScalingConfig's attributes: the API reference renders the source of a
+        # default, and a reader wants the value (a test checks that the two agree).
+        min_scale: float = 1.1754943508222875e-38,
+        max_scale: float = 3.4028234663852886e38,
+        max_replays: int = 32,
         process_group: Any = None,
         check_during_backward: bool = False,
     ) -> _Self:
