@@ -173,6 +173,10 @@ class LAMB(FusedOptimizer):
     _grad_partials: dict[torch.device, _ChunkPartials] | None = None
     _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _lamb_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],

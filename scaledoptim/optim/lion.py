@@ -107,6 +107,10 @@ class Lion(FusedOptimizer):
     kernel = LION_KERNEL
     elementwise = True
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _lion_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],

@@ -110,6 +110,10 @@ class RMSprop(FusedOptimizer):
         "differentiable": False, "capturable": False,
     }  # fmt: skip
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _rmsprop_options(group)
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
