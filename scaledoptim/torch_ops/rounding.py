@@ -45,8 +45,8 @@ def stochastic_round_(
     slice of a large one) in buffers allocated once per call. So the transient memory is a few
     chunks whatever the params' size, and small tensors cost no op each (issue 22, item 2).
     It syncs with no device: only where the caller says the tensors are on the host,
-    ``on_host`` (Note [host skip]), does it read one (whether a chunk holds a NaN) or make one
-    from Python values (a run's sizes).
+    ``on_host``, does it read one (whether a chunk holds a NaN) or make one from Python values
+    (a run's sizes).
     """
     if not params:
         return

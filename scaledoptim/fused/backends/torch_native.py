@@ -62,7 +62,7 @@ class TorchNativeBackend(Backend):
     Args:
         host_skip: on a CPU, the torch forms read ``found_inf`` and skip on the host (the
             default: a host read is free there); ``False``: they decide on device everywhere,
-            as on a GPU (Note [host skip] in torch_ops/skip.py).
+            as on a GPU.
     """
 
     name = "torch"
@@ -70,11 +70,13 @@ class TorchNativeBackend(Backend):
     applies_scale_update = False
 
     def __init__(self, host_skip: bool = True) -> None:
+        # Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
         self.host_skip = host_skip
 
     def host_reads_free(self, device: torch.device) -> bool:
         """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, when
-        :attr:`host_skip` (Note [host skip])."""
+        :attr:`host_skip`."""
+        # Note [host skip] in torch_ops/skip.py.
         return self.host_skip and device.type == "cpu"
 
     def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
@@ -225,7 +227,8 @@ TORCH_NATIVE = TorchNativeBackend()
 @contextlib.contextmanager
 def decide_skips_on_device() -> Iterator[None]:
     """Inside the block the torch forms take their sync-free forms on a CPU too: the torch-native
-    engine's ``host_skip`` is off (Note [host skip] in torch_ops/skip.py)."""
+    engine's ``host_skip`` is off."""
+    # Note [host skip] in torch_ops/skip.py: how the suite and the doctor check the GPU's form.
     saved = TORCH_NATIVE.host_skip
     TORCH_NATIVE.host_skip = False
     try:
