@@ -53,7 +53,6 @@ from ..scale import (
     agree_on_found_inf,
     as_scale_tensor,
     handle_state,
-    mesh_groups,
 )
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
@@ -529,16 +528,12 @@ class Optimizer(ScaleOwner):
         """Agrees on ``found_inf`` across the process group (MAX, on device), before anything
         uses it; on a failure it is set (this rank cannot know whether another overflowed)."""
         process_group = self._scaling().process_group
-        params = (p for group in self.param_groups for p in group["params"])
-        groups = mesh_groups(params)  # DTensor params: Note [found_inf agreement]
-        if process_group is not None and all(process_group is not g for g in groups):
-            groups.append(process_group)
-        try:
-            for group in groups:
-                agree_on_found_inf(found_inf, group)
-        except BaseException:
-            found_inf.fill_(1.0)
-            raise
+        if process_group is not None:
+            try:
+                agree_on_found_inf(found_inf, process_group)
+            except BaseException:
+                found_inf.fill_(1.0)
+                raise
         return found_inf
 
     def _check_own_protocol(self, method: str) -> None:

@@ -10,7 +10,7 @@
 
 from .checks import as_scale_tensor, is_float32_scale
 from .config import ScalingConfig
-from .distributed import agree_on_found_inf, check_process_group, mesh_groups
+from .distributed import agree_on_found_inf, check_process_group
 from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
 from .loss_scale import HANDLE_ATTR, LossScale, ScaleUpdate, handle_state
 
@@ -26,5 +26,4 @@ __all__ = [
     "handle_state",
     "is_float32_scale",
     "loss_scale_from_gradscaler_state",
-    "mesh_groups",
 ]

@@ -185,6 +185,203 @@ def _dcp_old_format_loads(rank: int, world_size: int, tmp) -> None:
     assert_bit_identical(_everything(opt), _everything(resumed_opt))
 
 
+# ---------------------------------------------------------------- tensor parallel
+class _MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)))
+
+
+def _mlp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    return torch.randn(4, 8, generator=generator), torch.randn(4, 4, generator=generator)
+
+
+def _options(name: str) -> dict:
+    return {"momentum": 0.9} if name in ("SGD", "RMSprop") else {}
+
+
+def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, tmp) -> None:
+    """Colwise ``up``, Rowwise ``down``; an inf in rank 1's shard of ``up.weight``'s grad
+    (global row 8) on the overflow steps: every rank skips; the params and the scale follow
+    torch.optim + GradScaler on the unsharded model (Lion, which torch lacks: our own on it)."""
+    from torch.distributed.tensor import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    overflow_steps = (1, 3)
+    with kernels_mode(backend):
+        model = parallelize_module(
+            _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        )
+        opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **_options(name))
+        opt.configure_scaling(init_scale=2.0**10, growth_interval=2)
+        found, scales, S = [], [], opt.scale
+        for step in range(5):
+            opt.zero_grad()
+            x, y = _mlp_batch(step)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            scaledoptim.scale_outputs(loss, S).backward()
+            if step in overflow_steps and rank == 1:
+                model.up.weight.grad.to_local()[0, 0] = float("inf")
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+            found.append(found_inf.item())
+            scales.append(S.item())
+
+    reference_model = _MLP()
+    reference_cls = getattr(torch.optim, name, None)
+    if reference_cls is None:  # Lion: our own, on the whole tensors with torch's ops
+        with kernels_mode("torch"):
+            reference = getattr(scaledoptim, name)(reference_model.parameters(), lr=1e-2)
+            reference.configure_scaling(init_scale=2.0**10, growth_interval=2)
+            ref_found, ref_scales, S = [], [], reference.scale
+            for step in range(5):
+                reference.zero_grad()
+                x, y = _mlp_batch(step)
+                loss = torch.nn.functional.mse_loss(reference_model(x), y)
+                scaledoptim.scale_outputs(loss, S).backward()
+                if step in overflow_steps:
+                    reference_model.up.weight.grad[8, 0] = float("inf")
+                _, found_inf, S = reference.unscale_and_step(grads_scaled_by=S)
+                ref_found.append(found_inf.item())
+                ref_scales.append(S.item())
+    else:
+        reference = reference_cls(reference_model.parameters(), lr=1e-2, **_options(name))
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        ref_found, ref_scales = [], []
+        for step in range(5):
+            reference.zero_grad()
+            x, y = _mlp_batch(step)
+            scaler.scale(torch.nn.functional.mse_loss(reference_model(x), y)).backward()
+            if step in overflow_steps:
+                reference_model.up.weight.grad[8, 0] = float("inf")
+            scale = scaler.get_scale()
+            scaler.step(reference)
+            scaler.update()
+            ref_found.append(float(scaler.get_scale() < scale))
+            ref_scales.append(scaler.get_scale())
+    assert found == ref_found == [float(step in overflow_steps) for step in range(5)]
+    assert scales == ref_scales
+    assert _gathered((found, scales))[1] == (found, scales)
+    for param, twin in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _tp_lamb_refused(backend: str, rank: int, world_size: int, tmp) -> None:
+    from torch.distributed.tensor import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    with kernels_mode(backend):
+        model = parallelize_module(
+            _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        )
+        opt = scaledoptim.LAMB(model.parameters(), lr=1e-2)
+        x, y = _mlp_batch(0)
+        scaledoptim.scale_outputs(torch.nn.functional.mse_loss(model(x), y), opt.scale).backward()
+        before = _everything(opt)
+        with pytest.raises(TypeError, match="LAMB cannot step DTensor params"):
+            opt.unscale_and_step(grads_scaled_by=opt.scale)
+        assert_bit_identical(before, _everything(opt))
+
+
+# ---------------------------------------------------------------- FSDP2 mixed precision
+def _fsdp2_policy_against_sharded_gradscaler(
+    param_dtype: torch.dtype, backend: str, rank: int, world_size: int, tmp
+) -> None:
+    """MixedPrecisionPolicy(param_dtype=fp16/bf16, reduce_dtype=fp32): fp32 sharded params and
+    grads, so the step is the fp32 one; against torch.optim.AdamW + ShardedGradScaler (which
+    all-reduces its found_inf too) on the same sharded model, an overflow on one rank."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    overflow = {1: 1, 3: 0}
+
+    def run(make_opt, step_fn):
+        model = _fsdp2_model(mp_policy=policy)
+        opt = make_opt(model.parameters())
+        found = []
+        for step in range(5):
+            opt.zero_grad()
+            found.append(step_fn(model, opt, step))
+        return model, found
+
+    def ours(model, opt, step):
+        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+        if overflow.get(step) == rank:
+            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+        _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
+        return found_inf.item(), S.item()
+
+    scaler = ShardedGradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+
+    def torchs(model, opt, step):
+        scaler.scale(loss_of(model, step)).backward()
+        if overflow.get(step) == rank:
+            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        return float(scaler.get_scale() < scale), scaler.get_scale()
+
+    with kernels_mode(backend):
+        model, found = run(
+            lambda params: scaledoptim.AdamW(params, lr=1e-2).configure_scaling(
+                init_scale=2.0**10, growth_interval=2
+            ),
+            ours,
+        )
+    reference, ref_found = run(lambda params: torch.optim.AdamW(params, lr=1e-2), torchs)
+    assert found == ref_found
+    assert [f for f, _ in found] == [float(step in overflow) for step in range(5)]
+    for param, twin in zip(model.parameters(), reference.parameters()):
+        assert param.dtype == torch.float32
+        torch.testing.assert_close(_local(param), _local(twin), rtol=1e-5, atol=1e-6)
+
+
+def _fsdp2_fp16_params_with_masters(backend: str, rank: int, world_size: int, tmp) -> None:
+    """fp16 sharded params with master_weights=True: fp32 masters per shard, DTensors of the
+    param's placements; every rank skips an overflow on one; the params follow the same
+    optimizer on the unsharded fp16 model within fp16 rounding."""
+    from torch.distributed.tensor import DTensor
+
+    overflow = {1: 1, 3: 0}
+    with kernels_mode(backend):
+        model = _fsdp2_model()
+        model.half()
+        opt = scaledoptim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
+        opt.configure_scaling(init_scale=2.0**10, growth_interval=2)
+        found = []
+        for step in range(5):
+            opt.zero_grad()
+            scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+            if overflow.get(step) == rank:
+                _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
+            found.append(found_inf.item())
+    assert found == [float(step in overflow) for step in range(5)]
+    for param in model.parameters():
+        assert param.dtype == torch.float16
+        for value in opt.state[param].values():
+            if value.dim():
+                assert isinstance(value, DTensor) and value.placements == param.placements
+    assert _gathered(found)[1] == found
+
+
 SCENARIOS = {
     **{
         f"fsdp2-overflow-no-group-{backend}": functools.partial(
@@ -200,6 +397,23 @@ SCENARIOS = {
         for full in (False, True)
     },
     "dcp-old-format": _dcp_old_format_loads,
+    **{
+        f"tp-{name}-{backend}": functools.partial(_tp_against_gradscaler, name, backend)
+        for name in OPTIMIZERS
+        for backend in BACKENDS
+    },
+    **{f"tp-LAMB-refused-{b}": functools.partial(_tp_lamb_refused, b) for b in BACKENDS},
+    **{
+        f"fsdp2-policy-{str(dtype)[6:]}-{backend}": functools.partial(
+            _fsdp2_policy_against_sharded_gradscaler, dtype, backend
+        )
+        for dtype in (torch.float16, torch.bfloat16)
+        for backend in BACKENDS
+    },
+    **{
+        f"fsdp2-fp16-masters-{b}": functools.partial(_fsdp2_fp16_params_with_masters, b)
+        for b in BACKENDS
+    },
 }
 
 
