@@ -445,8 +445,8 @@ def test_dcp_checkpoint_of_two_ranks_resumes_in_one_process(world, backend) -> N
     )
 
     outcomes, tmp = world
-    assert outcomes[f"dcp-sharded-{backend}"] is None, "the save failed"
     checkpoint = tmp / f"dcp-sharded-{backend}"
+    assert (checkpoint / "full-values.pt").exists(), outcomes[f"dcp-sharded-{backend}"]
     with kernels_mode(backend):
         model = make_model(seed=1)
         opt = _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
