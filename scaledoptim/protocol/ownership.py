@@ -25,15 +25,16 @@ __all__ = ["GROUP_SCALE_KEY", "ScaleOwner", "ScalingState"]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # torch.distributed.checkpoint's get_optimizer_state_dict rebuilds an optimizer's state_dict from
 # its "state" and "param_groups" alone (a top-level "loss_scale" is dropped), renames param ids
-# to FQNs, may flatten each group into one entry per param ("param_groups.<fqn>.<key>") and
-# merges several optimizers' groups into one list; set_optimizer_state_dict splits them back
-# per optimizer by FQN. A key of a param group is what survives every one of those forms and
+# to FQNs and merges several optimizers' groups into one list; set_optimizer_state_dict splits
+# them back per optimizer by FQN. A key of a param group survives that, sharded or full, and
 # stays with its own optimizer, so state_dict() writes the scale state (scale, growth and
 # hysteresis trackers as replicated 0-dim tensors, and the config) into every group, besides
 # the top-level "loss_scale" torch.save users read. A load takes the top-level one when there
 # is one (the old recipe loads the scale saved beside that way), else the groups' copies, which
 # must agree; the key never reaches opt.param_groups. Every group holds a copy so that a group
-# a flattening or a split leaves on its own still carries it.
+# a split leaves on its own still carries it. Not carried: StateDictOptions(
+# flatten_optimizer_state_dict=True), whose loader rebuilds each group from the keys the live
+# opt.param_groups hold (a key there would reach schedulers and add_param_group; not worth it).
 
 #: The param-group key that carries the loss scale state (Note [the scale through DCP]).
 GROUP_SCALE_KEY = "loss_scale"
@@ -177,7 +178,10 @@ class ScaleOwner(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`torch.optim.Optimizer.state_dict`, plus ``"loss_scale"``: the scale, its
-        growth and hysteresis trackers and its config. Loading it resumes bit for bit.
+        growth and hysteresis trackers and its config. Loading it resumes bit for bit. Each
+        param group holds a copy under the same key, which
+        ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` keeps (it drops
+        the top-level one), so a DCP checkpoint carries the scale too.
 
         The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is not saved (it belongs to the
         run): configure the resumed optimizer with its own, then load.
@@ -204,8 +208,10 @@ class ScaleOwner(torch.optim.Optimizer):
         the scale state are validated; only then is anything installed, and the post-hooks run.
         A refusal names the key and the fix and changes nothing.
 
-        A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
-        scale reset to its configured ``init_scale`` (an optimizer a
+        The scale state is the top-level ``"loss_scale"``, or else the copy every param group
+        holds (what ``set_optimizer_state_dict`` passes), which must agree; it is never put into
+        :attr:`param_groups`. A plain ``torch.optim`` state_dict (neither) loads with this
+        optimizer's scale reset to its configured ``init_scale`` (an optimizer a
         :class:`scaledoptim.GradScaler` steps keeps the scaler's scale, loaded with the
         scaler). The scale state is copied into :attr:`~scaledoptim.Optimizer.scale`'s tensor:
         ``S = opt.scale`` taken before the load resumes from the loaded scale. The process group
