@@ -210,7 +210,7 @@ class ScaleOwner(torch.optim.Optimizer):
 
         The scale state is the top-level ``"loss_scale"``, or else the copy every param group
         holds (what ``set_optimizer_state_dict`` passes), which must agree; it is never put into
-        :attr:`param_groups`. A plain ``torch.optim`` state_dict (neither) loads with this
+        ``param_groups``. A plain ``torch.optim`` state_dict (neither) loads with this
         optimizer's scale reset to its configured ``init_scale`` (an optimizer a
         :class:`scaledoptim.GradScaler` steps keeps the scaler's scale, loaded with the
         scaler). The scale state is copied into :attr:`~scaledoptim.Optimizer.scale`'s tensor:
