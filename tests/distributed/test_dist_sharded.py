@@ -219,41 +219,45 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
 
     mesh = init_device_mesh("cpu", (world_size,))
     overflow_steps = (1, 3)
+
+    def train(model, opt, overflow):
+        """Our protocol; returns the skip flags and the scale after each step."""
+        found, scales, S = (
+            [],
+            [],
+            opt.configure_scaling(init_scale=2.0**10, growth_interval=2).scale,
+        )
+        for step in range(5):
+            opt.zero_grad()
+            x, y = _mlp_batch(step)
+            scaledoptim.scale_outputs(torch.nn.functional.mse_loss(model(x), y), S).backward()
+            if step in overflow_steps:
+                overflow(model.up.weight.grad)
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+            found.append(found_inf.item())
+            scales.append(S.item())
+        return found, scales
+
+    def inf_in_rank_1(grad):
+        if rank == 1:
+            grad.to_local()[0, 0] = float("inf")
+
+    def inf_in_row_8(grad):  # rank 1's first row, in the whole tensor
+        grad[8, 0] = float("inf")
+
     with kernels_mode(backend):
         model = parallelize_module(
             _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
         )
         opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **_options(name))
-        opt.configure_scaling(init_scale=2.0**10, growth_interval=2)
-        found, scales, S = [], [], opt.scale
-        for step in range(5):
-            opt.zero_grad()
-            x, y = _mlp_batch(step)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            scaledoptim.scale_outputs(loss, S).backward()
-            if step in overflow_steps and rank == 1:
-                model.up.weight.grad.to_local()[0, 0] = float("inf")
-            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
-            found.append(found_inf.item())
-            scales.append(S.item())
+        found, scales = train(model, opt, inf_in_rank_1)
 
     reference_model = _MLP()
     reference_cls = getattr(torch.optim, name, None)
     if reference_cls is None:  # Lion: our own, on the whole tensors with torch's ops
         with kernels_mode("torch"):
             reference = getattr(scaledoptim, name)(reference_model.parameters(), lr=1e-2)
-            reference.configure_scaling(init_scale=2.0**10, growth_interval=2)
-            ref_found, ref_scales, S = [], [], reference.scale
-            for step in range(5):
-                reference.zero_grad()
-                x, y = _mlp_batch(step)
-                loss = torch.nn.functional.mse_loss(reference_model(x), y)
-                scaledoptim.scale_outputs(loss, S).backward()
-                if step in overflow_steps:
-                    reference_model.up.weight.grad[8, 0] = float("inf")
-                _, found_inf, S = reference.unscale_and_step(grads_scaled_by=S)
-                ref_found.append(found_inf.item())
-                ref_scales.append(S.item())
+            ref_found, ref_scales = train(reference_model, reference, inf_in_row_8)
     else:
         reference = reference_cls(reference_model.parameters(), lr=1e-2, **_options(name))
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
@@ -263,7 +267,7 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
             x, y = _mlp_batch(step)
             scaler.scale(torch.nn.functional.mse_loss(reference_model(x), y)).backward()
             if step in overflow_steps:
-                reference_model.up.weight.grad[8, 0] = float("inf")
+                inf_in_row_8(reference_model.up.weight.grad)
             scale = scaler.get_scale()
             scaler.step(reference)
             scaler.update()
