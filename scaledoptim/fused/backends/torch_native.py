@@ -45,7 +45,11 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
 # strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
 # norms) take the DTensors, whose ops reduce over the whole sharded tensor. The unscale and the
-# inf/nan check take DTensor grads as they are.
+# inf/nan check take DTensor grads as they are: the check's ``any()`` of a sharded grad is a
+# reduction over the whole tensor, which DTensor all-reduces over the mesh (on device) before it
+# reaches the plain ``found_inf``, so every rank of the mesh sees an overflow in any shard and
+# skips with the others, with or without ``process_group`` (tests/distributed/
+# test_dist_sharded.py, an inf in one rank's shard of FSDP2 params on both backends).
 
 
 def _local_shards(tensors: list[Tensor]) -> list[Tensor]:
