@@ -120,7 +120,6 @@ class _ScaledAcceleration:
             run.found_inf = None
         return run.skipped or bool(super().optimizer_step_was_skipped)  # type: ignore[misc]
 
-
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
         run = self._scaledoptim_run
         if run.max_grad_norm is None:
