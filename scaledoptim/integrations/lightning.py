@@ -68,8 +68,8 @@ class ScaledMixedPrecision(Precision):
     unscaled grads, on every closure evaluation. Gradient accumulation works (one ``S`` per
     window); manual optimization works when the backward's scale is unambiguous (one
     optimizer, or optimizers sharing one scale through :func:`scaledoptim.share_scale`). The
-    scale is saved in the optimizer's state_dict, so Lightning checkpoints resume it; the plugin's own state is the
-    count of skipped steps. Each step logs ``scaledoptim/scale`` and
+    scale is saved in the optimizer's state_dict, so Lightning checkpoints resume it; the
+    plugin's own state is the count of skipped steps. Each step logs ``scaledoptim/scale`` and
     ``scaledoptim/skipped_steps`` (suffixed ``_<i>`` for optimizer ``i`` when there are
     several) to the loggers and the progress bar.
 
