@@ -42,8 +42,10 @@ from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
 from ..torch_ops import unscale_in_place_
-from .optimizer import Optimizer, StepRequest, check_no_fp16_grads
+from .optimizer import Optimizer
 from .outputs import scale_outputs
+from .plans import StepRequest
+from .validation import check_no_fp16_grads
 
 __all__ = ["GradScaler"]
 

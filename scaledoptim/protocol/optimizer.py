@@ -35,7 +35,6 @@ Every protocol step goes through ``self.step()``, and ``step()`` itself honours 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import warnings
@@ -66,41 +65,19 @@ from .clipping import (
 )
 from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
-from .plans import GenericStepPlan, PendingStep, StepPlan, UnscalePlan, native_amp_scaling
+from .plans import (
+    GenericStepPlan,
+    PendingStep,
+    StepPlan,
+    StepRequest,
+    UnscalePlan,
+    native_amp_scaling,
+)
 from .replay import ClosureReplayError
-from .validation import check_param_grads
+from .validation import check_no_fp16_grads, check_param_grads
 
 __all__ = ["ClosureReplayError", "Optimizer", "StepRequest"]
 
-
-@dataclasses.dataclass
-class StepRequest:
-    """What a ``step()`` owes the protocol besides the update (Note [step requests]).
-
-    Attributes:
-        unscale: check the grads first, unscaling them by ``scaled_by`` (``None``: they are not
-            scaled; nothing is checked or skipped).
-        scaled_by: the scale the grads were scaled by.
-        found_inf: skip where it is set; given when the grads were checked already (after
-            :meth:`Optimizer.unscale`), or the flag a check adds to.
-        moves_scale: the unscale reports to the optimizer's own scale, which moves (its own
-            protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
-        adopt: a GradScaler's scale for the optimizer to take as its own, once every check
-            passed.
-        max_grad_norm: clip the global norm of the unscaled grads to it (Note [clipping in the
-            step] in clipping.py); ``None``: no clipping. Only with ``unscale``.
-        found: set by the step: the ``found_inf`` it used.
-        scale: set by the step: the recommended scale (own protocol only).
-    """
-
-    unscale: bool
-    scaled_by: torch.Tensor | float | None = None
-    found_inf: torch.Tensor | None = None
-    moves_scale: bool = True
-    adopt: tuple[LossScale, str] | None = None
-    max_grad_norm: float | None = None
-    found: torch.Tensor | None = None
-    scale: torch.Tensor | None = None
 
 #: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
 #: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
@@ -791,19 +768,6 @@ class Optimizer(ScaleOwner):
             state.found_inf = None
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.reset()
-
-
-def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
-    """Refuses to unscale fp16 grads in place (issue 20, item 10), as GradScaler does."""
-    if any(grad.dtype == torch.float16 for grad in grads):
-        raise ValueError(
-            f"{method} was given fp16 grads to unscale in place (as torch.amp.GradScaler, it "
-            "refuses them): unscaled, an fp16 grad cannot hold small values (below 6e-8 they "
-            "flush to zero), and clipping them drifts from fp32. Use "
-            "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update; "
-            "for clipping, clip the scaled fp16 grads at max_norm * S (docs/recipes/clipping.md, "
-            "'fp16 grads'), or keep fp32 params under autocast so that grads are fp32."
-        )
 
 
 def _guard(step: Callable[..., Any]) -> Callable[..., Any]:

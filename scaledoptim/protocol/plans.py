@@ -8,11 +8,49 @@ from typing import Any, Protocol
 
 import torch
 
-from ..scale import ScaleUpdate
+from ..scale import LossScale, ScaleUpdate
 from ..torch_ops import unscale_in_place_
 from .clipping import clip_in_place_, sum_of_squares
 
-__all__ = ["GenericStepPlan", "PendingStep", "StepPlan", "UnscalePlan", "native_amp_scaling"]
+__all__ = [
+    "GenericStepPlan",
+    "PendingStep",
+    "StepPlan",
+    "StepRequest",
+    "UnscalePlan",
+    "native_amp_scaling",
+]
+
+
+@dataclasses.dataclass
+class StepRequest:
+    """What a ``step()`` owes the protocol besides the update (Note [step requests] in
+    optimizer.py).
+
+    Attributes:
+        unscale: check the grads first, unscaling them by ``scaled_by`` (``None``: they are not
+            scaled; nothing is checked or skipped).
+        scaled_by: the scale the grads were scaled by.
+        found_inf: skip where it is set; given when the grads were checked already (after
+            :meth:`Optimizer.unscale`), or the flag a check adds to.
+        moves_scale: the unscale reports to the optimizer's own scale, which moves (its own
+            protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
+        adopt: a GradScaler's scale for the optimizer to take as its own, once every check
+            passed.
+        max_grad_norm: clip the global norm of the unscaled grads to it (Note [clipping in the
+            step] in clipping.py); ``None``: no clipping. Only with ``unscale``.
+        found: set by the step: the ``found_inf`` it used.
+        scale: set by the step: the recommended scale (own protocol only).
+    """
+
+    unscale: bool
+    scaled_by: torch.Tensor | float | None = None
+    found_inf: torch.Tensor | None = None
+    moves_scale: bool = True
+    adopt: tuple[LossScale, str] | None = None
+    max_grad_norm: float | None = None
+    found: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["check_param_grads"]
+__all__ = ["check_no_fp16_grads", "check_param_grads"]
 
 
 def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> None:
@@ -34,3 +34,16 @@ def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> N
                 f"{tuple(param.shape)}; a grad assigned through .data bypassed autograd's check. "
                 "Assign p.grad a tensor shaped like p."
             )
+
+
+def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
+    """Refuses to unscale fp16 grads in place (issue 20, item 10), as GradScaler does."""
+    if any(grad.dtype == torch.float16 for grad in grads):
+        raise ValueError(
+            f"{method} was given fp16 grads to unscale in place (as torch.amp.GradScaler, it "
+            "refuses them): unscaled, an fp16 grad cannot hold small values (below 6e-8 they "
+            "flush to zero), and clipping them drifts from fp32. Use "
+            "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update; "
+            "for clipping, clip the scaled fp16 grads at max_norm * S (docs/recipes/clipping.md, "
+            "'fp16 grads'), or keep fp32 params under autocast so that grads are fp32."
+        )
