@@ -70,3 +70,20 @@ template <int N>
 __device__ __forceinline__ long long chunks_of_tensor(const TensorTable<N>& table, const Chunk& c) {
   return (table.sizes[c.tensor] + table.chunk_size - 1) / table.chunk_size;
 }
+
+// Ends a sum over every chunk of a step (Note [deterministic sums]): stores `total`, this block's
+// sum (valid in thread 0), as its chunk's partial in the per-chunk list `list`, whose tensors'
+// partials lie in order in one buffer, `partials`, of `n_chunks` elements (over all launches of
+// the sum); the last block to arrive adds them in order into `*out`. Call it from every thread.
+template <int N>
+__device__ __forceinline__ void finish_chunked_sum(const TensorTable<N>& table, int list,
+                                                   const Chunk& c, float total,
+                                                   const float* partials, unsigned* arrivals,
+                                                   unsigned n_chunks, float* out,
+                                                   float* scratch) {
+  if (threadIdx.x == 0) tensor_scalar<float>(table, list, c)[this_blocks_chunk_number(table)] = total;
+  if (last_block_to_arrive(arrivals, n_chunks)) {
+    const float sum = fixed_order_sum(partials, n_chunks, scratch);
+    if (threadIdx.x == 0) *out = sum;
+  }
+}

@@ -61,15 +61,10 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 #pragma unroll
     for (int k = 0; k < kILP; ++k) sum += (rg[k] * inv_scale) * (rg[k] * inv_scale);
   });
-  const float total = block_sum(sum, scratch);
-  float* partials = tensor_scalar<float>(table, kLambNormPartial, c);
-  if (threadIdx.x == 0) partials[this_blocks_chunk_number(table)] = total;
   // Note [deterministic sums]: the partials of all the step's grads lie in one buffer, in the
   // order of the grads and their chunks, whichever launch stored them.
-  if (last_block_to_arrive(args.arrivals, args.n_chunks)) {
-    const float norm_sq = fixed_order_sum(args.partials, args.n_chunks, scratch);
-    if (threadIdx.x == 0) *args.grad_norm_sq = norm_sq;
-  }
+  finish_chunked_sum(table, kLambNormPartial, c, block_sum(sum, scratch), args.partials,
+                     args.arrivals, args.n_chunks, args.grad_norm_sq, scratch);
 }
 
 struct LambStepScalars {

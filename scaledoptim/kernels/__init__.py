@@ -12,8 +12,11 @@ from typing import Any
 
 from .builtin import (
     NON_FINITE_CHECK,
+    NON_FINITE_CHECK_NORM,
     STEP_EPILOGUE,
+    ChunkPartials,
     NonFiniteCheckArgs,
+    NonFiniteCheckNormArgs,
     StepEpilogueArgs,
     non_finite_check_,
 )
@@ -38,13 +41,16 @@ __all__ = [
     "CUDA_TYPE_NAMES",
     "MAX_THREADS_PER_BLOCK",
     "NON_FINITE_CHECK",
+    "NON_FINITE_CHECK_NORM",
     "PLAIN_TENSOR_TYPES",
     "ROUNDING_LISTS",
     "STEP_EPILOGUE",
+    "ChunkPartials",
     "KernelCompileError",
     "LaunchConfig",
     "MultiTensorKernel",
     "NonFiniteCheckArgs",
+    "NonFiniteCheckNormArgs",
     "PreparedLaunch",
     "StepEpilogueArgs",
     "builtin_kernels",

@@ -6,17 +6,21 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from .dispatch import launch
-from .launcher import scalar_pointer
+from .launcher import chunk_count, scalar_pointer
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 
 __all__ = [
     "NON_FINITE_CHECK",
+    "NON_FINITE_CHECK_NORM",
     "STEP_EPILOGUE",
+    "ChunkPartials",
     "NonFiniteCheckArgs",
+    "NonFiniteCheckNormArgs",
     "StepEpilogueArgs",
     "non_finite_check_",
 ]
@@ -26,6 +30,19 @@ class NonFiniteCheckArgs(ctypes.Structure):
     """Mirror of ``NonFiniteCheckArgs`` in cuda/non_finite_check.cu."""
 
     _fields_ = [("found_inf", ctypes.c_void_p), ("inv_scale", ctypes.c_void_p)]
+
+
+class NonFiniteCheckNormArgs(ctypes.Structure):
+    """Mirror of ``NonFiniteCheckNormArgs`` in cuda/non_finite_check.cu."""
+
+    _fields_ = [
+        ("found_inf", ctypes.c_void_p),
+        ("inv_scale", ctypes.c_void_p),
+        ("norm_sq", ctypes.c_void_p),
+        ("partials", ctypes.c_void_p),
+        ("arrivals", ctypes.c_void_p),
+        ("n_chunks", ctypes.c_uint),
+    ]
 
 
 class StepEpilogueArgs(ctypes.Structure):
@@ -48,12 +65,36 @@ class StepEpilogueArgs(ctypes.Structure):
     ]
 
 
+class ChunkPartials:
+    """Scratch of a sum over the blocks of several launches (Note [deterministic sums] in
+    cuda/block_sums.cuh): one partial per chunk of every tensor, in one buffer in the tensors'
+    order, and the count of blocks that stored theirs (0 between launches: the last resets it)."""
+
+    def __init__(self, chunks: int, device: torch.device) -> None:
+        self.partials = torch.zeros(chunks, device=device)
+        self.arrivals = torch.zeros((), dtype=torch.int32, device=device)
+
+    def per_tensor(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The partials of each of ``tensors`` (those the buffer was sized for), as views."""
+        return list(self.partials.split([chunk_count(t.numel()) for t in tensors]))
+
+
 NON_FINITE_CHECK = MultiTensorKernel(
     CUDA_SOURCE_DIR / "non_finite_check.cu",
     "non_finite_check_kernel",
     ("tensors",),
     NonFiniteCheckArgs,
     dtype_lists=(0,),
+)
+#: The check, and the fp32 sum of squares of the checked values (times ``inv_scale``) into a
+#: device scalar, through per-chunk partial sums (Note [deterministic sums]).
+NON_FINITE_CHECK_NORM = MultiTensorKernel(
+    CUDA_SOURCE_DIR / "non_finite_check.cu",
+    "non_finite_check_norm_kernel",
+    ("tensors", "sq_partials"),
+    NonFiniteCheckNormArgs,
+    dtype_lists=(0,),
+    per_chunk_lists=(1,),
 )
 STEP_EPILOGUE = MultiTensorKernel(
     CUDA_SOURCE_DIR / "step_epilogue.cu",

@@ -15,6 +15,7 @@ from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     STEP_EPILOGUE,
+    ChunkPartials,
     MultiTensorKernel,
     StepEpilogueArgs,
     chunk_count,
@@ -170,7 +171,7 @@ class LAMB(FusedOptimizer):
     # kernels' tables stay cached (and a captured CUDA graph's pointers valid); created on first
     # use (copies and unpickled optimizers start without them).
     _grad_norms_sq: dict[torch.device, Tensor] | None = None
-    _grad_partials: dict[torch.device, _ChunkPartials] | None = None
+    _grad_partials: dict[torch.device, ChunkPartials] | None = None
     _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
 
     def __init__(
@@ -230,7 +231,7 @@ class LAMB(FusedOptimizer):
         chunks = sum(chunk_count(g.numel()) for g in grads)
         partials = self._grad_partials.get(device)
         if partials is None or partials.partials.numel() != chunks:
-            partials = self._grad_partials[device] = _ChunkPartials(chunks, device)
+            partials = self._grad_partials[device] = ChunkPartials(chunks, device)
         return _GlobalGradNorm(self._grad_norm_sq(device), partials)
 
     def kernel_args(
@@ -302,27 +303,13 @@ class LAMB(FusedOptimizer):
         return buffer
 
 
-class _ChunkPartials:
-    """Scratch of a sum over the blocks of several launches (Note [deterministic sums] in
-    cuda/block_sums.cuh): one partial per chunk of every tensor, in one buffer in the tensors'
-    order, and the count of blocks that stored theirs (0 between launches: the last resets it)."""
-
-    def __init__(self, chunks: int, device: torch.device) -> None:
-        self.partials = torch.zeros(chunks, device=device)
-        self.arrivals = torch.zeros((), dtype=torch.int32, device=device)
-
-    def per_tensor(self, tensors: list[Tensor]) -> list[Tensor]:
-        """The partials of each of ``tensors`` (those the buffer was sized for), as views."""
-        return list(self.partials.split([chunk_count(t.numel()) for t in tensors]))
-
-
 class _GlobalGradNorm:
     """LAMB's squared global grad norm over every grad of the step, into ``out``, through the
     per-chunk ``partials`` of those grads."""
 
     kernel = LAMB_GRAD_NORM_KERNEL
 
-    def __init__(self, out: Tensor, partials: _ChunkPartials) -> None:
+    def __init__(self, out: Tensor, partials: ChunkPartials) -> None:
         self.out = out
         self.partials = partials
 
@@ -549,7 +536,7 @@ def lamb_(
     ]
     grad_norm = _GlobalGradNorm(
         torch.zeros((), device=device),
-        _ChunkPartials(sum(chunk_count(g.numel()) for g in grads), device),
+        ChunkPartials(sum(chunk_count(g.numel()) for g in grads), device),
     )
     grad_norm_launch = prepare_launch(LAMB_GRAD_NORM_KERNEL, grad_norm.tensor_lists(list(grads)))
     update = [prepare_launch(kernel, lists) for kernel in (LAMB_NORMS_KERNEL, LAMB_KERNEL)]

@@ -1,7 +1,7 @@
 """Every kernel of ``scaledoptim.kernels.builtin_kernels()`` and each dtype instantiation compiles
 with NVRTC for the oldest target arch of each generation the installed NVRTC supports, and its
-newest (every one of them: ``python -m scaledoptim.doctor --all-archs``); no GPU needed. The built-in kernels are exactly the check, the
-epilogue and the kernels the fused rows of optim_db launch, so a new optimizer's kernel is
+newest (every one of them: ``python -m scaledoptim.doctor --all-archs``); no GPU needed. The built-in kernels are exactly the check (and its
+clipping form that sums squares), the epilogue and the kernels the fused rows of optim_db launch, so a new optimizer's kernel is
 compiled here with no edit to this file."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from prerequisites import require_module
 
 from scaledoptim.kernels import (
     NON_FINITE_CHECK,
+    NON_FINITE_CHECK_NORM,
     STEP_EPILOGUE,
     KernelCompileError,
     MultiTensorKernel,
@@ -26,7 +27,7 @@ from scaledoptim.kernels.nvrtc import TARGET_ARCHS, compile_for_arch, supported_
 
 def test_the_builtin_kernels_are_the_check_the_epilogue_and_the_rows_kernels():
     launched = {kernel for info in rows(fused=True) for kernel in info.launched_kernels}
-    assert set(builtin_kernels()) == {NON_FINITE_CHECK, STEP_EPILOGUE, *launched}
+    assert set(builtin_kernels()) == {NON_FINITE_CHECK, NON_FINITE_CHECK_NORM, STEP_EPILOGUE, *launched}
     assert len(builtin_kernels()) == len(set(builtin_kernels()))
 
 

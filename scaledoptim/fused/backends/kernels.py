@@ -12,16 +12,19 @@ from torch import Tensor
 from ...kernels import (
     CUDA_TYPE_NAMES,
     NON_FINITE_CHECK,
+    NON_FINITE_CHECK_NORM,
     STEP_EPILOGUE,
+    ChunkPartials,
     NonFiniteCheckArgs,
+    NonFiniteCheckNormArgs,
     PreparedLaunch,
     StepEpilogueArgs,
+    chunk_count,
     is_dense,
     non_finite_check_,
     prepare_launch,
     scalar_pointer,
 )
-from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend
@@ -96,7 +99,13 @@ class _Tables:
 
 class _KernelCheck(_Tables):
     """The read-only inf/nan check over every grad of a step, in one prepared launch, of the
-    unscaled values the updates compute in registers."""
+    unscaled values the updates compute in registers; and, for a step that clips, the launch of
+    the check that also sums their squares (prepared at the first such step: a step that never
+    clips allocates no partials)."""
+
+    def __init__(self, launches: list[PreparedLaunch], grads_list: int, pointers: list[int]) -> None:
+        super().__init__(launches, grads_list, pointers)
+        self.sum: tuple[ChunkPartials, Tensor] | None = None  # the partials and the sum
 
     def __call__(
         self,
@@ -106,14 +115,10 @@ class _KernelCheck(_Tables):
         grad_lists: list[list[Tensor]],
         norm_sq: Tensor | None = None,
     ) -> Tensor:
-        (launch,) = self.launches
-        if norm_sq is not None:  # TEMPORARY: unfused until the check kernel sums squares
-            grads = list(chain.from_iterable(grad_lists))
-            if grads:
-                non_finite_check_(grads, found_inf, inv_scale)
-                norm_sq.add_(sum_of_squares(grads) * inv_scale * inv_scale)
-            return inv_scale
-        if checked:  # some grads were checked during backward: check only the others
+        launch = self.launches[0]
+        if norm_sq is not None:
+            self._check_and_sum(found_inf, inv_scale, grad_lists, norm_sq)
+        elif checked:  # some grads were checked during backward: check only the others
             non_finite_check_(
                 [g for grads in grad_lists for g in grads if id(g) not in checked],
                 found_inf,
@@ -128,6 +133,36 @@ class _KernelCheck(_Tables):
                 )
             )
         return inv_scale
+
+    def _check_and_sum(
+        self, found_inf: Tensor, inv_scale: Tensor, grad_lists: list[list[Tensor]], norm_sq: Tensor
+    ) -> None:
+        """The check, and the sum of squares of the unscaled grads added to ``norm_sq``, in one
+        read of the grads (Note [clipping in the step] in protocol/clipping.py)."""
+        if self.sum is None:
+            # At the grads' current pointers, which are the tables' (repoint() ran first).
+            grads = list(chain.from_iterable(grad_lists))
+            device = self.launches[0].device
+            partials = ChunkPartials(sum(chunk_count(g.numel()) for g in grads), device)
+            self.launches.append(
+                prepare_launch(NON_FINITE_CHECK_NORM, [grads, partials.per_tensor(grads)])
+            )
+            self.sum = partials, torch.zeros((), device=grads[0].device if grads else device)
+        partials, total = self.sum
+        launch = self.launches[1]
+        if not launch.plans:
+            return
+        launch.run(
+            NonFiniteCheckNormArgs(
+                scalar_pointer(found_inf, "found_inf", launch.device),
+                scalar_pointer(inv_scale, "inv_scale", launch.device),
+                total.data_ptr(),
+                partials.partials.data_ptr(),
+                partials.arrivals.data_ptr(),
+                partials.partials.numel(),
+            )
+        )
+        norm_sq.add_(total)
 
 
 class _KernelUpdate(_Tables):

@@ -1,0 +1,301 @@
+"""``unscale_and_step(grads_scaled_by=S, max_grad_norm=c)`` clips as ``GradScaler.unscale_`` +
+``clip_grad_norm_`` + ``step`` + ``update`` do, on both backends, and ``opt.grad_norm`` is the
+norm ``clip_grad_norm_`` returns (Note [clipping in the step] in scaledoptim/protocol/clipping.py).
+
+Rows without a torch.optim class (Lion, LAMB) are compared with their own torch form in float64
+driven the same way: the grads clipped first, then the step (LAMB's own ``max_grad_norm`` then
+sees the clipped grads).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import scaledoptim
+from scaledoptim.testing.optim_db import OptimInfo, row, rows
+from tests.support.references import kernels_mode, reference_optimizer
+from tests.support.training import assert_bit_identical, loss_of, make_model, snapshot
+
+STEPS = 8
+OVERFLOW_AT = {2: float("inf"), 5: float("nan")}
+ROWS = [pytest.param(info, id=info.name) for info in rows(closure=False)]
+BACKENDS = ["torch", "emulate"]
+
+
+def _inject(model: torch.nn.Module, step: int) -> None:
+    if step in OVERFLOW_AT:
+        param = list(model.parameters())[step % 4]
+        param.grad.view(-1)[0] = OVERFLOW_AT[step]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_grad_norm", [0.05, 1e6], ids=["active", "inactive"])
+@pytest.mark.parametrize("info", ROWS)
+def test_trajectory_matches_gradscaler_unscale_clip_step(
+    info: OptimInfo, max_grad_norm: float, backend: str
+) -> None:
+    ref_model, model = make_model(), make_model()
+    ref_opt = reference_optimizer(info, ref_model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    with kernels_mode(backend):
+        opt = info.make(model.parameters()).configure_scaling(init_scale=2.0**10, growth_interval=3)
+        S, tolerance = opt.scale, info.tolerance
+        clipped = 0
+        for step in range(STEPS):
+            ref_opt.zero_grad()
+            scaler.scale(loss_of(ref_model, step)).backward()
+            _inject(ref_model, step)
+            scaler.unscale_(ref_opt)
+            ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_grad_norm)
+            scaler.step(ref_opt)
+            scaler.update()
+
+            opt.zero_grad()
+            scaledoptim.scale_outputs(loss_of(model, step), S).backward()
+            _inject(model, step)
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=max_grad_norm)
+
+            assert found_inf.item() == float(step in OVERFLOW_AT)
+            assert S.item() == scaler.get_scale()
+            norm = opt.grad_norm
+            assert norm is not None and norm.dtype == torch.float32 and norm.dim() == 0
+            if step in OVERFLOW_AT:
+                assert not math.isfinite(norm.item())
+            else:
+                torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
+                clipped += int(ref_norm.item() > max_grad_norm)
+            for ref_p, p in zip(ref_model.parameters(), model.parameters()):
+                torch.testing.assert_close(
+                    p,
+                    ref_p,
+                    rtol=tolerance.trajectory_rtol,
+                    atol=tolerance.trajectory_atol,
+                    msg=f"step {step}",
+                )
+    # The regimes are what they say: every clean step clipped, or none.
+    assert clipped == (STEPS - len(OVERFLOW_AT) if max_grad_norm < 1 else 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("info", ROWS)
+def test_a_clip_that_does_not_bite_is_todays_step_bit_for_bit(info: OptimInfo, backend: str) -> None:
+    with kernels_mode(backend):
+        models = make_model(), make_model()
+        opts = [info.make(m.parameters()) for m in models]
+        for step in range(4):
+            for model, opt, clip in zip(models, opts, (None, 1e30)):
+                opt.zero_grad()
+                scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+                _inject(model, step)
+                opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+        assert_bit_identical(snapshot(opts[0]), snapshot(opts[1]))
+
+
+def test_the_torch_backend_clips_bit_for_bit_as_gradscaler_and_fused_adamw() -> None:
+    """One process, fp32 grads: the same norm, the same factor, the same update."""
+    ref_model, model = make_model(), make_model()
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    with kernels_mode("torch"):
+        opt = scaledoptim.AdamW(model.parameters(), lr=1e-2).configure_scaling(init_scale=2.0**10)
+        for step in range(5):
+            ref_opt.zero_grad()
+            scaler.scale(loss_of(ref_model, step)).backward()
+            scaler.unscale_(ref_opt)
+            ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.1)
+            scaler.step(ref_opt)
+            scaler.update()
+            opt.zero_grad()
+            scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=0.1)
+            assert torch.equal(opt.grad_norm, ref_norm)
+            for ref_p, p in zip(ref_model.parameters(), model.parameters()):
+                assert torch.equal(p, ref_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["AdamW", "SGD", "LAMB"])
+def test_fp16_params_with_master_weights_clip_as_an_fp32_model(name: str, backend: str) -> None:
+    """fp16 grads, which unscale() refuses, are clipped in float32 inside the step."""
+    info = row(name)
+    half = make_model(torch.float16)
+    ref_model = make_model()
+    with torch.no_grad():
+        for ref_p, p in zip(ref_model.parameters(), half.parameters()):
+            ref_p.copy_(p.float())
+    ref_opt = reference_optimizer(info, ref_model.parameters())
+    with kernels_mode(backend):
+        opt = info.make(half.parameters(), master_weights=True)
+        S = opt.scale
+        gen = torch.Generator().manual_seed(7)
+        for step in range(4):
+            grads = [torch.randn(p.shape, generator=gen) * 0.01 for p in half.parameters()]
+            for p, g in zip(half.parameters(), grads):
+                p.grad = (g * S).half()
+            if step == 0:
+                with pytest.raises(ValueError, match="fp16 grads"):
+                    opt.unscale(grads_scaled_by=S)
+            for ref_p, p in zip(ref_model.parameters(), half.parameters()):
+                ref_p.grad = p.grad.float() / S  # the same values, unscaled exactly (S = 2**k)
+            ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.05)
+            ref_opt.step()
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=0.05)
+            assert found_inf.item() == 0.0 and ref_norm > 0.05
+            torch.testing.assert_close(opt.grad_norm, ref_norm, rtol=1e-6, atol=0)
+            for ref_p, p in zip(ref_model.parameters(), half.parameters()):
+                master = opt.state[p]["master_param"]
+                torch.testing.assert_close(master, ref_p, rtol=1e-5, atol=1e-6)
+                assert torch.equal(p, master.half())
+
+
+BAD = [
+    pytest.param(0.0, ValueError, id="zero"),
+    pytest.param(-1.0, ValueError, id="negative"),
+    pytest.param(float("nan"), ValueError, id="nan"),
+    pytest.param(float("inf"), ValueError, id="inf"),
+    pytest.param(True, TypeError, id="bool"),
+    pytest.param("1.0", TypeError, id="str"),
+    pytest.param(torch.tensor(1.0), TypeError, id="tensor"),
+]
+
+
+@pytest.mark.parametrize(("value", "error"), BAD)
+@pytest.mark.parametrize("closure", [False, True])
+def test_a_bad_max_grad_norm_is_refused_before_anything_changes(
+    value: object, error: type[Exception], closure: bool
+) -> None:
+    model = make_model()
+    opt = scaledoptim.AdamW(model.parameters())
+    for step in range(2):
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+        if step == 0:
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=1.0)
+    before = snapshot(opt) + [p.grad.clone() for p in model.parameters()]
+    norm = opt.grad_norm
+
+    def evaluate(S: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the closure ran")
+
+    with pytest.raises(error, match="max_grad_norm"):
+        if closure:
+            opt.unscale_and_step(evaluate, grads_scaled_by=opt.scale, max_grad_norm=value)  # type: ignore[arg-type]
+        else:
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=value)  # type: ignore[arg-type]
+    assert_bit_identical(before, snapshot(opt) + [p.grad for p in model.parameters()])
+    assert opt.grad_norm is norm
+    opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=1.0)  # still usable
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=12, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=4),
+    log_magnitude=st.floats(-12.0, 6.0),
+    log_scale=st.integers(-4, 16),
+    seed=st.integers(0, 2**16),
+)
+def test_grad_norm_is_the_norm_clip_grad_norm_returns(
+    backend: str, sizes: list[int], log_magnitude: float, log_scale: int, seed: int
+) -> None:
+    """Of the unscaled grads, over every grad (several chunks of the kernels' check, several
+    tensors), at any scale and magnitude."""
+    gen = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(n, generator=gen) * 10.0**log_magnitude for n in sizes]
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    S = 2.0**log_scale
+    with kernels_mode(backend):
+        opt = scaledoptim.SGD(params, lr=0.1)
+        for p, g in zip(params, grads):
+            p.grad = g * S
+        opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=1.0)
+    expected = torch.nn.utils.get_total_norm(grads)
+    torch.testing.assert_close(opt.grad_norm, expected, rtol=1e-5, atol=0)
+    coef = torch.clamp(1.0 / (expected + 1e-6), max=1.0)
+    for p, g in zip(params, grads):
+        torch.testing.assert_close(p, -0.1 * g * coef, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unscaled_grads_are_clipped_and_nothing_is_skipped(backend: str) -> None:
+    """``grads_scaled_by=None`` (bf16 or fp32 training): clipping as clip_grad_norm_ + step."""
+    with kernels_mode(backend):
+        param = torch.nn.Parameter(torch.zeros(3))
+        opt = scaledoptim.SGD([param], lr=1.0)
+        param.grad = torch.tensor([3.0, 4.0, 0.0])
+        _, found_inf, S = opt.unscale_and_step(max_grad_norm=1.0)
+    assert S is None and found_inf.item() == 0.0
+    assert opt.grad_norm.item() == 5.0
+    torch.testing.assert_close(param, torch.tensor([-0.6, -0.8, 0.0]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_norm_counts_the_grads_checked_during_backward(backend: str) -> None:
+    """``check_during_backward`` folds some grads into found_inf early; their squares count."""
+    models = make_model(), make_model()
+    with kernels_mode(backend):
+        opts = [scaledoptim.AdamW(m.parameters()) for m in models]
+        opts[0].configure_scaling(check_during_backward=True)
+        for model, opt in zip(models, opts):
+            scaledoptim.scale_outputs(loss_of(model, 0), opt.scale).backward()
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=0.01)
+    assert torch.equal(opts[0].grad_norm, opts[1].grad_norm)
+    assert_bit_identical(snapshot(opts[0]), snapshot(opts[1]))
+
+
+def test_generic_optimizers_clip_the_grads_they_unscale() -> None:
+    """``with_scaling(torch.optim.X)``: unscale, clip, step, as GradScaler + clip_grad_norm_."""
+    ref_model, model = make_model(), make_model()
+    ref_opt = torch.optim.Adamax(ref_model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    opt = scaledoptim.with_scaling(torch.optim.Adamax)(model.parameters(), lr=1e-2)
+    opt.configure_scaling(init_scale=2.0**10)
+    for step in range(4):
+        ref_opt.zero_grad()
+        scaler.scale(loss_of(ref_model, step)).backward()
+        _inject(ref_model, step)
+        scaler.unscale_(ref_opt)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.1)
+        scaler.step(ref_opt)
+        scaler.update()
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+        _inject(model, step)
+        opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=0.1)
+        if step not in OVERFLOW_AT:
+            assert torch.equal(opt.grad_norm, ref_norm)
+        for ref_p, p in zip(ref_model.parameters(), model.parameters()):
+            assert torch.equal(p, ref_p)
+
+
+def test_the_closure_form_clips_every_evaluation() -> None:
+    """LBFGS evaluates its closure several times a step: each evaluation's grads are clipped."""
+    ref_model, model = make_model(), make_model()
+    ref_opt = torch.optim.LBFGS(ref_model.parameters(), lr=0.5, max_iter=3)
+    opt = scaledoptim.with_scaling(torch.optim.LBFGS)(model.parameters(), lr=0.5, max_iter=3)
+    norms: list[torch.Tensor] = []
+
+    def ref_closure() -> torch.Tensor:
+        ref_opt.zero_grad()
+        loss = loss_of(ref_model, 0)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.05))
+        return loss
+
+    def closure(S: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = loss_of(model, 0)
+        scaledoptim.scale_outputs(loss, S).backward()
+        return loss
+
+    ref_opt.step(ref_closure)
+    opt.unscale_and_step(closure, grads_scaled_by=opt.scale, max_grad_norm=0.05)
+    assert len(norms) > 1 and all(n > 0.05 for n in norms)
+    torch.testing.assert_close(opt.grad_norm, norms[-1])
+    for ref_p, p in zip(ref_model.parameters(), model.parameters()):
+        torch.testing.assert_close(p, ref_p)
