@@ -62,6 +62,7 @@ from .clipping import (
     clip_coefficient,
     clip_in_place_,
     sum_of_squares,
+    sums_over_process_group,
 )
 from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
@@ -371,6 +372,8 @@ class Optimizer(ScaleOwner):
         """
         self._check_own_protocol("unscale_and_step")
         check_max_grad_norm(max_grad_norm)
+        if max_grad_norm is not None:
+            self._clip_sums_over_process_group()  # raises for a mix it cannot add up
         if closure is not None:
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
@@ -470,10 +473,17 @@ class Optimizer(ScaleOwner):
         """The clip factor from this rank's sum of squares of the unscaled grads, once the
         ranks' sums are added; keeps the norm in :attr:`grad_norm` (Note [clipping in the
         step] in clipping.py). On device, no host read."""
-        agree_on_sum_of_squares(norm_sq, self._scaling().process_group)
+        if self._clip_sums_over_process_group():
+            agree_on_sum_of_squares(norm_sq, self._scaling().process_group)
         norm = norm_sq.sqrt()
         self._scaledoptim_grad_norm = norm
         return clip_coefficient(norm, max_grad_norm)
+
+    def _clip_sums_over_process_group(self) -> bool:
+        """Whether the clip's sums of squares are added over ``process_group`` (not for DTensor
+        params: Note [clipping in the step] in clipping.py)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        return sums_over_process_group(params, self._scaling().process_group)
 
     def _clip_in_place(self, max_grad_norm: float) -> None:
         """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does."""
