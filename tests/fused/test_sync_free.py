@@ -42,6 +42,25 @@ def test_unscale_and_step_performs_no_host_read(info: OptimInfo, config: Config,
     assert found_inf.item() == float(overflow)
 
 
+@pytest.mark.parametrize("info", [pytest.param(i, id=i.name) for i in rows(fused=True)])
+@pytest.mark.parametrize("overflow", [False, True])
+def test_clipping_in_the_step_performs_no_host_read(info: OptimInfo, overflow: bool) -> None:
+    """``max_grad_norm``: the norm, its agreement and the clip factor stay on device."""
+    model = make_model()
+    opt = info.make(model.parameters())
+    S = opt.scale
+    for step in range(3):
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), S).backward()
+        if overflow:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")
+        with no_host_reads():
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=0.01)
+            norm = opt.grad_norm
+    assert found_inf.item() == float(overflow)
+    assert norm is not None and norm.isfinite().item() != overflow
+
+
 def test_python_float_scale_is_sync_free_too() -> None:
     model = make_model()
     opt = scaledoptim.AdamW(model.parameters())
