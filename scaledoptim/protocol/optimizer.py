@@ -337,7 +337,9 @@ class Optimizer(ScaleOwner):
         Under ``process_group`` (see :meth:`configure_scaling`) the norm is over the grads of
         every rank (each rank's optimizer holds its own part of the model, as under FSDP or a
         sharded optimizer; under DDP the ranks' grads are the same, leave ``process_group`` out
-        there); DTensor params count their whole sharded tensors. With a closure every
+        there); DTensor params (FSDP2) count their whole sharded tensors, over their mesh, as
+        ``clip_grad_norm_`` does (not added again over ``process_group``; params mixing DTensors
+        and plain tensors under ``process_group`` are refused). With a closure every
         evaluation is clipped after it is unscaled (its grads are unscaled in place). LAMB's own
         ``max_grad_norm`` option then clips what this clip left. To clip by another rule, call
         :meth:`unscale`, clip the grads yourself and :meth:`step_after_unscale`.
@@ -365,7 +367,9 @@ class Optimizer(ScaleOwner):
             TypeError: a closure that takes no argument given with a scale (it could not run
                 its backward scaled by ``S``), or a ``max_grad_norm`` that is not a Python number
                 (a tensor, a bool), before anything changes.
-            ValueError: a ``max_grad_norm`` that is not finite and > 0, before anything changes.
+            ValueError: a ``max_grad_norm`` that is not finite and > 0, or with
+                ``process_group`` params that mix DTensors and plain tensors, before anything
+                changes.
             RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
                 (the grads are scaled), a scale tensor no longer in use (see :meth:`unscale`),
                 or an optimizer a :class:`scaledoptim.GradScaler` steps.
