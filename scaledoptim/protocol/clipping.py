@@ -39,6 +39,7 @@ An optimizer whose params mix DTensors and plain tensors under ``process_group``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
@@ -51,6 +52,8 @@ __all__ = [
     "check_max_grad_norm",
     "clip_coefficient",
     "clip_in_place_",
+    "clipping_each_call",
+    "norm_and_coefficient",
     "sum_of_squares",
     "sums_over_process_group",
 ]
@@ -79,7 +82,7 @@ def check_max_grad_norm(max_grad_norm: Any) -> None:
         )
 
 
-def sum_of_squares(grads: list[Tensor]) -> Tensor:
+def sum_of_squares(grads: list[Tensor], device: torch.device | None = None) -> Tensor:
     """The squared 2-norm of all of ``grads`` as a 0-dim float32 tensor on their device, computed
     as :func:`torch.nn.utils.clip_grad_norm_` computes the norm (foreach norms per dtype, then
     the norm of those), squared (Note [clipping in the step]); no host read.
@@ -138,6 +141,29 @@ def agree_on_sum_of_squares(norm_sq: Tensor, process_group: Any) -> None:
     work.wait()
 
 
+def norm_and_coefficient(
+    norm_sq: Tensor, max_grad_norm: float, process_group: Any
+) -> tuple[Tensor, Tensor]:
+    """The norm from this rank's sum of squares once the ranks' are added, and the clip factor
+    (on device, no host read)."""
+    agree_on_sum_of_squares(norm_sq, process_group)
+    norm = norm_sq.sqrt()
+    return norm, clip_coefficient(norm, max_grad_norm)
+
+
+def clipping_each_call(
+    closure: Callable[[], Any], clip_: Callable[[float], None], max_grad_norm: float
+) -> Callable[[], Any]:
+    """``closure`` (whose grads are unscaled), then ``clip_(max_grad_norm)`` at every call."""
+
+    def clipped() -> Any:
+        loss = closure()
+        clip_(max_grad_norm)
+        return loss
+
+    return clipped
+
+
 def clip_coefficient(norm: Tensor, max_grad_norm: float) -> Tensor:
     """``clamp(max_grad_norm / (norm + 1e-6), max=1)``, as :func:`torch.nn.utils.clip_grad_norm_`
     computes it (``nan`` for a ``nan`` norm, ``0`` for an infinite one)."""
@@ -147,6 +173,8 @@ def clip_coefficient(norm: Tensor, max_grad_norm: float) -> Tensor:
 def clip_in_place_(grads: list[Tensor], coef: Tensor) -> None:
     """``g *= coef`` for unscaled grads, as ``clip_grad_norm_`` does (a DTensor grad through its
     local shard: ``coef`` is the same on every rank)."""
+    if not grads:
+        return
     dense: dict[torch.dtype, list[Tensor]] = {}
     for grad in grads:
         to_local = getattr(grad, "to_local", None)

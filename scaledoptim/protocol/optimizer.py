@@ -57,10 +57,10 @@ from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
 from .backward_check import GradCheck
 from .clipping import (
-    agree_on_sum_of_squares,
     check_max_grad_norm,
-    clip_coefficient,
     clip_in_place_,
+    clipping_each_call,
+    norm_and_coefficient,
     sum_of_squares,
     sums_over_process_group,
 )
@@ -233,8 +233,8 @@ class Optimizer(ScaleOwner):
         fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
         in place they cannot hold small grads (below fp16's 6e-8 they flush to zero), and a
         clipped run drifts from fp32. :meth:`unscale_and_step` unscales them in fp32 inside the
-        update; to clip them, clip the scaled grads (``docs/recipes/clipping.md``), or keep fp32
-        params under autocast. bf16 grads have float32's range and are unscaled in place.
+        update, and clips them there with ``max_grad_norm``; or keep fp32 params under autocast.
+        bf16 grads have float32's range and are unscaled in place.
 
         Raises:
             RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
@@ -314,7 +314,8 @@ class Optimizer(ScaleOwner):
         Without a closure: :meth:`unscale` then :meth:`step_after_unscale`, with no host sync on
         fused optimizers, whose update may fold the unscale in (our CUDA kernels do: the grads
         are then read twice and written never, so they stay *scaled*; call :meth:`unscale` and
-        :meth:`step_after_unscale` when you need them unscaled, to clip them say). With
+        :meth:`step_after_unscale` when you need them unscaled, to inspect them say; to clip
+        them, pass ``max_grad_norm``). With
         ``closure(S) -> loss`` (which zeroes the grads and runs a backward scaled by ``S``): the
         closure is wrapped so that every call unscales and, on inf/nan, replays with the
         backed-off scale; ``self.step`` sees only the wrapped closure, so optimizers that
@@ -384,7 +385,7 @@ class Optimizer(ScaleOwner):
                 # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
                 unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
                 if max_grad_norm is not None:
-                    unscaled = self._clipping(unscaled, max_grad_norm)  # type: ignore[arg-type]  # takes no argument here
+                    unscaled = clipping_each_call(unscaled, self._clip_in_place, max_grad_norm)  # type: ignore[arg-type]  # takes no argument here
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
                 return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
             replay.check_takes_scale(closure, "unscale_and_step")
@@ -474,14 +475,13 @@ class Optimizer(ScaleOwner):
         return result
 
     def _clip_coefficient(self, norm_sq: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
-        """The clip factor from this rank's sum of squares of the unscaled grads, once the
-        ranks' sums are added; keeps the norm in :attr:`grad_norm` (Note [clipping in the
-        step] in clipping.py). On device, no host read."""
-        if self._clip_sums_over_process_group():
-            agree_on_sum_of_squares(norm_sq, self._scaling().process_group)
-        norm = norm_sq.sqrt()
+        """The clip factor from this rank's sum of squares; keeps the norm in :attr:`grad_norm`
+        (Note [clipping in the step] in clipping.py). On device, no host read."""
+        summing = self._clip_sums_over_process_group()  # not for DTensors: over their mesh
+        process_group = self._scaling().process_group if summing else None
+        norm, coef = norm_and_coefficient(norm_sq, max_grad_norm, process_group)
         self._scaledoptim_grad_norm = norm
-        return clip_coefficient(norm, max_grad_norm)
+        return coef
 
     def _clip_sums_over_process_group(self) -> bool:
         """Whether the clip's sums of squares are added over ``process_group`` (not for DTensor
@@ -492,21 +492,8 @@ class Optimizer(ScaleOwner):
     def _clip_in_place(self, max_grad_norm: float) -> None:
         """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does."""
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        device = self._scaling().loss_scale.device
-        norm_sq = sum_of_squares(grads) if grads else torch.zeros((), device=device)
-        coef = self._clip_coefficient(norm_sq, max_grad_norm)
-        if grads:
-            clip_in_place_(grads, coef)
-
-    def _clipping(self, closure: Callable[[], Any], max_grad_norm: float) -> Callable[[], Any]:
-        """``closure`` (of unscaled grads), clipping the grads of every evaluation."""
-
-        def clipped() -> Any:
-            loss = closure()
-            self._clip_in_place(max_grad_norm)
-            return loss
-
-        return clipped
+        norm_sq = sum_of_squares(grads, self._scaling().loss_scale.device)
+        clip_in_place_(grads, self._clip_coefficient(norm_sq, max_grad_norm))
 
     def _plan_unscale(
         self,

@@ -43,7 +43,7 @@ def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
             f"{method} was given fp16 grads to unscale in place (as torch.amp.GradScaler, it "
             "refuses them): unscaled, an fp16 grad cannot hold small values (below 6e-8 they "
             "flush to zero), and clipping them drifts from fp32. Use "
-            "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update; "
-            "for clipping, clip the scaled fp16 grads at max_norm * S (docs/recipes/clipping.md, "
-            "'fp16 grads'), or keep fp32 params under autocast so that grads are fp32."
+            "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update, "
+            "and to clip, opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=c), which clips "
+            "in fp32 there too; or keep fp32 params under autocast so that grads are fp32."
         )
