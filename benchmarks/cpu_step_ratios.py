@@ -19,7 +19,7 @@ median of its own repetitions): the script runs itself N times, one after the ot
 between neighbouring values is that large (a, b: the medians either side of it), else
 ``spread: ...`` with every value.
 
-    python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD RMSprop Lion LAMB SR]
+    python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD RMSprop Lion LAMB clip SR]
         [--shapes 1x25M 500x10k 2000x1k char-lm]
         [--rounds 15] [--reps 3] [--threads 1] [--processes 3]
 
@@ -45,6 +45,11 @@ The options per case:
         correction, so it does less work.
     LAMB-v3: ours configured as pytorch-optimizer's Lamb defaults (no bias correction, clipping
         or weight decay; trust ratio on) against them: the same math but its cap of ||p|| at 10.
+    clip (AdamW, global-norm clipping to 1.0, active on every step): ours
+        ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=1.0)``; GS + clip + torch fused
+        / foreach AdamW: ``scaler.unscale_(opt)``, ``clip_grad_norm_(params, 1.0)``,
+        ``scaler.step(opt)``, ``scaler.update()`` (torch's clipping recipe); ours-split:
+        ``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()``.
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
         GS + torch fused AdamW on fp32 params.
 """
@@ -100,21 +105,42 @@ SHAPES: dict[str, Callable[[], list[int]]] = {
 Step = Callable[[], Any]
 
 
-def gradscaler(opt: torch.optim.Optimizer) -> Step:
+def gradscaler(opt: torch.optim.Optimizer, clip: float | None = None) -> Step:
+    """``scaler.step(opt)`` + ``update()``; with ``clip``, ``scaler.unscale_(opt)`` and
+    ``clip_grad_norm_(params, clip)`` before them (torch's clipping recipe)."""
     scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
     scaler.scale(torch.ones(()))
+    params = [p for group in opt.param_groups for p in group["params"]]
 
     def step() -> None:
+        if clip is not None:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, clip)
         scaler.step(opt)
         scaler.update()
 
     return step
 
 
-def ours(opt: Any) -> Step:
+def ours(opt: Any, clip: float | None = None) -> Step:
+    """``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=clip)``."""
     opt.configure_scaling(init_scale=SCALE)
     S = opt.scale
-    return lambda: opt.unscale_and_step(grads_scaled_by=S)
+    return lambda: opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=clip)
+
+
+def ours_split(opt: Any, clip: float) -> Step:
+    """``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()`` (the split form)."""
+    opt.configure_scaling(init_scale=SCALE)
+    S = opt.scale
+    params = [p for group in opt.param_groups for p in group["params"]]
+
+    def step() -> None:
+        opt.unscale(grads_scaled_by=S)
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step_after_unscale()
+
+    return step
 
 
 def third_party(module: str, name: str, **options: Any) -> Callable[[list[torch.Tensor]], Step]:
@@ -134,6 +160,9 @@ ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
 # trust ratio always (it also caps ||p|| at 10 and adds eps to ||update||).
 LAMB_V3 = dict(weight_decay=0.0, bias_correction=False, max_grad_norm=0.0, use_nvlamb=True)
 RMSPROP = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, centered=False)
+# The clip case's max_grad_norm: the unscaled grads (randn) have a norm of ~sqrt(numel), so
+# every step clips.
+CLIP = 1.0
 CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
     "AdamW": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
@@ -179,6 +208,15 @@ CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Ste
         **({"GS+pytorch-optimizer": (torch.float32,
                                      third_party("pytorch_optimizer", "Lamb", foreach=True))}
            if installed("pytorch_optimizer") else {}),
+    },
+    "clip": {
+        "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW), clip=CLIP)),
+        "GS+clip+fused": (torch.float32, lambda p: gradscaler(
+            torch.optim.AdamW(p, **ADAMW, fused=True), clip=CLIP)),
+        "GS+clip+foreach": (torch.float32, lambda p: gradscaler(
+            torch.optim.AdamW(p, **ADAMW, foreach=True), clip=CLIP)),
+        "ours-split": (torch.float32,
+                       lambda p: ours_split(scaledoptim.AdamW(p, **ADAMW), clip=CLIP)),
     },
     "SR": {
         "ours": (torch.bfloat16,

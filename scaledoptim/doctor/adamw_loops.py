@@ -1,13 +1,15 @@
 """The AdamW step of a loss-scaled training loop, written as users write it, with scaledoptim and
 with ``torch.amp.GradScaler`` + ``torch.optim.AdamW(fused=True)``: without clipping, and with
-unscale + ``clip_grad_norm_`` before the step. The doctor's ``step-time`` and ``clip-step-time``
-checks and the CUDA benchmarks time them side by side.
+global-norm clipping (ours ``unscale_and_step(..., max_grad_norm=)``, GradScaler's ``unscale_`` +
+``clip_grad_norm_`` before the step). The doctor's ``step-time``, ``clip-step-time`` and
+``clip-bandwidth`` checks and the CUDA benchmarks time them side by side.
 
 Each loop gets its grads from a backward of a loss scaled as users scale it
 (``scaler.scale(loss).backward()``; ``scale_outputs(loss, opt.scale).backward()``), so GradScaler
 has the scale its ``step`` needs, and both optimizers see the same scaled grads. A clipping loop
-unscales its grads in place, so its ``step`` first puts the scaled grads back: time ``restore``
-alone and subtract it.
+may unscale its grads in place (GradScaler's does; ours does on the torch backend, not on our
+kernels), so its ``step`` first puts the scaled grads back: time ``restore`` alone and subtract
+it.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def _grad_restorer(params: Sequence[torch.nn.Parameter]) -> Callable[[], object]
 def scaledoptim_loop(
     sizes: Sequence[int], device: torch.device, clip: bool = False, seed: int = 0
 ) -> AdamWLoop:
-    """``scaledoptim.AdamW``: ``unscale_and_step``, or ``unscale`` + ``clip_grad_norm_`` +
-    ``step_after_unscale`` when ``clip``."""
+    """``scaledoptim.AdamW``: ``unscale_and_step``, with ``max_grad_norm=MAX_GRAD_NORM`` when
+    ``clip`` (the norm from the inf check's read, the clip factor in the update)."""
     params, loss = _params_and_loss(sizes, device, seed)
     opt = scaledoptim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY).configure_scaling(
         init_scale=SCALE, growth_interval=10**9
@@ -75,9 +77,7 @@ def scaledoptim_loop(
 
     def clipped_step() -> None:
         restore()
-        opt.unscale(grads_scaled_by=opt.scale)
-        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
-        opt.step_after_unscale()
+        opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=MAX_GRAD_NORM)
 
     return AdamWLoop(clipped_step if clip else step, restore, params)
 

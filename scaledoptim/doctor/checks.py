@@ -64,7 +64,9 @@ CHECKS: tuple[Check, ...] = (
           performance.bandwidth, needs_gpu=True),
     Check("step-time", "fused AdamW step vs GradScaler + torch fused AdamW",
           performance.step_time, needs_gpu=True),
-    Check("clip-step-time", "unscale + clip_grad_norm_ + step vs the same loop with GradScaler",
+    Check("clip-bandwidth", "fused AdamW clipping in the step moves bytes at near copy bandwidth",
+          performance.clip_bandwidth, needs_gpu=True),
+    Check("clip-step-time", "unscale_and_step(max_grad_norm=) vs GradScaler unscale_ + clip + step",
           performance.clip_step_time, needs_gpu=True),
     Check("host-cost", "host time of a step, per tensor (launches off)", host_cost.run),
 )  # fmt: skip

@@ -6,7 +6,8 @@ Run it from a checkout (the tests and benchmarks are not in the wheel) with the 
 machine without a CUDA device the GPU tests and benchmarks report *skipped* (the tests' CPU twins,
 on the emulator, still run) and the doctor skips its GPU checks; the report says so. The summary
 at the top repeats the doctor's bandwidth and step-time lines (ours against GradScaler + torch's
-fused AdamW, without and with clipping). Exits with status 1 when any part failed.
+fused AdamW, without and with clipping; the bandwidth of the step with clipping in it too).
+Exits with status 1 when any part failed.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "doctor",
         (sys.executable, "-m", "scaledoptim.doctor"),
-        highlights=("bandwidth", "step-time", "clip-step-time"),
+        highlights=("bandwidth", "clip-bandwidth", "step-time", "clip-step-time"),
     ),
 )
 _TAIL_LINES = 120  # of each part's output, in the report

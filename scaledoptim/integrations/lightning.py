@@ -15,6 +15,10 @@ Two step paths:
 * one closure evaluation (every torch.optim and scaledoptim optimizer but LBFGS): run the
   closure, ``unscale``, Lightning's ``on_before_optimizer_step`` and clipping on the unscaled
   grads, then ``step_after_unscale`` -- sync-free on fused optimizers, as GradScaler would;
+  with ``gradient_clip_val`` and ``gradient_clip_algorithm="norm"`` (and ``clip_in_step``):
+  run the closure, the hooks on the grads as the backward left them (``clip_gradients`` only
+  records the value), then ``unscale_and_step(grads_scaled_by=S, max_grad_norm=value)``, which
+  unscales and clips inside the step (Note [clipping in the step] in protocol/clipping.py);
 * closure replay (LBFGS and optimizers we cannot see into): ``step_after_unscale(closure)``
   with a closure that runs Lightning's closure, unscales, and calls the same hooks, so the
   hooks see unscaled grads on every evaluation, and an overflowed evaluation is replayed.
@@ -54,12 +58,18 @@ class ScaledMixedPrecision(Precision):
     and steps with :meth:`~Optimizer.unscale` / :meth:`~Optimizer.step_after_unscale`, skipping
     overflowed steps. ``configure_optimizers`` may return any :class:`scaledoptim.Optimizer`,
     :class:`scaledoptim.LBFGS` included (its closure is replayed with a smaller scale until its
-    grads are finite). Gradient clipping and ``on_before_optimizer_step`` see unscaled grads,
-    on every closure evaluation. Gradient accumulation works (one ``S`` per window); manual
-    optimization works when the backward's scale is unambiguous (one optimizer, or optimizers
-    sharing one scale through :func:`scaledoptim.share_scale`). The scale is saved in the
-    optimizer's state_dict, so Lightning checkpoints resume it; the plugin's own state is the
-    count of skipped steps. Each step logs ``scaledoptim/scale`` and
+    grads are finite). Norm clipping (``Trainer(gradient_clip_val=c)``, the default
+    ``gradient_clip_algorithm="norm"``) runs inside the step:
+    ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=c)`` clips the global norm of the
+    unscaled grads as ``torch.nn.utils.clip_grad_norm_`` does without writing the grads, and
+    the norm before clipping is logged as ``scaledoptim/grad_norm``; ``on_before_optimizer_step``
+    then sees the grads scaled and not clipped (``clip_in_step=False`` unscales them first, as
+    before). Otherwise gradient clipping (by value too) and ``on_before_optimizer_step`` see
+    unscaled grads, on every closure evaluation. Gradient accumulation works (one ``S`` per
+    window); manual optimization works when the backward's scale is unambiguous (one
+    optimizer, or optimizers sharing one scale through :func:`scaledoptim.share_scale`). The
+    scale is saved in the optimizer's state_dict, so Lightning checkpoints resume it; the
+    plugin's own state is the count of skipped steps. Each step logs ``scaledoptim/scale`` and
     ``scaledoptim/skipped_steps`` (suffixed ``_<i>`` for optimizer ``i`` when there are
     several) to the loggers and the progress bar.
 
@@ -73,6 +83,8 @@ class ScaledMixedPrecision(Precision):
             evaluates the closure more than once); ``False`` evaluates it once, before the
             step. ``None`` (default) replays for :class:`torch.optim.LBFGS` and for optimizers
             whose ``step`` is neither torch's nor scaledoptim's.
+        clip_in_step: ``True`` (default) clips by norm inside the step (see above); ``False``
+            unscales the grads in place before the hooks and Lightning's own clipping.
 
     Example::
 
@@ -84,6 +96,7 @@ class ScaledMixedPrecision(Precision):
         precision: Literal["16-mixed", "bf16-mixed"] = "16-mixed",
         device: str | None = None,
         closure_replay: bool | None = None,
+        clip_in_step: bool = True,
     ) -> None:
         if precision not in _DTYPES:
             raise ValueError(
@@ -92,6 +105,11 @@ class ScaledMixedPrecision(Precision):
             )
         if closure_replay not in (None, True, False):
             raise TypeError(f"closure_replay must be None or a bool, got {closure_replay!r}")
+        if not isinstance(clip_in_step, bool):
+            raise TypeError(f"clip_in_step must be a bool, got {clip_in_step!r}")
+        self.clip_in_step = clip_in_step
+        # Set while the hooks run before a step that clips: what clip_gradients recorded.
+        self._clipping: list[float] | None = None
         self.precision = precision
         self.device = device
         self._closure_replay = closure_replay
@@ -176,11 +194,50 @@ class ScaledMixedPrecision(Precision):
             # training_step returned None: no backward ran, so there is nothing to step.
             self._after_closure(model, opt)
             return closure_result
+        if self._clips_in_step(model):
+            self._clipping = []
+            try:
+                self._after_closure(model, opt)  # the hooks; clip_gradients records the value
+                clip = self._clipping[-1] if self._clipping else None
+            finally:
+                self._clipping = None
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=scale, max_grad_norm=clip)
+            self._record(model, opt, found_inf, opt.grad_norm if clip is not None else None)
+            return closure_result
         found_inf, _ = opt.unscale(grads_scaled_by=scale)
         self._after_closure(model, opt)  # on_before_optimizer_step and clipping: unscaled grads
         opt.step_after_unscale()
         self._record(model, opt, found_inf)
         return closure_result
+
+    def _clips_in_step(self, model: pl.LightningModule) -> bool:
+        """Whether this step clips inside ``unscale_and_step``: norm clipping configured."""
+        trainer = model.trainer
+        value, algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        return (
+            self.clip_in_step
+            and model.automatic_optimization
+            and value is not None
+            and value > 0
+            and algorithm in (None, "norm")
+        )
+
+    def clip_gradients(
+        self, optimizer: Any, clip_val: int | float = 0.0, gradient_clip_algorithm: Any = "norm"
+    ) -> None:
+        """Clips the grads; before a step that clips by norm inside ``unscale_and_step`` it
+        records ``clip_val`` for that step instead (the grads are still scaled)."""
+        if self._clipping is None or clip_val is None or clip_val <= 0:
+            return super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+        if gradient_clip_algorithm != "norm":
+            raise RuntimeError(
+                f"ScaledMixedPrecision clips by norm inside the step, where the grads are still "
+                f"scaled: clipping by {gradient_clip_algorithm!r} there would clip scaled "
+                "values. Pass ScaledMixedPrecision(clip_in_step=False) to unscale the grads "
+                "before configure_gradient_clipping, or clip by norm."
+            )
+        self._clipping.append(float(clip_val))
+        return None
 
     def _replays(self, opt: Optimizer) -> bool:
         if self._closure_replay is not None:
@@ -219,8 +276,15 @@ class ScaledMixedPrecision(Precision):
         self._record(model, opt, found_inf)
         return loss
 
-    def _record(self, model: pl.LightningModule, opt: Optimizer, found_inf: torch.Tensor) -> None:
-        """Counts a skipped step on device (no host read) and logs the scale and the count."""
+    def _record(
+        self,
+        model: pl.LightningModule,
+        opt: Optimizer,
+        found_inf: torch.Tensor,
+        grad_norm: torch.Tensor | None = None,
+    ) -> None:
+        """Counts a skipped step on device (no host read) and logs the scale, the count and the
+        norm of a step that clipped."""
         optimizers = [getattr(o, "_optimizer", o) for o in model.trainer.optimizers]
         index = next((i for i, o in enumerate(optimizers) if o is opt), 0)
         skipped = self._skipped.get(index)
@@ -229,7 +293,10 @@ class ScaledMixedPrecision(Precision):
             skipped = self._skipped[index] = torch.zeros_like(found_inf).add_(start)
         skipped.add_(found_inf)
         suffix = "" if len(optimizers) == 1 else f"_{index}"
-        for name, value in (("scale", opt.scale), ("skipped_steps", skipped)):
+        logged = [("scale", opt.scale), ("skipped_steps", skipped)]
+        if grad_norm is not None:
+            logged.append(("grad_norm", grad_norm))
+        for name, value in logged:
             model.log(
                 f"scaledoptim/{name}{suffix}",
                 value,

@@ -10,16 +10,24 @@ Trainer's and the Accelerator's public methods:
 * ``create_accelerator_and_postprocess``: the Accelerator is created with
   ``mixed_precision="no"`` (``args.mixed_precision`` reads ``"no"`` during the call, and is
   restored after), then checked (no ``GradScaler``, no mixed precision: a transformers release
-  that builds it otherwise fails here, loudly) and given :class:`_ScaledAccelerator`'s two
-  public overrides: ``backward`` multiplies the loss by the optimizer's ``opt.scale``, and
+  that builds it otherwise fails here, loudly) and given :class:`_ScaledAccelerator`'s public
+  overrides (``clip_grad_norm_`` and ``prepare_optimizer`` below): ``backward`` multiplies the
+  loss by the optimizer's ``opt.scale``, and
   ``optimizer_step_was_skipped`` (which the Trainer asks before stepping the LR scheduler) says
   whether the last unscale found inf/nan. This class swap is the one place that reaches past
   the Trainer's own methods: ``tests/integrations/test_transformers_trainer.py`` checks it.
 * ``autocast_smart_context_manager``: the :func:`scaledoptim.autocast` region of every
   ``compute_loss`` (training and evaluation).
-* ``training_step``: after the backward of the last micro-batch of an accumulation window,
-  ``opt.unscale(grads_scaled_by=S)``, so the Trainer's gradient clipping and its logged
-  ``grad_norm`` see unscaled grads; the Trainer's ``optimizer.step()`` then honours the
+* ``clip_grad_norm_`` (Accelerator, public) and ``step`` (of accelerate's ``AcceleratedOptimizer``,
+  public): with ``args.max_grad_norm > 0`` the Trainer asks the Accelerator to clip before it
+  calls ``optimizer.step()``. Under ``fp16=True`` that call records the clip instead and returns
+  a tensor the step fills with ``opt.grad_norm``; the optimizer's ``step()`` then runs
+  ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=args.max_grad_norm)`` (Note [clipping
+  in the step] in protocol/clipping.py), so the grads are unscaled and clipped inside the fused
+  step, never in place. The Trainer logs that tensor as ``grad_norm`` after the step.
+* ``training_step``: with ``max_grad_norm <= 0`` (no clipping), after the backward of the last
+  micro-batch of an accumulation window, ``opt.unscale(grads_scaled_by=S)``, so the Trainer's
+  logged ``grad_norm`` sees unscaled grads; the Trainer's ``optimizer.step()`` then honours the
   ``found_inf`` it recorded, as ``opt.step_after_unscale()`` does.
 * ``create_optimizer``: a :class:`scaledoptim.AdamW` from the arguments (the AdamW optimizers);
   an optimizer given through ``optimizers=`` must have the loss-scaling protocol.
@@ -54,6 +62,7 @@ from .accelerate import unwrap_optimizer
 try:
     import transformers
     from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
     from transformers.trainer import SCALER_NAME  # a stock fp16 Trainer's GradScaler state
 except ImportError as error:  # pragma: no cover - exercised only without the extras
     raise ImportError(
@@ -77,6 +86,10 @@ class _ScalingRun:
         self.optimizer: Any = None  # the Trainer's optimizer (maybe accelerate's wrapper)
         self.found_inf: torch.Tensor | None = None
         self.skipped = False
+        #: ``args.max_grad_norm`` when the step clips (fp16 and > 0), else ``None``.
+        self.max_grad_norm: float | None = None
+        #: What the Accelerator's ``clip_grad_norm_`` returned, filled by the next step.
+        self.grad_norm: torch.Tensor | None = None
 
     @property
     def scaled(self) -> bool:
@@ -107,6 +120,56 @@ class _ScaledAcceleration:
             run.found_inf = None
         return run.skipped or bool(super().optimizer_step_was_skipped)  # type: ignore[misc]
 
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        run = self._scaledoptim_run
+        if run.max_grad_norm is None:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)  # type: ignore[misc]
+        if float(max_norm) != run.max_grad_norm or norm_type != 2:
+            raise RuntimeError(
+                f"ScaledTrainer(fp16=True) clips inside the optimizer step, to "
+                f"args.max_grad_norm={run.max_grad_norm} in the 2-norm; clip_grad_norm_ was "
+                f"asked for max_norm={max_norm}, norm_type={norm_type}. Set "
+                "TrainingArguments(max_grad_norm=...) instead, or max_grad_norm=0 and clip "
+                "yourself (the grads are then unscaled before the step)."
+            )
+        # Filled by the step (Note [ScaledTrainer hooks]); the Trainer logs it after the step.
+        device = run.scaled_optimizer().scale.device
+        run.grad_norm = torch.full((), float("nan"), dtype=torch.float32, device=device)
+        return run.grad_norm
+
+    def prepare_optimizer(self, optimizer: Any, device_placement: Any = None) -> Any:
+        prepared = super().prepare_optimizer(optimizer, device_placement)  # type: ignore[misc]
+        if isinstance(prepared, AcceleratedOptimizer):
+            prepared.__class__ = _scaled_optimizer_class(type(prepared))
+            prepared._scaledoptim_run = self._scaledoptim_run
+        return prepared
+
+
+class _ScaledStep:
+    """The step override of Note [ScaledTrainer hooks], on top of an AcceleratedOptimizer."""
+
+    _scaledoptim_run: _ScalingRun
+    gradient_state: Any
+
+    def step(self, closure: Any = None) -> Any:
+        run = self._scaledoptim_run
+        if run.max_grad_norm is None or not self.gradient_state.sync_gradients:
+            return super().step(closure)  # type: ignore[misc]
+        if closure is not None:
+            raise TypeError(
+                "ScaledTrainer(fp16=True) with max_grad_norm > 0 steps with "
+                "opt.unscale_and_step(), without a closure; got optimizer.step(closure)"
+            )
+        opt = run.scaled_optimizer()
+        _, run.found_inf, _ = opt.unscale_and_step(
+            grads_scaled_by=opt.scale, max_grad_norm=run.max_grad_norm
+        )
+        run.skipped = False
+        if run.grad_norm is not None and opt.grad_norm is not None:
+            run.grad_norm.copy_(opt.grad_norm)  # on device: the Trainer reads it when it logs
+        run.grad_norm = None
+        return None
+
 
 class _ScaledAccelerator(_ScaledAcceleration, Accelerator):
     """The Trainer's Accelerator, with the overrides of :class:`_ScaledAcceleration`."""
@@ -117,11 +180,18 @@ class ScaledTrainer(transformers.Trainer):
 
     With ``TrainingArguments(fp16=True)`` every ``compute_loss`` runs under
     :func:`scaledoptim.autocast` with float16 on the training device, **CPU included**, each
-    backward is scaled by the optimizer's :attr:`~scaledoptim.Optimizer.scale`, and the grads
-    are unscaled with :meth:`~scaledoptim.Optimizer.unscale` after the last backward of each
-    accumulation window, before the Trainer clips them (``max_grad_norm`` clips unscaled
-    grads, and the logged ``grad_norm`` is unscaled). A step whose grads overflowed is skipped
-    (the parameters and optimizer state stay as they were), the scale backs off, and the LR
+    backward is scaled by the optimizer's :attr:`~scaledoptim.Optimizer.scale`, and the step
+    unscales and clips in one: with ``max_grad_norm > 0`` (the Trainer's default, 1.0) it is
+    ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=args.max_grad_norm)``, which clips
+    the global norm of the unscaled grads as ``torch.nn.utils.clip_grad_norm_`` does, without
+    writing the grads (the Trainer's own clipping is skipped), and the logged ``grad_norm`` is
+    :attr:`~scaledoptim.Optimizer.grad_norm`, the unscaled norm before clipping (inf or nan on
+    an overflowed step). Callbacks' ``on_pre_optimizer_step`` then see the grads as the
+    backward left them: scaled, not clipped. With ``max_grad_norm=0`` the grads are unscaled
+    in place with :meth:`~scaledoptim.Optimizer.unscale` after the last backward of each
+    accumulation window, and the logged ``grad_norm`` is unscaled. A step whose grads
+    overflowed is skipped (the parameters and optimizer state stay as they were), the scale
+    backs off, and the LR
     scheduler does not advance. Training logs carry ``loss_scale`` (the scale of the next
     step) in ``trainer.state.log_history``; the scale is in the optimizer's ``state_dict``, so
     checkpoints save it and ``train(resume_from_checkpoint=...)`` continues the run exactly.
@@ -142,10 +212,11 @@ class ScaledTrainer(transformers.Trainer):
 
     Every method it overrides is public (``create_accelerator_and_postprocess``,
     ``create_optimizer``, ``autocast_smart_context_manager``, ``training_step``, ``log``), and
-    so are the two methods of ``accelerate.Accelerator`` it overrides on the Trainer's
-    Accelerator (``backward``, ``optimizer_step_was_skipped``), by giving that one object a
-    subclass of its class. Not supported with ``fp16=True``: DeepSpeed (which scales by
-    itself) and gradient-accumulation settings that make the Trainer call backward outside
+    so are the methods of ``accelerate.Accelerator`` it overrides on the Trainer's
+    Accelerator (``backward``, ``optimizer_step_was_skipped``, ``clip_grad_norm_``,
+    ``prepare_optimizer``) and of the ``AcceleratedOptimizer`` it prepares (``step``), by
+    giving those objects a subclass of their class. Not supported with ``fp16=True``: DeepSpeed
+    (which scales by itself) and gradient-accumulation settings that make the Trainer call backward outside
     ``training_step``. Several processes: call
     ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD)`` on the
     optimizer you pass, so that every rank skips together.
@@ -200,6 +271,8 @@ class ScaledTrainer(transformers.Trainer):
                 "not supported"
             )
         self._scaledoptim_run = _ScalingRun(_DTYPES.get(precision))
+        if self._scaledoptim_run.scaled and self.args.max_grad_norm > 0:
+            self._scaledoptim_run.max_grad_norm = float(self.args.max_grad_norm)
         self.args.mixed_precision = "no"
         try:
             super().create_accelerator_and_postprocess()
@@ -289,7 +362,7 @@ class ScaledTrainer(transformers.Trainer):
         run = self._scaledoptim_run
         run.optimizer = self.optimizer  # accelerate's wrapper once train() prepared it
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if run.scaled and self.accelerator.sync_gradients:
+        if run.scaled and run.max_grad_norm is None and self.accelerator.sync_gradients:
             opt = run.scaled_optimizer()
             run.found_inf, _ = opt.unscale(grads_scaled_by=opt.scale)
             run.skipped = False
@@ -310,6 +383,18 @@ def _unwrap(optimizer: Any) -> Any:
 
 
 _CLASSES: dict[type, type] = {Accelerator: _ScaledAccelerator}
+
+
+_STEPS: dict[type, type] = {}
+
+
+def _scaled_optimizer_class(cls: type) -> type:
+    """``cls`` (an AcceleratedOptimizer class) with :class:`_ScaledStep`'s override."""
+    if issubclass(cls, _ScaledStep):
+        return cls
+    if cls not in _STEPS:
+        _STEPS[cls] = type(f"Scaled{cls.__name__}", (_ScaledStep, cls), {})
+    return _STEPS[cls]
 
 
 def _scaled_accelerator_class(cls: type) -> type:

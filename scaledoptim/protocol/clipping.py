@@ -30,7 +30,11 @@ A step that overflows (``found_inf``) leaves a non-finite norm and is skipped as
 
 Under ``process_group`` the sums of squares of the ranks are added: each rank's optimizer holds
 its own part of the model (FSDP's flat shards, sharded optimizers). DTensor grads (FSDP2, tensor
-parallel) give the norm of the whole sharded tensors through their own reductions.
+parallel) give the norm of the whole sharded tensors through their own reductions (over their
+mesh, the same value on every rank of it), so their sum is not added again over
+``process_group``: that would count it once per rank (the norm sqrt(world size) times too large).
+An optimizer whose params mix DTensors and plain tensors under ``process_group`` is refused
+(:func:`sums_over_process_group`): one sum could not be added for one part and not the other.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ __all__ = [
     "clipping_each_call",
     "norm_and_coefficient",
     "sum_of_squares",
+    "sums_over_process_group",
 ]
 
 
@@ -108,6 +113,24 @@ def sum_of_squares(grads: list[Tensor], device: torch.device | None = None) -> T
         total = full_tensor()
     total = total.to(device=device, dtype=torch.float32)
     return total * total
+
+
+def sums_over_process_group(params: list[Tensor], process_group: Any) -> bool:
+    """Whether the ranks' sums of squares are added over ``process_group``: not without one, and
+    not for DTensor params, whose sums are over their whole sharded tensors already (Note
+    [clipping in the step]). Raises, before anything changes, for a mix of both kinds."""
+    if process_group is None:
+        return False
+    sharded = [hasattr(p, "full_tensor") for p in params]
+    if any(sharded) and not all(sharded):
+        raise ValueError(
+            "max_grad_norm with process_group and params that mix DTensors (FSDP2, tensor "
+            "parallel) and plain tensors: the DTensors' norm is over their mesh already, the "
+            "plain tensors' is added over process_group, and one step cannot do both. Shard "
+            "every param (fully_shard the whole model), or give the plain params an optimizer "
+            "of their own."
+        )
+    return not any(sharded)
 
 
 def agree_on_sum_of_squares(norm_sq: Tensor, process_group: Any) -> None:

@@ -62,6 +62,7 @@ from .clipping import (
     clipping_each_call,
     norm_and_coefficient,
     sum_of_squares,
+    sums_over_process_group,
 )
 from .outputs import check_grads_scaled_by
 from .ownership import ScaleOwner, ScalingState
@@ -337,7 +338,9 @@ class Optimizer(ScaleOwner):
         Under ``process_group`` (see :meth:`configure_scaling`) the norm is over the grads of
         every rank (each rank's optimizer holds its own part of the model, as under FSDP or a
         sharded optimizer; under DDP the ranks' grads are the same, leave ``process_group`` out
-        there); DTensor params count their whole sharded tensors. With a closure every
+        there); DTensor params (FSDP2) count their whole sharded tensors, over their mesh, as
+        ``clip_grad_norm_`` does (not added again over ``process_group``; params mixing DTensors
+        and plain tensors under ``process_group`` are refused). With a closure every
         evaluation is clipped after it is unscaled (its grads are unscaled in place). LAMB's own
         ``max_grad_norm`` option then clips what this clip left. To clip by another rule, call
         :meth:`unscale`, clip the grads yourself and :meth:`step_after_unscale`.
@@ -365,13 +368,17 @@ class Optimizer(ScaleOwner):
             TypeError: a closure that takes no argument given with a scale (it could not run
                 its backward scaled by ``S``), or a ``max_grad_norm`` that is not a Python number
                 (a tensor, a bool), before anything changes.
-            ValueError: a ``max_grad_norm`` that is not finite and > 0, before anything changes.
+            ValueError: a ``max_grad_norm`` that is not finite and > 0, or with
+                ``process_group`` params that mix DTensors and plain tensors, before anything
+                changes.
             RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
                 (the grads are scaled), a scale tensor no longer in use (see :meth:`unscale`),
                 or an optimizer a :class:`scaledoptim.GradScaler` steps.
         """
         self._check_own_protocol("unscale_and_step")
         check_max_grad_norm(max_grad_norm)
+        if max_grad_norm is not None:
+            self._clip_sums_over_process_group()  # raises for a mix it cannot add up
         if closure is not None:
             replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
             if grads_scaled_by is None:
@@ -474,9 +481,17 @@ class Optimizer(ScaleOwner):
     def _clip_coefficient(self, norm_sq: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
         """The clip factor from this rank's sum of squares; keeps the norm in :attr:`grad_norm`
         (Note [clipping in the step] in clipping.py). On device, no host read."""
-        norm, coef = norm_and_coefficient(norm_sq, max_grad_norm, self._scaling().process_group)
+        summing = self._clip_sums_over_process_group()  # not for DTensors: over their mesh
+        process_group = self._scaling().process_group if summing else None
+        norm, coef = norm_and_coefficient(norm_sq, max_grad_norm, process_group)
         self._scaledoptim_grad_norm = norm
         return coef
+
+    def _clip_sums_over_process_group(self) -> bool:
+        """Whether the clip's sums of squares are added over ``process_group`` (not for DTensor
+        params: Note [clipping in the step] in clipping.py)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        return sums_over_process_group(params, self._scaling().process_group)
 
     def _clip_in_place(self, max_grad_norm: float) -> None:
         """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does."""

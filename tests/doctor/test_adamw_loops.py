@@ -47,3 +47,13 @@ def test_the_step_time_checks_time_both_loops(check) -> None:
     assert not outcome.skipped
     assert re.match(r"-?\d+\.\d{3} ms vs -?\d+\.\d{3} ms \(-?\d+\.\d{2}x\)", outcome.detail)
     assert "GradScaler" in outcome.detail and "4096 fp32 params" in outcome.detail
+
+
+@pytest.mark.parametrize("check", [performance.bandwidth, performance.clip_bandwidth])
+def test_the_bandwidth_checks_time_the_step_with_and_without_clipping(check) -> None:
+    outcome = check(CPU, n_params=4096)  # the CPU twin of the GPU check: it runs, not how fast
+    assert not outcome.skipped
+    assert re.match(r"-?\d+ GB/s at 32 B/param = -?\d+\.\d{2} of copy", outcome.detail)
+    clipping = "max_grad_norm=1.0" in outcome.detail
+    assert clipping == (check is performance.clip_bandwidth)
+

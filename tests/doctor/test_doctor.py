@@ -23,7 +23,7 @@ ENVIRONMENT_KEYS = {
     "compute_capability", "SCALEDOPTIM_KERNELS", "fused_step_backend",
 }  # fmt: skip
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
-CHECK_TIMES = ("bandwidth", "step-time", "clip-step-time")
+CHECK_TIMES = ("bandwidth", "clip-bandwidth", "step-time", "clip-step-time")
 
 
 def _doctor(*args: str, code: str | None = None) -> subprocess.CompletedProcess:

@@ -97,7 +97,7 @@ def _hand_written(overflows=(), clip=None, accumulate=1, make_optimizer=_adamw):
     accumulation."""
     net = _net()
     opt = make_optimizer(net.parameters())
-    S, skipped, scales = opt.scale, 0.0, []
+    S, skipped, scales, norms = opt.scale, 0.0, [], []
     batches = _data()
     for step in range(len(batches) // accumulate):
         opt.zero_grad()
@@ -109,10 +109,12 @@ def _hand_written(overflows=(), clip=None, accumulate=1, make_optimizer=_adamw):
                 _poison(net)
         found_inf, S = opt.unscale(grads_scaled_by=S)
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+            norms.append(torch.nn.utils.clip_grad_norm_(net.parameters(), clip).item())
         opt.step_after_unscale()
         skipped += found_inf.item()
         scales.append(S.item())
+    if clip is not None:
+        return net, skipped, scales, norms
     return net, skipped, scales
 
 
@@ -137,12 +139,55 @@ def test_adamw_matches_a_hand_written_loop_with_the_same_skips(manual) -> None:
 
 def test_hooks_and_trainer_clipping_see_unscaled_grads() -> None:
     model = Regression(overflows={2})
-    trainer = _trainer(gradient_clip_val=0.05)
+    trainer = _trainer(ScaledMixedPrecision("16-mixed", clip_in_step=False), gradient_clip_val=0.05)
     trainer.fit(model, _loader(_data()))
-    reference, _, _ = _hand_written(overflows={2}, clip=0.05)
+    reference, _, _, _ = _hand_written(overflows={2}, clip=0.05)
     _assert_same_params(model.net, reference)
     finite = [n for n in model.seen_grad_norms if n == n and n != float("inf")]
     assert len(finite) == BATCHES - 1 and max(finite) < 50  # scaled by 2**10 they would be ~1e3+
+
+
+def _torch_adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2)
+
+
+def test_norm_clipping_runs_in_the_step_as_lightnings_own_amp_clips() -> None:
+    model = Regression(overflows={2})
+    trainer = _trainer(gradient_clip_val=0.05)
+    trainer.fit(model, _loader(_data()))
+    # Lightning's own AMP: torch.amp.GradScaler unscale_, clip_grad_norm_, torch AdamW.
+    stock = Regression(make_optimizer=_torch_adamw, overflows={2})
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    _trainer(MixedPrecision("16-mixed", "cpu", scaler=scaler), gradient_clip_val=0.05).fit(
+        stock, _loader(_data())
+    )
+    _, skipped, scales, norms = _hand_written(overflows={2}, clip=0.05)
+
+    _assert_same_params(model.net, stock.net)
+    assert min(n for n in norms if n == n and n != float("inf")) > 0.05  # every step clips
+    metrics = trainer.callback_metrics
+    assert metrics["scaledoptim/grad_norm"].item() == pytest.approx(norms[-1], rel=1e-6)
+    assert metrics["scaledoptim/skipped_steps"].item() == skipped == 1
+    assert scaler.get_scale() == scales[-1] == metrics["scaledoptim/scale"].item()
+    # The hooks ran before the step, on the grads as the backward left them: scaled.
+    assert model.seen_grad_norms[0] == pytest.approx(norms[0] * 2.0**10, rel=1e-4)
+
+
+def test_value_clipping_keeps_unscaling_first_and_a_clip_by_value_in_step_is_refused() -> None:
+    model = Regression()
+    trainer = _trainer(gradient_clip_val=0.01, gradient_clip_algorithm="value", max_steps=2)
+    trainer.fit(model, _loader(_data()))
+    assert max(model.seen_grad_norms) < 50  # unscaled before the hooks, as without clipping
+
+    class ValueClipping(Regression):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val, **kwargs):
+            self.clip_gradients(optimizer, gradient_clip_val, "value")
+
+    model = ValueClipping()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="clip_in_step=False"):
+        _trainer(gradient_clip_val=0.05).fit(model, _loader(_data()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
 
 
 def test_gradient_accumulation_scales_every_micro_batch_by_the_same_scale() -> None:

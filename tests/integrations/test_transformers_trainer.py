@@ -138,28 +138,91 @@ def test_overflowed_step_is_skipped_and_scheduler_holds(tmp_path):
     assert not math.isfinite(trainer.state.log_history[0]["grad_norm"])
 
 
-def test_clipping_sees_unscaled_grads(tmp_path):
-    data = _data(8)
-    model = _model()
-    clipped: list[float] = []
+class _Elementwise(torch.nn.Module):
+    """Ops that fp16 autocast leaves in float32: a scaled fp16 run computes the fp32 grads
+    times a power of two, so it can match the stock fp32 Trainer bit for bit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(8))
+        self.bias = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        prediction = torch.tanh(x * self.weight + self.bias).sum(-1)
+        return {"loss": ((prediction - labels) ** 2).mean()}
+
+
+def _elementwise_data(n: int = 32) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(n, 8, generator=g), 3 * torch.randn(n, generator=g)
+    return [{"x": a, "labels": b} for a, b in zip(x, y, strict=True)]
+
+
+def _grad_norms(trainer: Any) -> list[float]:
+    return [e["grad_norm"] for e in trainer.state.log_history if "loss" in e]
+
+
+def test_max_grad_norm_clips_in_the_step_as_the_stock_trainer_clips(tmp_path):
+    data = _elementwise_data()
+    seen: list[float] = []
 
     class Probe(transformers.TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            norms = [torch.linalg.vector_norm(p.grad) for p in model.parameters()]
-            clipped.append(float(torch.linalg.vector_norm(torch.stack(norms))))
+            seen.append(float(torch.stack([p.grad.norm() for p in model.parameters()]).norm()))
+
+    ours = _Elementwise()
+    trainer = ScaledTrainer(
+        model=ours, args=_args(tmp_path, fp16=True, max_steps=4, max_grad_norm=0.5),
+        train_dataset=data, callbacks=[Probe()],
+    )  # fmt: skip
+    trainer.train()
+    stock_model = _Elementwise()
+    stock = transformers.Trainer(
+        model=stock_model, args=_args(tmp_path / "fp32", max_steps=4, max_grad_norm=0.5),
+        train_dataset=data,
+    )  # fmt: skip
+    stock.train()
+
+    assert min(_grad_norms(stock)) > 0.5  # every step clips
+    assert _grad_norms(trainer) == pytest.approx(_grad_norms(stock), rel=1e-6)
+    for (name, p), q in zip(ours.named_parameters(), stock_model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+    opt = _inner(trainer)
+    assert opt.grad_norm is not None  # the clip ran in opt.unscale_and_step
+    assert opt.grad_norm.item() == _grad_norms(trainer)[-1]
+    # The Trainer's own clip was skipped: the grads before the step are scaled, not clipped.
+    assert seen[0] == pytest.approx(_grad_norms(stock)[0] * 2.0**16, rel=1e-5)
+
+
+def test_without_max_grad_norm_the_grads_are_unscaled_before_the_step(tmp_path):
+    data = _data(8)
+    seen: list[float] = []
+
+    class Probe(transformers.TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            seen.append(float(torch.stack([p.grad.norm() for p in model.parameters()]).norm()))
 
     trainer = ScaledTrainer(
-        model=model, args=_args(tmp_path, fp16=True, max_steps=1, max_grad_norm=0.01),
+        model=_model(), args=_args(tmp_path, fp16=True, max_steps=1, max_grad_norm=0.0),
         train_dataset=data, callbacks=[Probe()],
     )  # fmt: skip
     trainer.train()
 
     reference = _reference_grad_norm(tmp_path, data)
-    assert reference > 0.1  # so a max_grad_norm of 0.01 clips
-    assert trainer.state.log_history[0]["grad_norm"] == pytest.approx(
-        reference, rel=1e-3
-    )  # unscaled
-    assert clipped[0] == pytest.approx(0.01, rel=1e-4)  # clipped to max_grad_norm, unscaled
+    assert trainer.state.log_history[0]["grad_norm"] == pytest.approx(reference, rel=1e-3)
+    assert seen[0] == pytest.approx(reference, rel=1e-3)  # unscaled in place, not clipped
+    assert _inner(trainer).grad_norm is None  # no clip in the step
+
+
+def test_clip_grad_norm_with_another_max_norm_is_refused(tmp_path):
+    trainer = ScaledTrainer(
+        model=_Elementwise(), args=_args(tmp_path, fp16=True, max_steps=1, max_grad_norm=0.5),
+        train_dataset=_elementwise_data(8),
+    )  # fmt: skip
+    trainer.create_optimizer()
+    with pytest.raises(RuntimeError, match="max_grad_norm"):
+        trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), 2.0)
 
 
 def test_resume_from_checkpoint_reproduces_the_run(tmp_path):
