@@ -5,7 +5,9 @@
   cycle.
 * ``scaledoptim/__init__.py`` imports with its import lines reversed, and shuffled.
 * Statically, from every module's imports (in functions and ``TYPE_CHECKING`` blocks too): each
-  layer imports only itself and the layers below it.
+  layer imports only itself and the layers below it, and the modules inside one layer import
+  each other without a cycle (a cycle closed by a function-level import is one too: it only
+  moves the failure from import time to call time).
 """
 
 from __future__ import annotations
@@ -87,6 +89,78 @@ def test_each_layer_imports_only_itself_and_the_layers_below(module) -> None:
         if target != "scaledoptim" and _layer(target) not in allowed
     )
     assert not wrong, f"{module} ({layer}) imports {wrong}; it may import {sorted(allowed)}"
+
+
+def _module_edges(path: pathlib.Path, module: str, known: set[str]) -> set[str]:
+    """The scaledoptim modules ``path`` imports, anywhere in it: ``from .pkg import mod`` counts
+    as an import of ``pkg.mod`` (not of ``pkg``'s ``__init__``) where ``mod`` is a module."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                name = f"{target}.{alias.name}"
+                found.add(name if name in known else target)
+    return (found & known) - {module}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one node (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path_of(module: str) -> pathlib.Path:
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    return path if path.exists() else PACKAGE.parent / module.replace(".", "/") / "__init__.py"
+
+
+@pytest.mark.parametrize("layer", sorted({_layer(m) for m in _modules()} - {None}), ids=str)
+def test_the_modules_inside_each_layer_import_each_other_without_a_cycle(layer) -> None:
+    inside = {m for m in _modules() if _layer(m) == layer}
+    graph = {m: _module_edges(_path_of(m), m, inside) for m in inside}
+    cycles = _cycles(graph)
+    assert not cycles, (
+        f"the modules of {layer}/ import each other in a cycle: {cycles}; move what they share "
+        "down into a module both import, or pass the dependency in (a callable or a registry)"
+    )
 
 
 # Forked from one process that imported torch and the optional packages (their import time is

@@ -14,12 +14,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaledoptim import torch_ops
 from scaledoptim.doctor.sync_free import no_host_reads
 from scaledoptim.torch_ops import (
     SR_CHUNK,
     decide_skips_on_device,
     initial_seed,
+    rounding,
     stochastic_round_,
     storage_flat,
 )
@@ -29,10 +29,10 @@ M = 0xFFFFFFFF
 
 def _reference(value: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """The bf16 bits (int16) of ``value`` rounded with the noise of cuda/dtypes.cuh, in int64."""
-    key = torch_ops._sr_key(seed.view(torch.int32).to(torch.int64) & M, step.to(torch.int64) & M)
+    key = rounding._sr_key(seed.view(torch.int32).to(torch.int64) & M, step.to(torch.int64) & M)
     flat = storage_flat(value)
     index = torch.arange(flat.numel(), dtype=torch.int64)
-    noise = torch_ops._fmix32(index ^ key) >> 16
+    noise = rounding._fmix32(index ^ key) >> 16
     bits = flat.view(torch.int32).to(torch.int64) & M
     rounded = (bits + noise) >> 16
     rounded = torch.where((bits & 0x7FFFFFFF) > 0x7F800000, (bits >> 16) | 0x40, rounded) & 0xFFFF
@@ -136,9 +136,9 @@ def test_a_chunk_rounds_to_the_kernels_bits(
     SR_CHUNK``, with the host's NaN check or the device's where, against the kernels' formula."""
     start, n = chunk * SR_CHUNK, len(bits)
     with contextlib.nullcontext() if on_host else decide_skips_on_device():
-        buffers = torch_ops._SrBuffers(SR_CHUNK, torch.device("cpu"))
-    h = buffers.index[first : first + n] ^ torch_ops._chunk_key(torch.tensor(key), start)
+        buffers = rounding._SrBuffers(SR_CHUNK, torch.device("cpu"))
+    h = buffers.index[first : first + n] ^ rounding._chunk_key(torch.tensor(key), start)
     signed = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32)
-    torch_ops._round_bits_(h, signed, buffers)
+    rounding._round_bits_(h, signed, buffers)
     expected = [_kernel_bits(b, start + first + i, key) for i, b in enumerate(bits)]
     assert h.tolist() == expected

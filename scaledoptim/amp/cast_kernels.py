@@ -19,14 +19,11 @@ from torch._ops import OpOverload
 
 from . import edits, policies
 from .cache import CastCache, thread_cache
+from .edits import Args, Kwargs, PolicySlot, Preparer
 from .op_names import dispatcher_name
 from .regions import governing
 from .running_stats import RunningStats
 from .torch_checkpoint import refuse_torch_checkpoint
-
-Args = tuple[Any, ...]
-Kwargs = dict[str, Any]
-Preparer = Callable[[Args, Kwargs, "CastCache | None"], tuple[Callable[..., Any], Args, Kwargs]]
 
 _ON_DEVICE: dict[str, Callable[[torch.Tensor], bool]] = {
     "cpu": lambda tensor: tensor.is_cpu or tensor.is_mkldnn,
@@ -229,19 +226,6 @@ def make_preparer(op: OpOverload, device_type: str, policy: str | None) -> Prepa
         ValueError: ``policy`` cannot apply to ``op``'s schema.
     """
     return _PREPARERS[policy](op, device_type)
-
-
-class PolicySlot:
-    """The edited policy an installed kernel reads on every call (Note [policy slots]).
-
-    ``edit`` is ``None`` (torch's default applies) or ``(policy, preparer)``; it is replaced
-    as a whole, so a kernel reading it on another thread sees the old or the new edit.
-    """
-
-    __slots__ = ("edit",)
-
-    def __init__(self, edit: tuple[str | None, Preparer] | None = None) -> None:
-        self.edit = edit
 
 
 def _torchs_kernel(op: OpOverload, device_type: str) -> Callable[..., Any]:

@@ -15,42 +15,63 @@ So a trace that runs one gets:
 
 ``enter_region``/``exit_region`` are graph nodes, so a region entered inside compiled code is
 entered when AOTAutograd traces the graph and when the ``eager`` backend runs it.
+
+It imports no other module of ``amp``: ``regions`` imports it and passes in what it needs (its
+region functions, its ``signature``), and it imports dynamo only once dynamo is loaded (Note
+[lazy compile boundary]).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-import torch
-import torch._dynamo
-from torch._dynamo.source import GlobalStateSource
 from torch._guards import Guard, TracingContext
-from torch.fx.node import has_side_effect
 
-from . import regions
+Signature = Callable[[], tuple[Any, ...]]
+
+
+class TraceRecords(Protocol):
+    """What a guard needs of a trace's region records (``regions.Regions``)."""
+
+    guarded: bool
+    entry_signature: tuple[Any, ...] | None
 
 
 def policies_in_effect() -> None:
     """Marks a dynamo graph that scaledoptim's kernels were traced in; does nothing."""
 
 
-for _function in (regions.enter_region, regions.exit_region, policies_in_effect):
-    torch._dynamo.allow_in_graph(_function)
-    has_side_effect(_function)  # no output: without this, dead code elimination drops it
+_in_graph: list[bool] = []
 
 
-def _make_guard(expected: tuple[Any, ...], builder: Any, guard: Guard) -> None:
+def put_in_graph(functions: tuple[Callable[..., Any], ...]) -> None:
+    """Make ``functions`` (the region functions) and :func:`policies_in_effect` nodes of
+    dynamo's graph, once; call only when dynamo is loaded."""
+    if _in_graph:
+        return
+    import torch._dynamo
+    from torch.fx.node import has_side_effect
+
+    for function in (*functions, policies_in_effect):
+        torch._dynamo.allow_in_graph(function)
+        has_side_effect(function)  # no output: without this, dead code elimination drops it
+    _in_graph.append(True)
+
+
+def _make_guard(expected: tuple[Any, ...], signature: Signature, builder: Any, guard: Guard) -> None:
     def check(_: Any) -> bool:
-        return regions.signature() == expected
+        return signature() == expected
 
     builder.guard_manager.root.add_lambda_guard(
         check, [f"scaledoptim.amp.regions.signature() == {expected!r}"], guard.user_stack
     )
 
 
-def note_trace_depends_on_policies(trace_regions: regions.Regions) -> None:
-    """Guard the code being traced on scaledoptim's state and keep it out of AOT's cache."""
+def note_trace_depends_on_policies(trace_regions: TraceRecords, signature: Signature) -> None:
+    """Guard the code being traced on scaledoptim's state (``signature()``, as it was at the
+    trace's entry) and keep it out of AOT's cache."""
     if trace_regions.guarded:
         return
     trace_regions.guarded = True
@@ -59,7 +80,9 @@ def note_trace_depends_on_policies(trace_regions: regions.Regions) -> None:
         return
     expected = trace_regions.entry_signature
     assert expected is not None  # a trace's records are copied with the signature at entry
-    guard = Guard(GlobalStateSource(), functools.partial(_make_guard, expected))
+    from torch._dynamo.source import GlobalStateSource  # loaded: a trace is running
+
+    guard = Guard(GlobalStateSource(), functools.partial(_make_guard, expected, signature))
     context.guards_context.dynamo_guards.add(guard)
     from torch._dynamo.symbolic_convert import tls
 

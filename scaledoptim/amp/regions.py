@@ -40,7 +40,7 @@ import torch.compiler as _compiler
 from torch._guards import TracingContext
 
 from .. import compile_boundary
-from . import edits, policies
+from . import compile_support, edits, policies
 from .cache import thread_cache
 
 DEVICE_TYPES: tuple[str, ...] = tuple(policies.AUTOCAST_DISPATCH_KEYS)
@@ -179,9 +179,7 @@ def _enter(device_type: str, snapshot: edits.Snapshot | None) -> None:
     regions = current()
     if regions.traced:
         entry = Entry(device_type, True, current_nesting(), snapshot=snapshot)
-        from .compile_support import note_trace_depends_on_policies
-
-        note_trace_depends_on_policies(regions)
+        compile_support.note_trace_depends_on_policies(regions, signature)
     else:
         if not regions.ours_open:
             thread_cache().reset()
@@ -206,12 +204,12 @@ def install() -> bool:
     """Prepare for a scaledoptim region: call before entering its ``torch.autocast``.
 
     Under ``torch.compile`` dynamo runs it while tracing instead of tracing it, before it
-    meets ``enter_region``: so ``compile_support`` (which makes the region functions nodes of
-    dynamo's graph) is imported here once dynamo is loaded, not with the package
+    meets ``enter_region``: so the region functions are made nodes of dynamo's graph here,
+    once dynamo is loaded, not with the package
     (Note [lazy compile boundary]).
     """
     if compile_boundary.dynamo_loaded():
-        from . import compile_support  # noqa: F401
+        compile_support.put_in_graph((enter_region, exit_region))
 
     _install_torch_autocast_hooks()
     return True
@@ -226,14 +224,12 @@ def enter_region(device_type: str, snapshot_version: int | None = None) -> None:
     Args:
         device_type: the region's device type.
         snapshot_version: apply the edits of this policy version, kept by
-            ``registry.keep_snapshot`` (a checkpoint's recomputation); ``None``: the
+            ``edits.keep_snapshot`` (a checkpoint's recomputation); ``None``: the
             current edits.
     """
     snapshot = None
     if snapshot_version is not None:
-        from .registry import kept_snapshot
-
-        snapshot = kept_snapshot(snapshot_version)
+        snapshot = edits.kept_snapshot(snapshot_version)
     _enter(device_type, snapshot)
 
 
@@ -252,9 +248,7 @@ def governing(device_type: str) -> tuple[Entry | None, Regions]:
     if _compiler._is_compiling_flag:
         regions = current()
         if regions.traced and not regions.guarded:
-            from .compile_support import note_trace_depends_on_policies
-
-            note_trace_depends_on_policies(regions)
+            compile_support.note_trace_depends_on_policies(regions, signature)
     else:
         try:
             regions = _local.regions
@@ -300,9 +294,7 @@ def governed_devices() -> list[str]:
     """Return the device types that a scaledoptim region governs now."""
     regions = current()
     if regions.traced:
-        from .compile_support import note_trace_depends_on_policies
-
-        note_trace_depends_on_policies(regions)
+        compile_support.note_trace_depends_on_policies(regions, signature)
     return [device for device in DEVICE_TYPES if regions.governing(device) is not None]
 
 

@@ -23,7 +23,8 @@ import torch
 from torch._ops import OpOverload
 
 from . import edits, policies
-from .cast_kernels import PolicySlot, make_autocast_kernel, make_preparer
+from .cast_kernels import make_autocast_kernel, make_preparer
+from .edits import PolicySlot
 from .op_names import OpLike, dispatcher_name, resolve_overloads
 
 _lock = threading.Lock()
@@ -128,41 +129,11 @@ def _set_edit(slot: PolicySlot, edit: tuple[str | None, Any] | None) -> None:
         edits.bump()
 
 
-# Snapshots of recent policy versions, for checkpoints' recomputations (Note [policy
-# version]); a recomputation normally runs before the policies change again.
-_KEPT_SNAPSHOTS = 64
-_kept: dict[int, edits.Snapshot] = {}
-
-
 def keep_snapshot() -> int:
-    """Freeze the edits in force now and return their version (see ``kept_snapshot``)."""
+    """Freeze the edits in force now and return their version (``edits.kept_snapshot`` returns
+    them)."""
     with _lock:
-        version = edits.version
-        if version not in _kept:
-            _kept[version] = edits.Snapshot(
-                version, {slot: slot.edit for slot in _slots.values()}
-            )
-            while len(_kept) > _KEPT_SNAPSHOTS:
-                del _kept[next(iter(_kept))]  # the oldest version
-        return version
-
-
-def kept_snapshot(version: int) -> edits.Snapshot:
-    """Return the edits frozen by ``keep_snapshot`` at ``version``.
-
-    Raises:
-        RuntimeError: checkpointed functions ran under 64 other policy versions since (the
-            snapshot was dropped), before this checkpointed forward was recomputed.
-    """
-    snapshot = _kept.get(version)
-    if snapshot is None:
-        raise RuntimeError(
-            f"The autocast policies in force when this checkpointed function ran (version "
-            f"{version}) are no longer kept: checkpointed functions ran under "
-            f"{_KEPT_SNAPSHOTS} other policy versions before backward recomputed it. Edit "
-            "policies between iterations, not between a forward pass and its backward"
-        )
-    return snapshot
+        return edits.keep_snapshot(lambda: {slot: slot.edit for slot in _slots.values()})
 
 
 def set_policy(op: OpLike, policy: str | None, device_type: str) -> None:

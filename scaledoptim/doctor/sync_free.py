@@ -34,7 +34,7 @@ class HostRead(RuntimeError):
 def no_host_reads() -> Iterator[None]:
     """Inside the block, every method of :data:`HOST_READS` raises :class:`HostRead`, and the
     torch forms skip on device on a CPU too: there a host read is free, and they read found_inf
-    (Note [host skip] in torch_ops.py); this checks the form every other device runs.
+    (Note [host skip] in torch_ops/skip.py); this checks the form every other device runs.
     ``torch.Tensor`` is left exactly as it was: a method it inherits from ``TensorBase`` is
     deleted again, not pinned on it."""
 

@@ -322,7 +322,7 @@ def _pack_counters(
     state: dict[Tensor, dict[str, Any]],
 ) -> list[Tensor]:
     """A CPU group's step counters as views of one tensor (Note [packed counters] in
-    torch_ops.py), in ``new_state`` where they were not yet; other devices' as they are."""
+    torch_ops/skip.py), in ``new_state`` where they were not yet; other devices' as they are."""
     if any(step.device.type != "cpu" for step in steps):
         return steps  # kernels advance them in the update; CUDA's foreach op is one launch
     flat = steps[0]._base

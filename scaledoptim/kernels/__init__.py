@@ -18,12 +18,12 @@ from .builtin import (
     non_finite_check_,
 )
 from .config import MAX_THREADS_PER_BLOCK, LaunchConfig, launch_config
+from .dispatch import launch
 from .launcher import (
     PLAIN_TENSOR_TYPES,
     PreparedLaunch,
     chunk_count,
     is_dense,
-    launch,
     prepare_launch,
     scalar_pointer,
 )

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from .launcher import launch, scalar_pointer
+from .dispatch import launch
+from .launcher import scalar_pointer
 from .sources import CUDA_SOURCE_DIR
 from .spec import MultiTensorKernel
 

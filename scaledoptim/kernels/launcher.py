@@ -1,4 +1,5 @@
-"""The public multi-tensor launcher: tensor lists in, one or more kernel launches out.
+"""The multi-tensor launcher: tensor lists in, one or more prepared kernel launches out (the
+public entry, :func:`~scaledoptim.kernels.launch`, is in ``dispatch.py``).
 
 A launch is prepared (validated, its argument tables built and cached) before anything runs, so
 an optimizer can validate every launch of a step before the first one changes a tensor.
@@ -22,7 +23,7 @@ from .spec import CUDA_TYPE_NAMES, MultiTensorKernel
 from .table import PlannedLaunch, plan_launches
 
 __all__ = [
-    "PLAIN_TENSOR_TYPES", "PreparedLaunch", "check_launchable", "chunk_count", "launch", "prepare_launch",
+    "PLAIN_TENSOR_TYPES", "PreparedLaunch", "check_launchable", "chunk_count", "prepare_launch",
     "scalar_pointer",
 ]  # fmt: skip
 
@@ -126,33 +127,6 @@ def prepare_launch(
     device = first[0].device if first else torch.device("cpu")
     plans = _planned_launches(kernel, tensor_lists) if first else []
     return PreparedLaunch(kernel, device, tuple(plans))
-
-
-def launch(
-    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]], args: ctypes.Structure
-) -> None:
-    r"""Runs ``kernel`` over every tensor of ``tensor_lists`` with scalar arguments ``args``.
-
-    Tensors are grouped by the dtypes of ``kernel.dtype_lists`` (one instantiation per group),
-    split into chunks of ``launch_config.chunk_size`` elements, and the chunks into as many
-    launches as the 4 KB argument table needs. CUDA tensors run through CuPy on torch's current
-    stream, asynchronously and with no host sync (the table travels by value in the kernel
-    parameters, so a launch can be captured in a CUDA graph); CPU tensors run through the
-    emulator and the call returns when they are done. See :func:`prepare_launch` for the rules
-    ``tensor_lists`` must follow.
-
-    Under ``torch.compile`` the launch is the custom op of
-    :func:`scaledoptim.kernels.library.launch_op`, which the graph holds (no graph break); the
-    pointer fields of ``args`` are then constants of the graph: pass device scalars created in
-    the compiled function to ``launch_op`` as ``pointers`` instead.
-    """
-    if torch.compiler.is_compiling():
-        from . import library  # here, not at the top: library imports this module
-
-        library.launch_op(kernel, tensor_lists, args)
-        return
-    check_args(kernel, args)
-    prepare_launch(kernel, tensor_lists).run(args)
 
 
 def check_args(kernel: MultiTensorKernel, args: object) -> None:

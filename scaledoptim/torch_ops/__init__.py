@@ -1,0 +1,52 @@
+"""Torch-op helpers every layer shares; this package imports only torch, a module per job.
+
+* :func:`unscale_in_place_` and :func:`unscale_dense_`: ``g *= inv_scale`` with the inf/nan
+  check of the unscaled values, on device.
+* :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
+  for :class:`PackedSteps`, Note [packed counters]).
+* :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
+* :func:`skip_on_host` and :func:`decide_skips_on_device`: a CPU step's skip decided on the host
+  (Note [host skip]).
+* :func:`elementwise_batches`, :func:`batches`, :func:`split_large` and :func:`scalars`: the
+  batches and 0-dim hyper-parameters of the in-place CPU forms.
+* :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
+  rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
+  [stochastic rounding]), so both backends round to the same bits.
+* :func:`capturing` and :func:`refuse_during_capture`: CUDA-graph capture guards.
+"""
+
+from __future__ import annotations
+
+from .batches import BATCH, batches, elementwise_batches, scalars, split_large, storage_flat
+from .capture import capturing, refuse_during_capture
+from .rounding import SR_CHUNK, initial_seed, stochastic_round_
+from .skip import (
+    PackedSteps,
+    advance_steps_,
+    copy_unless_skipped_,
+    decide_skips_on_device,
+    skip_on_host,
+    unscale_dense_,
+    unscale_in_place_,
+)
+
+__all__ = [
+    "BATCH",
+    "SR_CHUNK",
+    "PackedSteps",
+    "advance_steps_",
+    "batches",
+    "capturing",
+    "copy_unless_skipped_",
+    "decide_skips_on_device",
+    "elementwise_batches",
+    "initial_seed",
+    "refuse_during_capture",
+    "scalars",
+    "skip_on_host",
+    "split_large",
+    "stochastic_round_",
+    "storage_flat",
+    "unscale_dense_",
+    "unscale_in_place_",
+]

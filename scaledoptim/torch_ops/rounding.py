@@ -1,0 +1,252 @@
+"""Stochastic rounding to bf16 in torch ops: the counter-based hash of ``so_sr_noise`` in
+``cuda/dtypes.cuh`` in the same integer arithmetic (Note [stochastic rounding]), so both backends
+round to the same bits."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .batches import batches, storage_flat
+from .skip import PackedSteps, _host_reads_free
+
+__all__ = ["SR_CHUNK", "initial_seed", "stochastic_round_"]
+
+_MASK32 = 0xFFFFFFFF
+
+
+def initial_seed(index: int) -> Tensor:
+    """The stochastic-rounding seed of the ``index``-th param of an optimizer: a fixed mix of
+    the index, so runs are reproducible without drawing from (and shifting) torch's global
+    generator."""
+    return torch.tensor(
+        _to_int32(_fmix32_int((index * 0x9E3779B9 + 0x7F4A7C15) & _MASK32)), dtype=torch.int32
+    )
+
+
+def stochastic_round_(
+    params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]
+) -> None:
+    r"""``params[i] = round_stochastic(values[i])`` for bf16 params, on device, as the kernels do.
+
+    ``steps[i]`` is the taken-step count including this step; a value exactly representable in
+    bf16 (e.g. an unchanged param of a skipped step) is stored unchanged whatever the noise.
+
+    The hash and the rounding run in int32, the same bits as the kernels' ``unsigned``
+    arithmetic (Note [stochastic rounding in int32]), the keys of all tensors at once, over
+    chunks of at most :data:`SR_CHUNK` elements (a run of small tensors concatenated, or a
+    slice of a large one) in buffers allocated once per call. So the transient memory is a few
+    chunks whatever the params' size, and small tensors cost no op each (issue 22, item 2).
+    It syncs with no device: only where the tensors are on the host (Note [host skip]) does it
+    read one (whether a chunk holds a NaN) or make one from Python values (a run's sizes).
+    """
+    if not params:
+        return
+    keys = _sr_key(
+        torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
+        (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
+        & _MASK32,
+    )
+    small_keys = _chunk_key(keys, 0)
+    buffers = _SrBuffers(min(SR_CHUNK, sum(v.numel() for v in values)), values[0].device)
+    for run in batches(values, SR_CHUNK):
+        if values[run.start].numel() > SR_CHUNK:  # alone in its run
+            _round_large_(params[run.start], values[run.start], keys[run.start], buffers)
+        else:
+            _round_run_(params[run], values[run], small_keys[run], buffers)
+
+
+# Note [stochastic rounding in int32]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The kernels round x (float32 bits b, as unsigned) to the bf16 pattern (b + noise) >> 16, with
+# noise = fmix32(index ^ key) >> 16, or to the quiet NaN (b >> 16) | 0x40 where x is a NaN
+# (cuda/dtypes.cuh). torch has no uint32 arithmetic, so the torch form runs it in int32, whose
+# add, xor and multiplication give the same 32 bits as uint32's; a right shift is arithmetic,
+# masked where it must be logical. It leaves out every step that cannot change the result:
+# * fmix32's last step, h ^= h >> 16, changes only the low 16 bits, which the noise drops.
+# * Its first step, h ^= h >> 16 on h = c ^ i, is done on c alone where i < 2**16:
+#   (c ^ i) ^ ((c ^ i) >> 16) = (c ^ (c >> 16)) ^ i. A tensor of at most SR_CHUNK elements has
+#   indices i < 2**16 (c = key); a chunk of a larger one starts at a multiple of SR_CHUNK, a
+#   power of two of at most 2**16, so its element i has the index start ^ i (c = key ^ start).
+#   `_chunk_key` mixes c once per tensor or chunk.
+# * For a non-NaN x, b + noise (noise in [0, 2**16)) does not overflow int32: b <= 0x7F800000
+#   (+inf), or, for a negative x, -2**31 <= b <= -2**23 (-inf), so the sum stays negative. Its
+#   arithmetic >> 16 is then the uint32 (b + noise) >> 16 less 2**16 when negative: the bf16
+#   pattern as a sign-extended int16, which a copy to int16 keeps as it is (no masking to 16
+#   bits and back).
+# * A NaN's b + noise can carry out of the mantissa (into inf's pattern, or past it into the
+#   sign), so it is replaced before the shift by b | 0x400000, which shifts to (b >> 16) | 0x40.
+
+
+class _SrBuffers:
+    """The chunk buffers of one :func:`stochastic_round_` call, the constants of its hash, and
+    whether its tensors are on the host (a CPU, outside :func:`decide_skips_on_device`): there
+    reading one, or making one from Python values, costs no sync (Note [host skip]).
+
+    The constants are 0-dim int32 tensors: an op converts a Python int to a tensor of its
+    operand's dtype each time, about 1.5 us, a third of the cost of an op over a chunk on a
+    CPU.
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.index = torch.arange(size, dtype=torch.int32, device=device)
+        self.values = torch.empty(size, dtype=torch.float32, device=device)
+        self.h = torch.empty(size, dtype=torch.int32, device=device)
+        self.scratch = torch.empty(size, dtype=torch.int32, device=device)
+        self.out = torch.empty(size, dtype=torch.int16, device=device)
+        self.c1, self.c2, self.shift13, self.low19, self.shift16, self.low16 = (
+            torch.full((), value, dtype=torch.int32, device=device)  # no copy to the device
+            for value in (_C1, _C2, 13, 0x7FFFF, 16, 0xFFFF)
+        )
+        self.on_host = _host_reads_free(device)
+
+
+def _flat(t: Tensor) -> Tensor:
+    """:func:`storage_flat`, by a cheaper view for a contiguous tensor, and none for a 1-D one
+    (a view costs about 1 us: 2 ms a step over 2000 tensors)."""
+    if not t.is_contiguous():
+        return storage_flat(t)
+    return t if t.dim() == 1 else t.view(-1)
+
+
+def _round_run_(
+    params: list[Tensor], values: list[Tensor], keys: Tensor, buffers: _SrBuffers
+) -> None:
+    """A run of tensors of at most :data:`SR_CHUNK` elements in all, as one chunk (``keys``:
+    theirs, by :func:`_chunk_key`)."""
+    flats = [_flat(v) for v in values]
+    sizes = [f.numel() for f in flats]
+    total = sum(sizes)
+    if not total:
+        return
+    h = buffers.h[:total]
+    _index_xor_keys(h, sizes, keys, buffers)
+    if len(flats) == 1:  # nothing to concatenate: rounded from the value into the param
+        _round_bits_(h, flats[0].view(torch.int32), buffers)
+        _flat(params[0]).view(torch.int16).copy_(h)
+        return
+    bits = torch.cat(flats, out=buffers.values[:total]).view(torch.int32)
+    _round_bits_(h, bits, buffers)
+    # One dtype view for the run, none per param: a bf16 copy is a copy of the bits.
+    rounded = buffers.out[:total].copy_(h).view(torch.bfloat16)
+    torch._foreach_copy_([_flat(p) for p in params], list(rounded.split(sizes)))
+
+
+def _index_xor_keys(h: Tensor, sizes: list[int], keys: Tensor, buffers: _SrBuffers) -> None:
+    """``h`` = each element's index in its tensor (of ``sizes``), xor its tensor's key."""
+    index = buffers.index
+    if all(n == sizes[0] for n in sizes):  # equal sizes (layers of a model): broadcast
+        rows = h.view(len(sizes), -1)
+        torch.bitwise_xor(index[: sizes[0]].view(1, -1), keys.view(-1, 1), out=rows)
+    elif buffers.on_host:  # from the sizes as a tensor: no op per tensor
+        total = h.numel()
+        counts = torch.tensor(sizes, device=h.device)
+        starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+        torch.sub(index[:total], torch.repeat_interleave(starts, counts, output_size=total), out=h)
+        h ^= torch.repeat_interleave(keys, counts, output_size=total)
+    else:  # copying the sizes to the device would sync: views of device tensors, concatenated
+        torch.cat([index[:n] for n in sizes], out=h)
+        pieces = [key.expand(n) for key, n in zip(keys.unbind(), sizes)]
+        h ^= torch.cat(pieces, out=buffers.scratch[: h.numel()])
+
+
+def _round_large_(param: Tensor, value: Tensor, key: Tensor, buffers: _SrBuffers) -> None:
+    """One tensor of more than :data:`SR_CHUNK` elements, a chunk at a time (``key``: its
+    own, unmixed, uint32 in int64)."""
+    bits = _flat(value).view(torch.int32).split(SR_CHUNK)
+    out = _flat(param).view(torch.int16).split(SR_CHUNK)
+    starts = torch.arange(0, value.numel(), SR_CHUNK, dtype=torch.int64, device=key.device)
+    chunk_keys = _chunk_key(key, starts)
+    for chunk_bits, chunk_out, chunk_key in zip(bits, out, chunk_keys.unbind()):
+        m = chunk_bits.numel()
+        h = torch.bitwise_xor(buffers.index[:m], chunk_key, out=buffers.h[:m])
+        _round_bits_(h, chunk_bits, buffers)
+        chunk_out.copy_(h)
+
+
+def _round_bits_(h: Tensor, bits: Tensor, buffers: _SrBuffers) -> None:
+    """``h`` (int32, index ^ mixed key) becomes the bf16 patterns, as int16 values, of the
+    float32 ``bits`` (int32) rounded with its noise: ``bfloat16_bits_from_float_sr`` of
+    cuda/dtypes.cuh (Note [stochastic rounding in int32])."""
+    _noise_(h, buffers)
+    h += bits
+    _quiet_nans_(h, bits, buffers.on_host)
+    h >>= buffers.shift16
+
+
+def _noise_(h: Tensor, buffers: _SrBuffers) -> None:
+    """``so_sr_noise`` in place on int32 ``h`` = index ^ mixed key: the steps of fmix32 that
+    reach its top 16 bits, which it keeps (multiplications wrap as uint32's do)."""
+    scratch = buffers.scratch[: h.numel()]
+    h *= buffers.c1
+    torch.bitwise_right_shift(h, buffers.shift13, out=scratch)
+    scratch &= buffers.low19  # a logical shift
+    h ^= scratch
+    h *= buffers.c2
+    h >>= buffers.shift16
+    h &= buffers.low16  # a logical shift
+
+
+def _quiet_nans_(h: Tensor, bits: Tensor, on_host: bool) -> None:
+    """``h = bits | 0x400000`` where ``bits`` is a NaN: the quiet NaN once shifted."""
+    # On the host a sum (one pass) tells whether there is a NaN (or an inf - inf: a harmless
+    # false alarm), sparing the three passes of the where; on a device reading it would sync.
+    if on_host and not math.isnan(bits.view(torch.float32).sum()):
+        return
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    torch.where(nan, bits | 0x400000, h, out=h)
+
+
+def _mul32(x: Tensor, constant: int) -> Tensor:
+    """``x * constant mod 2**32`` for int64 tensors holding uint32, without int64 overflow."""
+    lo, hi = constant & 0xFFFF, constant >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _xorshift16(h: Tensor) -> Tensor:
+    """``h ^ (h >> 16)`` for int64 tensors holding uint32: fmix32's first and last step."""
+    return h ^ (h >> 16)
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    h = _mul32(_xorshift16(h), 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    return _xorshift16(_mul32(h, 0xC2B2AE35))
+
+
+def _chunk_key(key: Tensor, start: Tensor | int) -> Tensor:
+    """The int32 key of the chunk of a tensor of ``key`` (uint32 in int64) that starts at
+    element ``start``, with fmix32's first step done (Note [stochastic rounding in int32]): the
+    noise of the chunk's ``i``-th element hashes ``i ^`` it."""
+    return _as_int32(_xorshift16(key ^ (start & _MASK32)))  # the index's low 32 bits
+
+
+def _as_int32(u: Tensor) -> Tensor:
+    """Int64 tensors holding uint32 as the int32 of the same bits."""
+    return torch.where(u >= 1 << 31, u - (1 << 32), u).to(torch.int32)
+
+
+def _sr_key(seed: Tensor, step: Tensor) -> Tensor:
+    return _fmix32(seed ^ _fmix32(step))
+
+
+def _fmix32_int(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def _to_int32(u: int) -> int:
+    return u - (1 << 32) if u >= 1 << 31 else u
+
+
+#: fmix32's multipliers as int32 (two's complement of the uint32 constants).
+_C1, _C2 = _to_int32(0x85EBCA6B), _to_int32(0xC2B2AE35)
+#: Elements per chunk of :func:`stochastic_round_` (its buffers are this long): a power of two
+#: of at most 2**16, so the indices of a chunk share their high 16 bits (Note [stochastic
+#: rounding in int32]).
+SR_CHUNK = 1 << 16

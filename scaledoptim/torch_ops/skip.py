@@ -1,0 +1,153 @@
+"""The skip of a step, on device or on the host: the unscale in place with its inf/nan check,
+step counters (:class:`PackedSteps`), the copy gated on ``found_inf``, and where a CPU step's
+skip is read on the host (Note [host skip])."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PackedSteps",
+    "advance_steps_",
+    "copy_unless_skipped_",
+    "decide_skips_on_device",
+    "skip_on_host",
+    "unscale_dense_",
+    "unscale_in_place_",
+]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+    """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan in what the update
+    will read: the unscaled values (torch's op, grouped by dtype as it requires).
+
+    torch's op checks the grads before multiplying, so they are checked again after: at a scale
+    below 1 a finite scaled value can unscale to inf (9.5e32 at 2**-20 in float32, far less in
+    fp16), and that is an overflow. A sparse grad is unscaled through its values, as
+    ``torch.amp.GradScaler`` does; a 16-bit one is checked again coalesced, since values at one
+    index sum when it is applied. A complex grad is unscaled as its real view.
+    """
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    sparse_16bit: list[Tensor] = []
+    for grad in grads:
+        if grad.is_sparse:
+            if grad.dtype in _LOW_PRECISION and not grad.is_coalesced():
+                sparse_16bit.append(grad)
+            grad = grad._values()
+        if grad.is_complex():
+            grad = torch.view_as_real(grad)
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for same_dtype in by_dtype.values():
+        unscale_dense_(same_dtype, found_inf, inv_scale)
+    for grad in sparse_16bit:
+        _check_non_finite_([grad.coalesce()._values()], found_inf)
+
+
+def unscale_dense_(tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+    """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
+    inf/nan before or after the multiply (see :func:`unscale_in_place_`)."""
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
+    _check_non_finite_(tensors, found_inf)
+
+
+def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
+    """Sets ``found_inf`` on inf/nan in ``tensors`` (of one dtype), changing none of them."""
+    one = torch.ones((), dtype=torch.float32, device=found_inf.device)
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, one)
+
+
+class PackedSteps(list[Tensor]):
+    """A list of step counters that are the elements of one 1-D tensor, :attr:`flat`, in order
+    (Note [packed counters]).
+
+    Note [packed counters]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    Every param of a fused optimizer has a 0-dim float32 ``state["step"]`` (torch's state name;
+    the kernels read it, a skipped first step must not count). Advanced with a foreach op over
+    2000 0-dim CPU tensors, they cost 3 ms a step, as much as torch's whole fused SGD step over
+    2000x1k params (issue 22, item 3): torch's CPU foreach ops loop over the tensors. So the
+    full plan (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
+    and hands the update a ``PackedSteps``, which :func:`advance_steps_` advances with one
+    ``add_`` of ``flat``. A list sliced or copied from it is a plain list and takes the foreach
+    op: only the plan builds one, and the step cache replans when any state value moves (a
+    counter replaced or loaded is new storage), so a ``PackedSteps`` is always exactly
+    ``flat.unbind()``. The counters stay separate 0-dim tensors to everyone else (state_dict,
+    the kernels' tables, torch.optim's implementations).
+    """
+
+    def __init__(self, flat: Tensor) -> None:
+        super().__init__(flat.unbind())
+        self.flat = flat
+
+
+def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
+    """Adds 1 to every step counter, or nothing when ``found_inf`` is set (on device)."""
+    if not steps:
+        return
+    if isinstance(steps, PackedSteps):
+        steps.flat.add_(1 if found_inf is None else 1 - found_inf)
+    elif found_inf is None:
+        torch._foreach_add_(steps, 1)
+    else:
+        # `alpha=` matches only the Tensor overload: without it Python's argument parser takes
+        # the 0-dim tensor as the Scalar overload's number, an .item() (a sync on a GPU).
+        torch._foreach_add_(steps, 1 - found_inf, alpha=1)
+
+
+def copy_unless_skipped_(
+    dst: Sequence[Tensor], src: Sequence[Tensor], found_inf: Tensor | None
+) -> None:
+    """``dst[i] = src[i]``, or nothing when ``found_inf`` is set (on device, no host read)."""
+    if found_inf is None:
+        torch._foreach_copy_(list(dst), list(src))
+        return
+    skip = found_inf > 0
+    for d, s in zip(dst, src):
+        d.copy_(torch.where(skip, d, s))
+
+
+# Note [host skip]
+# ~~~~~~~~~~~~~~~~
+# The sync-free contract (found_inf stays on device, a skipped step is a no-op decided there)
+# exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
+# so on a CPU the torch forms read found_inf and skip on the host, and update in place with
+# foreach ops (issue 22, item 1); the sync-free form (a `torch.where` + copy per list, every
+# intermediate a new full-size tensor) stays for every other device, and for a step autograd
+# records (a differentiable step). `decide_skips_on_device()` makes the CPU take the sync-free
+# form too, so the suite and the doctor can check it without a GPU (`no_host_reads` uses it),
+# and so stochastic rounding's, which on a CPU only reads whether a chunk holds a NaN and makes
+# a run's sizes a tensor.
+_skips_on_device_only = [False]
+
+
+def skip_on_host(found_inf: Tensor | None, device: torch.device) -> bool | None:
+    """Whether a step on ``device`` is skipped, read on the host where that is free (a CPU,
+    outside autograd), else ``None``: decide on device (Note [host skip]). Reads ``found_inf``
+    on the host on a CPU only."""
+    if not _host_reads_free(device) or torch.is_grad_enabled():
+        return None
+    return found_inf is not None and bool(found_inf.item())
+
+
+def _host_reads_free(device: torch.device) -> bool:
+    """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, unless
+    :func:`decide_skips_on_device` says otherwise (Note [host skip])."""
+    return device.type == "cpu" and not _skips_on_device_only[0]
+
+
+@contextlib.contextmanager
+def decide_skips_on_device() -> Iterator[None]:
+    """Inside the block the torch forms take their sync-free forms on a CPU too (Note [host
+    skip])."""
+    saved = _skips_on_device_only[0]
+    _skips_on_device_only[0] = True
+    try:
+        yield
+    finally:
+        _skips_on_device_only[0] = saved
