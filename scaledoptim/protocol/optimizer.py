@@ -36,10 +36,7 @@ Every protocol step goes through ``self.step()``, and ``step()`` itself honours 
 from __future__ import annotations
 
 import functools
-import sys
-import warnings
 from collections.abc import Callable
-from types import CodeType
 from typing import Any
 
 import torch
@@ -56,16 +53,17 @@ from ..scale import (
 from ..torch_ops import refuse_during_capture, unscale_in_place_
 from . import replay
 from .backward_check import GradCheck
+from .gradscaler import asked_by_torch_scaler
 from .outputs import check_grads_scaled_by
 from .ownership import ScalingState
 from .plain_step import PlainStepGuard
 from .plans import (
     GenericStepPlan,
     PendingStep,
+    StepOutcome,
     StepPlan,
     StepRequest,
     UnscalePlan,
-    native_amp_scaling,
 )
 from .replay import ClosureReplayError
 from .validation import check_no_fp16_grads, check_param_grads
@@ -110,10 +108,9 @@ class Optimizer(PlainStepGuard):
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
 
-    #: The request the ``self.step()`` a protocol method calls must carry out.
+    #: The request the ``self.step()`` a protocol method calls must carry out, and what it used.
     _scaledoptim_request: StepRequest | None = None
-    #: Set once this optimizer warned that a torch.amp.GradScaler drives it.
-    _scaledoptim_warned_torch_scaler: bool = False
+    _scaledoptim_outcome: StepOutcome | None = None
 
     # ------------------------------------------------------------------ the scale
     @property
@@ -317,30 +314,41 @@ class Optimizer(PlainStepGuard):
         self._check_can_step_without_closure("unscale_and_step")
         self._check_can_unscale()
         self._check_told_unscaled(grads_scaled_by)
-        request = StepRequest(unscale=True, scaled_by=grads_scaled_by)
-        self._run_step(request)
-        if request.found is None:
+        _, outcome = self._run_step(StepRequest(unscale=True, scaled_by=grads_scaled_by))
+        if outcome is None:
             raise RuntimeError(
                 f"{type(self).__name__}.step() did not run the step unscale_and_step() asked "
                 "for: a subclass of FusedOptimizer that overrides step() must call super().step()"
             )
-        return None, request.found, request.scale
+        return None, outcome.found_inf, outcome.scale
 
     # ------------------------------------------------------------------ plan, then commit
-    def _run_step(self, request: StepRequest, *args: Any, **kwargs: Any) -> Any:
+    def _run_step(
+        self, request: StepRequest, *args: Any, **kwargs: Any
+    ) -> tuple[Any, StepOutcome | None]:
         """Runs ``self.step(*args, **kwargs)`` carrying ``request`` out (Note [step requests]);
-        returns what the step returned (``None`` for a step skipped on the host)."""
+        returns what the step returned (``None`` for a step skipped on the host) and its
+        outcome, ``None`` when a ``step()`` override never carried the request out.
+
+        Package-internal: :class:`scaledoptim.GradScaler` steps an optimizer through it.
+        """
         if not self._plans_in_step:
             run = functools.partial(self.step, *args, **kwargs) if args or kwargs else None
             return self._execute(request, run=run)
-        self._scaledoptim_request = request
+        # step() takes no request and returns the loss: the request and its outcome pass
+        # through these two slots, each read once.
+        self._scaledoptim_request, self._scaledoptim_outcome = request, None
         try:
-            return self.step(*args, **kwargs)
+            result = self.step(*args, **kwargs)
+            return result, self._scaledoptim_outcome
         finally:
-            self._scaledoptim_request = None
+            self._scaledoptim_request = self._scaledoptim_outcome = None
 
-    def _execute(self, request: StepRequest, run: Callable[[], Any] | None = None) -> Any:
+    def _execute(
+        self, request: StepRequest, run: Callable[[], Any] | None = None
+    ) -> tuple[Any, StepOutcome]:
         """Plans the step, unscales, records ``found_inf`` and commits: ``request`` carried out.
+        Returns what the step returned and the :class:`StepOutcome`.
 
         Called by a fused ``step()`` (after its pre-hooks), by :meth:`_run_step` for other
         optimizers, and by the guard of a plain ``step()``, which passes the step function it
@@ -368,17 +376,19 @@ class Optimizer(PlainStepGuard):
             else:  # a GradScaler's scale: it moves in scaler.update()
                 found_inf, scale, update = self._agree(plan.found_inf), None, None
             pending = PendingStep(found_inf if scaled else None, left, update)
-            request.found, request.scale = found_inf, scale
+            outcome = StepOutcome(found_inf, scale)
         else:
+            # Every request that does not unscale carries the found_inf to skip on.
+            assert request.found_inf is not None
             pending = PendingStep(request.found_inf)
-            request.found = request.found_inf
+            outcome = StepOutcome(request.found_inf, None)
         self._scaledoptim_stepping = True  # a plan that calls self.step() is let through
         try:
             result = step.commit(pending)
         finally:
             self._scaledoptim_stepping = False
         state.found_inf = None
-        return result
+        return result, outcome
 
     def _plan_unscale(
         self,
@@ -530,40 +540,28 @@ class Optimizer(PlainStepGuard):
             state.loss_scale = loss_scale
         state.driver = driver
 
-    def _torch_scaler_request(self) -> StepRequest | None:
-        """The step ``torch.amp.GradScaler.step()`` asks for by setting ``grad_scale`` and
-        ``found_inf`` on the optimizer (Note [torch GradScaler]); ``None`` when the optimizer's
-        own step reads them (torch's fused optimizers)."""
-        attrs = vars(self)
-        if not self._scaledoptim_warned_torch_scaler:
-            self._scaledoptim_warned_torch_scaler = True
-            warnings.warn(
-                f"A torch.amp.GradScaler steps this scaledoptim.{type(self).__name__}: the scaler "
-                "keeps a scale of its own, so opt.scale (and the 'loss_scale' saved in "
-                "opt.state_dict()) is not the scale in use. The steps are right (they skip on "
-                "the scaler's found_inf), but use scaledoptim.GradScaler, a drop-in with the "
-                "same API whose scale is opt.scale, or the optimizer's own protocol "
-                "(opt.unscale_and_step(grads_scaled_by=opt.scale)).",
-                UserWarning,
-                stacklevel=4,
-            )
-        if native_amp_scaling(self):
-            return None  # torch's fused step reads grad_scale and found_inf itself
-        grad_scale = attrs.get("grad_scale")
-        return StepRequest(
-            unscale=grad_scale is not None,
-            scaled_by=grad_scale,
-            found_inf=attrs["found_inf"],
-            moves_scale=False,
-        )
+    def _unscale_for_scaler(
+        self, scaled_by: torch.Tensor, loss_scale: LossScale, driver: str
+    ) -> torch.Tensor | None:
+        """:meth:`scaledoptim.GradScaler.unscale_` (package-internal): unscales the grads by the
+        scaler's ``scaled_by`` without moving it, after every check, and takes the scaler's
+        ``loss_scale`` as this optimizer's. Returns the agreed ``found_inf``, or ``None`` when
+        no param has a grad (nothing is checked or changed)."""
+        step = self._plan_step()
+        if not step.grads:
+            return None
+        check_no_fp16_grads(step.grads, "GradScaler.unscale_()")
+        plan = self._plan_unscale(scaled_by, step, own=False)
+        assert plan.inv_scale is not None  # a scale was given
+        self._adopt_scale(loss_scale, driver)
+        unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
+        return self._agree(plan.found_inf)
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
         """torch's flag for "my step() reads ``grad_scale`` and ``found_inf``" (Note [torch
         GradScaler])."""
-        if native_amp_scaling(self):
-            return True
-        return sys._getframe(1).f_code in _torch_scaler_steps()
+        return asked_by_torch_scaler(self)
 
     @_step_supports_amp_scaling.setter
     def _step_supports_amp_scaling(self, value: bool) -> None:
@@ -586,30 +584,3 @@ class Optimizer(PlainStepGuard):
             state.found_inf = None
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.reset()
-
-
-@functools.cache
-def _torch_scaler_steps() -> frozenset[CodeType]:
-    """The code of ``torch.amp.GradScaler.step`` (and subclasses' own ``step``) that asks
-    ``_step_supports_amp_scaling`` before stepping.
-
-    Note [torch GradScaler]
-    ~~~~~~~~~~~~~~~~~~~~~~~
-    ``torch.amp.GradScaler.step(opt)`` asks ``opt._step_supports_amp_scaling``; when it is true
-    it sets ``opt.grad_scale`` (``None`` after ``unscale_``) and ``opt.found_inf`` (on device)
-    and calls ``opt.step()``, which must unscale and skip itself. scaledoptim's optimizers answer
-    true to that call alone: their step then honours both on device (sync-free on the fused
-    ones) and warns once that ``opt.scale`` is not the scale in use. Anyone else asking (Lightning
-    decides from it that the optimizer "unscales internally" and refuses gradient clipping) gets
-    false, which is what a scaledoptim optimizer's plain ``step()`` is. torch's own fused
-    optimizers set the flag on the instance; they answer true to everyone, as in torch.
-    """
-    codes = {torch.amp.GradScaler.step.__code__}
-    try:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-    except ImportError:  # torch built without distributed
-        pass
-    else:
-        if "step" in vars(ShardedGradScaler):
-            codes.add(ShardedGradScaler.step.__code__)
-    return frozenset(codes)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from .gradscaler import torch_scaler_request
 from .ownership import ScaleOwner, ScalingState
-from .plans import StepRequest
+from .plans import StepOutcome, StepRequest
 
 __all__ = ["PlainStepGuard"]
 
@@ -48,15 +49,15 @@ class PlainStepGuard(ScaleOwner):
 
     if TYPE_CHECKING:  # defined by scaledoptim.Optimizer, next to the per-step protocol
 
-        def _execute(self, request: StepRequest, run: Callable[[], Any] | None = None) -> Any: ...
-
-        def _torch_scaler_request(self) -> StepRequest | None: ...
+        def _execute(
+            self, request: StepRequest, run: Callable[[], Any] | None = None
+        ) -> tuple[Any, StepOutcome]: ...
 
     def _implicit_request(self, closure_given: bool) -> StepRequest | None:
         """What a plain ``step()`` call owes the protocol (Note [step requests]), ``None`` for
         nothing: the step runs as written."""
         if "found_inf" in vars(self):  # set by torch.amp.GradScaler.step()
-            return self._torch_scaler_request()
+            return torch_scaler_request(self)
         state = self._scaledoptim_scaling
         if state is None or state.replaying:  # closure replay steps with what it unscaled
             return None
@@ -99,7 +100,7 @@ class PlainStepGuard(ScaleOwner):
             key: vars(self).pop(key) for key in ("grad_scale", "found_inf") if key in vars(self)
         }
         try:
-            return self._execute(request, run=functools.partial(step, self, *args, **kwargs))
+            return self._execute(request, run=functools.partial(step, self, *args, **kwargs))[0]
         finally:
             vars(self).update(hidden)
 

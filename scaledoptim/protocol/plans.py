@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -14,6 +14,7 @@ from ..torch_ops import unscale_in_place_
 __all__ = [
     "GenericStepPlan",
     "PendingStep",
+    "StepOutcome",
     "StepPlan",
     "StepRequest",
     "UnscalePlan",
@@ -21,7 +22,7 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StepRequest:
     """What a ``step()`` owes the protocol besides the update (Note [step requests] in
     optimizer.py).
@@ -36,8 +37,8 @@ class StepRequest:
             protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
         adopt: a GradScaler's scale for the optimizer to take as its own, once every check
             passed.
-        found: set by the step: the ``found_inf`` it used.
-        scale: set by the step: the recommended scale (own protocol only).
+
+    The step answers with a :class:`StepOutcome`.
     """
 
     unscale: bool
@@ -45,8 +46,18 @@ class StepRequest:
     found_inf: torch.Tensor | None = None
     moves_scale: bool = True
     adopt: tuple[LossScale, str] | None = None
-    found: torch.Tensor | None = None
-    scale: torch.Tensor | None = None
+
+
+class StepOutcome(NamedTuple):
+    """What a step that carried out a :class:`StepRequest` used.
+
+    Attributes:
+        found_inf: the ``found_inf`` the update skipped on.
+        scale: the recommended scale (the optimizer's own protocol only, else ``None``).
+    """
+
+    found_inf: torch.Tensor
+    scale: torch.Tensor | None
 
 
 @dataclasses.dataclass
