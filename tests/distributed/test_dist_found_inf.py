@@ -188,7 +188,7 @@ def dcp_resume_of_fsdp2_is_bit_identical(rank, world_size, tmp):
 
     model, opt = fresh()
     _train_checking_skips(model, opt, rank, _local_grads, steps=range(5))
-    assert opt._scaling().loss_scale.hysteresis_tracker.item() == 1, "mid hysteresis"
+    assert opt.scaling_state.loss_scale.hysteresis_tracker.item() == 1, "mid hysteresis"
     dcp.save(checkpoint(model, opt), checkpoint_id=tmp)
     _train_checking_skips(model, opt, rank, _local_grads, steps=range(5, STEPS))
 
