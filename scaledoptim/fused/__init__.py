@@ -1,7 +1,7 @@
 """The engine of the fused optimizers; it never imports ``scaledoptim.optim``.
 
 * :class:`FusedOptimizer`: the base class; a subclass implements :class:`Update`.
-* ``plan.py``: a step's plan (validated before anything changes) and its cache.
+* ``plan.py``: a step's plan (validated before anything changes); ``cache.py``: its cache.
 * ``state.py``, ``rounding.py``: per-param state and the param rounding options.
 * ``backends/``: what runs an update (our kernels, or torch's ops); ``select`` picks one.
 """

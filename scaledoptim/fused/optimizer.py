@@ -2,7 +2,8 @@
 reads ``found_inf`` on device, so that skipping an overflowed step needs no host sync.
 
 A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol (its state, its
-kernel's arguments, its torch form); the engine (``plan.py``, ``backends/``) does the rest.
+kernel's arguments, its torch form); the engine (``plan.py``, ``cache.py``,
+``backends/``) does the rest.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from ..protocol import Optimizer
 from ..protocol.backward_check import GradCheck
 from ..protocol.plans import PendingStep
 from .backends import select
+from .cache import StepCache
 from .loading import plan_loaded_groups, plan_loaded_state
-from .plan import FusedStepPlan, MasterWatch, StepCache, plan_step
+from .plan import FusedStepPlan, MasterWatch, build_plan
 from .rounding import check_rounding_options, check_rounding_params
 from .update import GradReduction, Group, TensorLists
 
@@ -89,7 +91,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
     elementwise: ClassVar[bool] = False
     #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
     _plans_in_step: ClassVar[bool] = True
-    #: The last step's plan, for the next (Note [step cache] in plan.py); not pickled, as
+    #: The last step's plan, for the next (Note [step cache] in cache.py); not pickled, as
     #: torch.optim pickles only its defaults, state and param groups.
     _step_cache: StepCache | None = None
     #: The params with an fp32 master as the last step left them (Note [param edits under
@@ -186,7 +188,14 @@ class FusedOptimizer(Optimizer, abc.ABC):
         self._check_param_groups()
         for group in self.param_groups:
             self.check_options(group)
-        plan, self._step_cache = plan_step(self, self._step_cache)
+        # This step's plan from the cache when nothing it depends on changed, else in full (and
+        # the cache for the next step from it).
+        if self._step_cache is not None:
+            plan = self._step_cache.plan(self)
+            if plan is not None:
+                return plan
+        plan = build_plan(self)
+        self._step_cache = StepCache.of(self, plan)
         return plan
 
     def _overlapped_check(self, device: torch.device) -> GradCheck | None:

@@ -1,4 +1,4 @@
-"""The fused optimizers' step cache (scaledoptim/fused/plan.py): a steady-state step reuses
+"""The fused optimizers' step cache (scaledoptim/fused/cache.py): a steady-state step reuses
 the last plan, and whatever a user can change between steps gives exactly the step a plan built
 from scratch gives, or the same error.
 
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scaledoptim
-from scaledoptim.fused import plan
+from scaledoptim.fused import optimizer as fused_optimizer
 from scaledoptim.testing.optim_db import rows
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")  # our kernels (emulated) and torch's ops
@@ -39,13 +39,13 @@ def _params(channels_last: bool = True) -> list[torch.nn.Parameter]:
 
 def _count_builds(monkeypatch) -> list[int]:
     builds = [0]
-    build = plan._build_plan
+    build = fused_optimizer.build_plan
 
     def counting(optimizer):
         builds[0] += 1
         return build(optimizer)
 
-    monkeypatch.setattr(plan, "_build_plan", counting)
+    monkeypatch.setattr(fused_optimizer, "build_plan", counting)
     return builds
 
 

@@ -1,5 +1,5 @@
 """The step cache against every change a user can make between steps (Note [step cache] in
-scaledoptim/fused/plan.py): two optimizers get the same changes, one keeps its step cache, the
+scaledoptim/fused/cache.py): two optimizers get the same changes, one keeps its step cache, the
 other plans every step from scratch, and after every step they must be bit-identical (params,
 their dtype and layout, every state entry, the scale and its tracker, ``found_inf``) or both
 raise the same error, on both backends.
@@ -574,11 +574,11 @@ def test_any_sequence_of_mutations_steps_as_a_plan_from_scratch(
 def test_steady_state_steps_keep_the_plan(monkeypatch) -> None:
     """The checks above cost no cache misses: a steady state, with an entry that is no tensor
     in a param's state, is planned in full once the state exists, then kept."""
-    from scaledoptim.fused import plan
+    from scaledoptim.fused import optimizer as fused_optimizer
 
     builds = []
-    build = plan._build_plan
-    monkeypatch.setattr(plan, "_build_plan", lambda opt: builds.append(1) or build(opt))
+    build = fused_optimizer.build_plan
+    monkeypatch.setattr(fused_optimizer, "build_plan", lambda opt: builds.append(1) or build(opt))
     twin, _ = _twins(row("AdamW"), channels_last=True, master_weights=True)
     for step in range(6):
         if step == 3:
