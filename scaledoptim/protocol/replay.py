@@ -37,7 +37,8 @@ class Replayable(Protocol):
 
     def step(self, closure: Callable[[], Any]) -> Any: ...
 
-    def _scaling(self) -> ScalingState: ...
+    @property
+    def scaling_state(self) -> ScalingState: ...
 
 
 class ClosureReplayError(RuntimeError):
