@@ -3,15 +3,25 @@
 Each case (optimizer, shape) builds every option over its own copy of the same params and
 scaled grads (2**16), then times one step per option per round, interleaved, with the grads
 restored before every step; each round starts one option later than the one before (A B C,
-B C A, C A B, ...), so that no option always runs first, or always right after the same other; a repetition's time of an option is its median over the rounds,
-and the ratio ours / alternative is printed as the median over the repetitions with its
-range (< 1: ours is faster). Transient memory is the peak of the CPU allocations alive during
-one step, over what was alive before it (torch's profiler), in bytes per param. It ends with
-one table: optimizer x shape x alternative, ratios with their range, transient bytes/param.
+B C A, C A B, ...), so that no option always runs first, or always right after the same other.
+A repetition's time of an option is its median over the rounds, and its ratio ours /
+alternative (< 1: ours is faster) is ours' time over the alternative's in that repetition.
+Transient memory is the peak of the CPU allocations alive during one step, over what was alive
+before it (torch's profiler), in bytes per param.
+
+It prints the environment (software, CPU, threads) and the load average at the start and the
+end, then the table of docs/performance.md: optimizer x alternative, a column per shape, each
+cell the median [min-max] of its values, and transient bytes/param. A cell's values are the
+repetitions' ratios in this process or, with ``--processes N``, one per fresh process (each the
+median of its own repetitions): the script runs itself N times, one after the other, with
+``--one-process``, which prints its times as JSON. A cell whose values disagree by more than
+15% (max / min) is printed as the range with the reason: ``bimodal: a / b`` when one gap
+between neighbouring values is that large (a, b: the medians either side of it), else
+``spread: ...`` with every value.
 
     python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD RMSprop Lion LAMB SR]
         [--shapes 1x25M 500x10k 2000x1k char-lm]
-        [--rounds 15] [--reps 3] [--threads 1]
+        [--rounds 15] [--reps 3] [--threads 1] [--processes 3]
 
 What each option's timed step runs:
     ours: ``opt.unscale_and_step(grads_scaled_by=S)`` (the unscale, the inf check and the
@@ -23,8 +33,8 @@ What each option's timed step runs:
         ``grad_scale`` and ``found_inf`` to the fused step, which unscales and skips inside.
 
 The options per case:
-    AdamW, Adagrad, SGD (nesterov, momentum 0.9, weight decay 0.01): ours, GS + torch fused,
-        GS + torch foreach.
+    Every optimizer at lr 1e-9. AdamW and Adagrad (weight decay 0.01), SGD (nesterov, momentum
+        0.9, weight decay 0.01): ours, GS + torch fused, GS + torch foreach.
     RMSprop (momentum 0.9, weight decay 0.01, not centered): ours, GS + torch foreach (torch
         2.13 has no fused RMSprop).
     Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py (the same
@@ -44,8 +54,13 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.metadata
 import importlib.util
+import json
+import os
+import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -61,6 +76,8 @@ from transient_memory import peak_transient_bytes
 import scaledoptim
 
 SCALE = 2.0**16
+# Values of one cell further apart than this (max / min - 1) are printed as a range with why.
+DISAGREEMENT = 0.15
 
 
 def _char_lm_sizes() -> list[int]:
@@ -199,10 +216,13 @@ class Option:
         return peak_transient_bytes(self.step) / sum(p.numel() for p in self.params)
 
 
-TABLE: list[str] = []
+Record = dict[str, Any]  # one option's times at one (case, shape): see measure()
 
 
-def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
+def measure(case: str, shape: str, rounds: int, reps: int) -> list[Record]:
+    """Each option's median step time per repetition (seconds) and its transient bytes/param;
+    the case's first option (ours) first. Progress goes to stderr (stdout carries the JSON of
+    ``--one-process``)."""
     gc.collect()  # the previous case's optimizers (reference cycles) out of this one's heap
     sizes = SHAPES[shape]()
     options = [Option(name, dtype, make, sizes) for name, (dtype, make) in CASES[case].items()]
@@ -215,40 +235,187 @@ def run_case(case: str, shape: str, rounds: int, reps: int) -> None:
                 times[option.name].append(option.timed())
         for name, values in times.items():
             medians[name].append(statistics.median(values))
-    transient = {o.name: o.transient_bytes_per_param() for o in options}
-    base = options[0].name
+    records = []
     for option in options:
+        transient = option.transient_bytes_per_param()
         ms = statistics.median(medians[option.name]) * 1e3
-        line = f"{case:<5} {shape:<8} {option.name:<14} {ms:9.2f} ms  +{transient[option.name]:5.1f} B/param"
-        if option.name != base:
-            ratios = [a / b for a, b in zip(medians[base], medians[option.name])]
-            ratio = (f"{statistics.median(ratios):.2f} "
-                     f"[{min(ratios):.2f}-{max(ratios):.2f}]")  # fmt: skip
-            line += f"   {base}/{option.name} {ratio}"
-            TABLE.append(
-                f"| {case} | {shape} | {option.name} | {ratio} | "
-                f"{transient[base]:.1f} | {transient[option.name]:.1f} |"
-            )
-        print(line, flush=True)
+        print(f"{case:<7} {shape:<8} {option.name:<20} {ms:9.2f} ms  +{transient:5.1f} B/param",
+              file=sys.stderr, flush=True)  # fmt: skip
+        records.append(dict(case=case, shape=shape, option=option.name,
+                            seconds=medians[option.name], bytes_per_param=transient))  # fmt: skip
+    return records
 
 
-def main() -> None:
+def measure_all(args: argparse.Namespace) -> list[Record]:
+    """Every case at every shape, in this process."""
+    return [record for case in args.cases for shape in args.shapes
+            for record in measure(case, shape, args.rounds, args.reps)]  # fmt: skip
+
+
+def run_ratios(records: list[Record]) -> dict[tuple[str, str, str], list[float]]:
+    """ours / alternative per repetition of one run, by (case, shape, alternative); ours is
+    the first option of each (case, shape)."""
+    base: dict[tuple[str, str], Record] = {}
+    ratios = {}
+    for r in records:
+        ours = base.setdefault((r["case"], r["shape"]), r)
+        if ours is not r:
+            ratios[r["case"], r["shape"], r["option"]] = [
+                a / b for a, b in zip(ours["seconds"], r["seconds"])
+            ]
+    return ratios
+
+
+def cell(values: list[float], tolerance: float = DISAGREEMENT) -> str:
+    """``median [min-max]`` of one cell's values; when the largest is more than ``tolerance``
+    over the smallest, the range and why: ``bimodal: a / b`` (the medians of the two groups
+    either side of the largest gap between neighbours, when that gap alone is over the
+    tolerance) or ``spread: v1 / v2 / ...`` (a drift, no gap that large)."""
+    values = sorted(values)
+    low, high = values[0], values[-1]
+    if high <= low * (1 + tolerance):
+        median = f"{statistics.median(values):.2f}"
+        return median if f"{low:.2f}" == f"{high:.2f}" else f"{median} [{low:.2f}-{high:.2f}]"
+    gap = max(range(len(values) - 1), key=lambda i: values[i + 1] / values[i])
+    if values[gap + 1] > values[gap] * (1 + tolerance):
+        groups = (values[: gap + 1], values[gap + 1 :])
+        why = "bimodal: " + " / ".join(f"{statistics.median(g):.2f}" for g in groups)
+    else:
+        why = "spread: " + " / ".join(f"{v:.2f}" for v in values)
+    return f"{low:.2f}-{high:.2f} ({why})"
+
+
+def span(values: list[float]) -> str:
+    """The range of transient bytes/param, one decimal: ``0.0`` or ``0.1-1.6``."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def table(runs: list[list[Record]], shapes: list[str]) -> list[str]:
+    """The table of docs/performance.md: a row per (case, alternative), a column per shape.
+
+    With one run (one process), a cell's values are its repetitions' ratios; with several runs
+    (``--processes``), each run's median ratio over its repetitions, one value per process.
+    """
+    per_run = [run_ratios(records) for records in runs]
+    if len(runs) == 1:
+        values = per_run[0]
+    else:
+        values = {key: [statistics.median(r[key]) for r in per_run] for key in per_run[0]}
+    memory: dict[tuple[str, str], list[float]] = {}
+    ours: dict[str, str] = {}  # each case's first option
+    for record in (record for records in runs for record in records):
+        ours.setdefault(record["case"], record["option"])
+        memory.setdefault((record["case"], record["option"]), []).append(record["bytes_per_param"])
+    rows = dict.fromkeys((case, option) for case, _, option in values)  # first seen, in order
+    lines = [
+        f"| optimizer | alternative | {' | '.join(shapes)} | ours B/param | alt. B/param |",
+        "|---|---|" + "---|" * len(shapes) + "---|---|",
+    ]
+    for case, option in rows:
+        cells = [cell(values[case, shape, option]) for shape in shapes]
+        lines.append(
+            f"| {case} | {option} | {' | '.join(cells)} | "
+            f"{span(memory[case, ours[case]])} | {span(memory[case, option])} |"
+        )
+    return lines
+
+
+def environment(threads: int) -> list[str]:
+    """What the figures depend on: the software, the CPU, the threads, the time."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]  # fmt: skip
+        cpu = names[0] if names else cpu
+    versions = [f"torch {torch.__version__}", f"Python {platform.python_version()}"]
+    for package in ("scaledoptim", "lion-pytorch", "pytorch-optimizer"):
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package} not installed")
+    return [
+        f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"software: {', '.join(versions)}; {platform.platform()}",
+        f"CPU: {cpu}, {os.cpu_count()} logical cores; torch threads: {threads}",
+    ]
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average: {one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min)"
+
+
+def fresh_processes(args: argparse.Namespace) -> list[list[Record]]:
+    """One run per process, one after the other: ``--one-process`` with the same options."""
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--one-process", "--cases", *args.cases,
+        "--shapes", *args.shapes, "--rounds", str(args.rounds), "--reps", str(args.reps),
+        "--threads", str(args.threads),
+    ]  # fmt: skip
+    runs = []
+    for process in range(args.processes):
+        print(f"process {process + 1} of {args.processes}; {load_average()}", flush=True)
+        child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+        runs.append(json.loads(child.stdout.splitlines()[-1]))
+    return runs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--shapes", nargs="+", default=["500x10k", "2000x1k"], choices=list(SHAPES))
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions per process (default: 3, or 1 with --processes)",
+    )
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="run each repetition set in N fresh processes, one after the other",
+    )
+    parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="(used by --processes) print this process's times as JSON",
+    )
+    args = parser.parse_args(argv)
+    for name in ("rounds", "reps", "threads", "processes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.processes is not None and args.one_process:
+        parser.error("--processes spawns --one-process children: give one or the other")
+    if args.reps is None:
+        args.reps = 1 if args.processes is not None else 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    for case in args.cases:
-        for shape in args.shapes:
-            run_case(case, shape, args.rounds, args.reps)
-    print(f"\nours / alternative, median [range] of {args.reps} repetitions of {args.rounds} "
-          f"interleaved rounds, {args.threads} thread(s); < 1: ours is faster")  # fmt: skip
-    print("| optimizer | shape | alternative | ours / alternative | ours B/param | alt. B/param |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(TABLE))
+    if args.one_process:
+        print(json.dumps(measure_all(args)))
+        return
+    start = time.perf_counter()
+    print("\n".join(environment(args.threads)))
+    print(f"at the start, {load_average()}", flush=True)
+    if args.processes is None:
+        runs = [measure_all(args)]
+        over = f"{args.reps} repetitions in one process"
+    else:
+        runs = fresh_processes(args)
+        over = f"{args.processes} fresh processes ({args.reps} repetition(s) each)"
+    print(f"at the end, {load_average()}; {time.perf_counter() - start:.0f} s")
+    print(f"\nours / alternative, median [min-max] over {over} of {args.rounds} rotated rounds "
+          f"each, {args.threads} thread(s); < 1: ours is faster; a cell whose values disagree "
+          f"by more than {DISAGREEMENT:.0%} is the range with the reason")  # fmt: skip
+    print("\n".join(table(runs, args.shapes)))
 
 
 if __name__ == "__main__":

@@ -229,6 +229,43 @@ def test_configure_scaling_documents_every_parameter_and_its_default(api_pages):
         assert "Default:" in rows[name], (name, rows[name])
 
 
+@pytest.mark.parametrize(
+    "identifier", ["scaledoptim.Optimizer.configure_scaling", "scaledoptim.ScalingConfig"]
+)
+def test_the_scale_parameters_default_column_shows_the_value(api_pages, identifier):
+    import inspect
+
+    import torch
+
+    # The Default column renders the source of the signature's default: a value, not the name
+    # of an attribute that holds it (ScalingConfig.min_scale, _FLOAT32.tiny).
+    doc = _docstring_html(api_pages["protocol"], identifier)
+    rendered = {
+        _text(cells[0]): _text(cells[-1])
+        for cells in (re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.DOTALL)
+                      for row in re.findall(r"<tr[^>]*>(.*?)</tr>", doc, flags=re.DOTALL))
+        if len(cells) == 4  # name, type, description, default
+    }  # fmt: skip
+    obj = eval(identifier, {"scaledoptim": scaledoptim})
+    parameters = dict(inspect.signature(obj).parameters)
+    parameters.pop("self", None)
+    assert set(rendered) == set(parameters)
+    for name, parameter in parameters.items():
+        try:
+            value = eval(rendered[name], {"__builtins__": {}})
+        except NameError:
+            pytest.fail(f"{identifier}'s {name} renders its default as {rendered[name]}")
+        assert value == parameter.default, (name, rendered[name], parameter.default)
+    # The literals are the values they stand for, in both signatures.
+    float32 = torch.finfo(torch.float32)
+    assert (parameters["min_scale"].default, parameters["max_scale"].default) == (
+        float32.tiny, float32.max,
+    )  # fmt: skip
+    configure = inspect.signature(scaledoptim.Optimizer.configure_scaling).parameters
+    config = inspect.signature(scaledoptim.ScalingConfig).parameters
+    assert {n: p.default for n, p in config.items()} == {n: configure[n].default for n in config}
+
+
 def test_no_dunder_method_and_no_kernel_hook_in_the_users_reference(api_pages):
     for page, html_ in api_pages.items():
         dunders = sorted(set(re.findall(r'id="([^"]*\.__\w+__)"', html_)))

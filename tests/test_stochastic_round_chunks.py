@@ -7,8 +7,6 @@ and tests/kernels/test_emulated_rounding.py."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,7 +15,6 @@ from hypothesis import strategies as st
 from scaledoptim.doctor.sync_free import no_host_reads
 from scaledoptim.torch_ops import (
     SR_CHUNK,
-    decide_skips_on_device,
     initial_seed,
     rounding,
     stochastic_round_,
@@ -64,7 +61,7 @@ def test_chunked_rounding_gives_the_reference_bits(shapes: str, step: float) -> 
     params = [torch.empty_like(v, dtype=torch.bfloat16) for v in values]
     seeds = [initial_seed(i) for i in range(len(values))]
     steps = [torch.tensor(step + i) for i in range(len(values))]
-    stochastic_round_(params, values, seeds, steps)
+    stochastic_round_(params, values, seeds, steps, on_host=True)
     for param, value, seed, count in zip(params, values, seeds, steps):
         assert torch.equal(storage_flat(param).view(torch.int16), _reference(value, seed, count))
 
@@ -75,10 +72,10 @@ def _unequal_runs_with_specials() -> list[torch.Tensor]:
     return [*values, _special(), torch.randn(6, 4).t()]
 
 
-def _rounded(values: list[torch.Tensor]) -> list[torch.Tensor]:
+def _rounded(values: list[torch.Tensor], on_host: bool) -> list[torch.Tensor]:
     params = [torch.empty_like(v, dtype=torch.bfloat16) for v in values]
     seeds = [initial_seed(i) for i in range(len(values))]
-    stochastic_round_(params, values, seeds, [torch.tensor(7.0)] * len(values))
+    stochastic_round_(params, values, seeds, [torch.tensor(7.0)] * len(values), on_host=on_host)
     return [storage_flat(p).view(torch.int16) for p in params]
 
 
@@ -87,8 +84,8 @@ def test_the_device_form_reads_nothing_on_the_host_and_gives_the_same_bits() -> 
     tensor; Note [host skip]), taken on a CPU: a host read would raise."""
     values = _unequal_runs_with_specials()
     with no_host_reads():
-        on_device = _rounded(values)
-    for ours, reference in zip(on_device, _rounded(values)):
+        on_device = _rounded(values, on_host=False)
+    for ours, reference in zip(on_device, _rounded(values, on_host=True)):
         assert torch.equal(ours, reference)
 
 
@@ -135,8 +132,7 @@ def test_a_chunk_rounds_to_the_kernels_bits(
     """``_round_bits_`` over elements ``first...`` of the chunk starting at ``chunk *
     SR_CHUNK``, with the host's NaN check or the device's where, against the kernels' formula."""
     start, n = chunk * SR_CHUNK, len(bits)
-    with contextlib.nullcontext() if on_host else decide_skips_on_device():
-        buffers = rounding._SrBuffers(SR_CHUNK, torch.device("cpu"))
+    buffers = rounding._SrBuffers(SR_CHUNK, torch.device("cpu"), on_host)
     h = buffers.index[first : first + n] ^ rounding._chunk_key(torch.tensor(key), start)
     signed = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32)
     rounding._round_bits_(h, signed, buffers)

@@ -60,7 +60,9 @@ def put_in_graph(functions: tuple[Callable[..., Any], ...]) -> None:
     _in_graph.append(True)
 
 
-def _make_guard(expected: tuple[Any, ...], signature: Signature, builder: Any, guard: Guard) -> None:
+def _make_guard(
+    expected: tuple[Any, ...], signature: Signature, builder: Any, guard: Guard
+) -> None:
     def check(_: Any) -> bool:
         return signature() == expected
 

@@ -88,6 +88,8 @@ def _reference_step(
     ref_params = [torch.nn.Parameter(p.detach().to("cpu", dtype, copy=True)) for p in params]
     state_dict = copy.deepcopy(opt.state_dict())
     state_dict.pop("loss_scale")
+    for group in state_dict["param_groups"]:  # and the copy each group carries for DCP
+        group.pop("loss_scale", None)
     state_dict["state"] = {  # on the CPU, as the reference's params are
         i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
         for i, s in state_dict["state"].items()

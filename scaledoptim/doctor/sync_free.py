@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from ..fused.backends import select
-from ..torch_ops import decide_skips_on_device
+from ..fused.backends.torch_native import decide_skips_on_device
 from .optimizers import OPTIMIZERS
 from .outcome import Outcome, kernels_env
 

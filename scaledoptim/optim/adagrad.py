@@ -103,6 +103,10 @@ class Adagrad(FusedOptimizer):
     elementwise = True
     torch_optim = torch.optim.Adagrad
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _adagrad_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],

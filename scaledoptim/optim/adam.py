@@ -134,6 +134,10 @@ class Adam(FusedOptimizer):
         "differentiable": False, "decoupled_weight_decay": False, "fused": None,
     }  # fmt: skip
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _adam_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],

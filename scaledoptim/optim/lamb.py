@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
+from ..fused.backends import TORCH_NATIVE
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -173,6 +174,10 @@ class LAMB(FusedOptimizer):
     _grad_partials: dict[torch.device, _ChunkPartials] | None = None
     _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _lamb_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -251,7 +256,9 @@ class LAMB(FusedOptimizer):
         global grad norm computed (``_GlobalGradNorm.torch_form``)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         o = _lamb_options(group)
-        skip = skip_on_host(found_inf, params[0].device) if params else None
+        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
+        skip = skip_on_host(found_inf, host_reads) if params else None
         if skip is not None:  # Note [host skip]: on a CPU, in place
             if not skip:
                 advance_steps_(steps, None)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
+from ..fused.backends import TORCH_NATIVE
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -107,6 +108,10 @@ class Lion(FusedOptimizer):
     kernel = LION_KERNEL
     elementwise = True
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _lion_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -146,7 +151,9 @@ class Lion(FusedOptimizer):
     ) -> None:
         params, grads, exp_avgs, steps = tensor_lists
         o = _lion_options(group)
-        skip = skip_on_host(found_inf, params[0].device) if params else None
+        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
+        skip = skip_on_host(found_inf, host_reads) if params else None
         if skip is not None:  # Note [host skip]: on a CPU, in place
             if not skip:
                 _lion_in_place_(params, grads, exp_avgs, o)

@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.optim.rmsprop import rmsprop as torch_rmsprop
 
 from ..fused import FusedOptimizer, check_tensor_hyperparameter, hyperparameter
+from ..fused.backends import TORCH_NATIVE
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -110,6 +111,10 @@ class RMSprop(FusedOptimizer):
         "differentiable": False, "capturable": False,
     }  # fmt: skip
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _rmsprop_options(group)
+
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
@@ -172,7 +177,9 @@ class RMSprop(FusedOptimizer):
         ``found_inf`` is set."""
         params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
         o = _rmsprop_options(group)
-        skip = skip_on_host(found_inf, params[0].device) if params else None
+        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
+        skip = skip_on_host(found_inf, host_reads) if params else None
         if skip is not None:
             if not skip:
                 _rmsprop_in_place_(params, grads, square_avgs, buffers, grad_avgs, o)

@@ -118,6 +118,10 @@ class SGD(FusedOptimizer):
     }  # fmt: skip
     _state_may_lack_step = True
 
+    @staticmethod
+    def update_options(group: dict[str, Any]) -> dict[str, Any]:
+        return _sgd_options(group)
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],

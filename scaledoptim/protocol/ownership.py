@@ -4,7 +4,7 @@ state in and out. The per-step half of the protocol is in optimizer.py."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -20,7 +20,25 @@ from .backward_check import BackwardCheck
 from .loads import check_layout
 from .plans import StepOutcome, StepRequest
 
-__all__ = ["ScaleOwner", "ScalingState"]
+__all__ = ["GROUP_SCALE_KEY", "ScaleOwner", "ScalingState"]
+
+# Note [the scale through DCP]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.distributed.checkpoint's get_optimizer_state_dict rebuilds an optimizer's state_dict from
+# its "state" and "param_groups" alone (a top-level "loss_scale" is dropped), renames param ids
+# to FQNs and merges several optimizers' groups into one list; set_optimizer_state_dict splits
+# them back per optimizer by FQN. A key of a param group survives that, sharded or full, and
+# stays with its own optimizer, so state_dict() writes the scale state (scale, growth and
+# hysteresis trackers as replicated 0-dim tensors, and the config) into every group, besides
+# the top-level "loss_scale" torch.save users read. A load takes the top-level one when there
+# is one (the old recipe loads the scale saved beside that way), else the groups' copies, which
+# must agree; the key never reaches opt.param_groups. Every group holds a copy so that a group
+# a split leaves on its own still carries it. Not carried: StateDictOptions(
+# flatten_optimizer_state_dict=True), whose loader rebuilds each group from the keys the live
+# opt.param_groups hold (a key there would reach schedulers and add_param_group; not worth it).
+
+#: The param-group key that carries the loss scale state (Note [the scale through DCP]).
+GROUP_SCALE_KEY = "loss_scale"
 
 _Self = TypeVar("_Self", bound="ScaleOwner")
 
@@ -103,9 +121,11 @@ class ScaleOwner(torch.optim.Optimizer):
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         hysteresis: int = 1,
-        min_scale: float = ScalingConfig.min_scale,
-        max_scale: float = ScalingConfig.max_scale,
-        max_replays: int = ScalingConfig.max_replays,
+        # Literals, not ScalingConfig's attributes: the API reference renders the source of a
+        # default, and a reader wants the value (a test checks that the two agree).
+        min_scale: float = 1.1754943508222875e-38,
+        max_scale: float = 3.4028234663852886e38,
+        max_replays: int = 32,
         process_group: Any = None,
         check_during_backward: bool = False,
     ) -> _Self:
@@ -185,7 +205,10 @@ class ScaleOwner(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`torch.optim.Optimizer.state_dict`, plus ``"loss_scale"``: the scale, its
-        growth and hysteresis trackers and its config. Loading it resumes bit for bit.
+        growth and hysteresis trackers and its config. Loading it resumes bit for bit. Each
+        param group holds a copy under the same key, which
+        ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` keeps (it drops
+        the top-level one), so a DCP checkpoint carries the scale too.
 
         The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is not saved (it belongs to the
         run): configure the resumed optimizer with its own, then load.
@@ -198,7 +221,10 @@ class ScaleOwner(torch.optim.Optimizer):
         """
         self._check_between_steps("state_dict()")
         state_dict = super().state_dict()
-        state_dict["loss_scale"] = self._scaling().loss_scale.state_dict()
+        loss_scale = self._scaling().loss_scale
+        state_dict["loss_scale"] = loss_scale.state_dict()
+        for group in state_dict["param_groups"]:  # Note [the scale through DCP]
+            group[GROUP_SCALE_KEY] = loss_scale.state_dict()
         return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -209,8 +235,10 @@ class ScaleOwner(torch.optim.Optimizer):
         the scale state are validated; only then is anything installed, and the post-hooks run.
         A refusal names the key and the fix and changes nothing.
 
-        A plain ``torch.optim`` state_dict (no ``"loss_scale"``) loads with this optimizer's
-        scale reset to its configured ``init_scale`` (an optimizer a
+        The scale state is the top-level ``"loss_scale"``, or else the copy every param group
+        holds (what ``set_optimizer_state_dict`` passes), which must agree; it is never put into
+        ``param_groups``. A plain ``torch.optim`` state_dict (neither) loads with this
+        optimizer's scale reset to its configured ``init_scale`` (an optimizer a
         :class:`scaledoptim.GradScaler` steps keeps the scaler's scale, loaded with the
         scaler). The scale state is copied into :attr:`~scaledoptim.Optimizer.scale`'s tensor:
         ``S = opt.scale`` taken before the load resumes from the loaded scale. The process group
@@ -248,7 +276,7 @@ class ScaleOwner(torch.optim.Optimizer):
         state = self._scaling()
         if loss_scale is not None:  # None: a plain torch.optim state_dict into a GradScaler's
             state.loss_scale = self._keep_handle(loss_scale)
-            state.loaded = "loss_scale" in state_dict
+            state.loaded = "loss_scale" in state_dict or _carries_scale(state_dict)
         state.found_inf = None
         for post_hook in list(post_hooks.values()):
             post_hook(self)
@@ -391,8 +419,9 @@ class ScaleOwner(torch.optim.Optimizer):
                 "then call scaledoptim.share_scale(...) again"
             )
         state_dict = dict(state_dict)
+        group_scale_state = _pop_group_scale_state(state_dict)
         given = "loss_scale" in state_dict
-        scale_state = state_dict.pop("loss_scale", None)
+        scale_state = state_dict.pop("loss_scale", group_scale_state)
         if given and scale_state is None:
             raise TypeError(
                 "Corrupt optimizer state_dict: 'loss_scale' is None. Load the 'loss_scale' "
@@ -404,3 +433,62 @@ class ScaleOwner(torch.optim.Optimizer):
                 return None, state_dict  # the scaler's scale is the one in use: leave it
             return LossScale(current.loss_scale.config, device), state_dict
         return LossScale.from_state_dict(scale_state, device), state_dict
+
+
+def _pop_group_scale_state(state_dict: dict[str, Any]) -> Mapping[str, Any] | None:
+    """Removes the scale state every group of ``state_dict`` carries (Note [the scale through
+    DCP]), copying the groups instead of changing the caller's; returns the first group's, or
+    ``None`` when no group carries one.
+
+    Raises:
+        ValueError: some groups carry one and others do not, or their copies differ.
+    """
+    groups = state_dict.get("param_groups")
+    if not isinstance(groups, (list, tuple)):
+        return None  # check_layout has refused it already
+    carried = [isinstance(g, Mapping) and GROUP_SCALE_KEY in g for g in groups]
+    if not any(carried):
+        return None
+    fix = "load what opt.state_dict() or get_optimizer_state_dict() returned, unedited"
+    if not all(carried):
+        raise ValueError(
+            f"Corrupt optimizer state_dict: param_groups {[i for i, c in enumerate(carried) if c]} "
+            f"carry the loss scale state ('{GROUP_SCALE_KEY}') and the others do not: {fix}"
+        )
+    copies = [g[GROUP_SCALE_KEY] for g in groups]
+    for index, copy in enumerate(copies[1:], start=1):
+        if not _same_scale_state(copies[0], copy):
+            raise ValueError(
+                f"Corrupt optimizer state_dict: param_groups[{index}]['{GROUP_SCALE_KEY}'] "
+                f"differs from param_groups[0]'s (one optimizer has one loss scale): {fix}"
+            )
+    state_dict["param_groups"] = [
+        {k: v for k, v in g.items() if k != GROUP_SCALE_KEY} for g in groups
+    ]
+    return copies[0]
+
+
+def _carries_scale(state_dict: Mapping[str, Any]) -> bool:
+    """Whether the groups of a (layout-checked) state_dict carry the scale state."""
+    return any(GROUP_SCALE_KEY in group for group in state_dict["param_groups"])
+
+
+def _same_scale_state(first: Any, other: Any) -> bool:
+    """Whether two carried scale states hold the same values (a host read: this is a load)."""
+    if not (isinstance(first, Mapping) and isinstance(other, Mapping)):
+        return first is other
+    if first.keys() != other.keys():
+        return False
+    for key, value in first.items():
+        twin = other[key]
+        if isinstance(value, torch.Tensor) or isinstance(twin, torch.Tensor):
+            if not (
+                isinstance(value, torch.Tensor)
+                and isinstance(twin, torch.Tensor)
+                and value.shape == twin.shape
+                and torch.equal(value.detach().cpu(), twin.detach().cpu())
+            ):
+                return False
+        elif value != twin:
+            return False
+    return True

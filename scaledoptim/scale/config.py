@@ -49,8 +49,10 @@ class ScalingConfig:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     hysteresis: int = 1
-    min_scale: float = _FLOAT32.tiny
-    max_scale: float = _FLOAT32.max
+    # Literals, not _FLOAT32's attributes: the API reference renders the source of a default,
+    # and a reader wants the value. They are float32's tiny and max (a test checks it).
+    min_scale: float = 1.1754943508222875e-38
+    max_scale: float = 3.4028234663852886e38
     max_replays: int = 32
 
     def __post_init__(self) -> None:

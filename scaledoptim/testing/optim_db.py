@@ -3,7 +3,10 @@
 Like torch's ``torch.testing._internal.common_optimizers.optim_db``: a generic test takes
 :data:`optim_db` (or :func:`rows` of a property) and runs over every row, so adding an optimizer
 is adding a row. Rows are chosen by name or property (:func:`row`, :func:`rows`), never by
-position.
+position. A row is written by keyword and names its configs and error inputs by function (in
+``optim_inputs.py``), as torch's ``OptimizerInfo`` names its ``optim_inputs_func`` and
+``optim_error_inputs_func``; it reads an optimizer's options through its public
+``update_options``, no private of the optimizer.
 
 Each row names its reference: the ``torch.optim`` class of the same math, or ``None`` when torch
 has none (Lion, LAMB); then the reference is the optimizer's own torch form run in float64
@@ -23,7 +26,6 @@ ranges it gives.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,6 +51,29 @@ from scaledoptim.optim import (
 )
 from scaledoptim.protocol import LBFGS
 
+from .optim_inputs import (
+    Config,
+    ErrorInput,
+    configs_adagrad,
+    configs_adam,
+    configs_adamw,
+    configs_lamb,
+    configs_lbfgs,
+    configs_lion,
+    configs_rmsprop,
+    configs_sgd,
+    error_inputs_adagrad,
+    error_inputs_adam,
+    error_inputs_lamb,
+    error_inputs_lbfgs,
+    error_inputs_lion,
+    error_inputs_rmsprop,
+    error_inputs_sgd,
+    grid,
+    no_error_inputs,
+    sweep,
+)
+
 __all__ = [
     "Config", "ErrorInput", "Functional", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
     "rows", "sweep",
@@ -56,35 +81,6 @@ __all__ = [
 
 #: The param dtypes of mixed-precision training; the fused kernels take each of them.
 LOW_AND_FULL = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """Constructor options that exercise a branch of an optimizer's update.
-
-    ``generic``: the optimizer-level tests that compare numbers run it too; ``False`` (a
-    :func:`sweep` config): only the kernel-level tests, which run every config.
-    """
-
-    name: str
-    kwargs: dict[str, Any]
-    generic: bool = True
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorInput:
-    """Constructor options that must be refused: ``error`` whose message matches ``match``."""
-
-    name: str
-    kwargs: dict[str, Any]
-    error: type[Exception]
-    match: str
-
-    def __str__(self) -> str:
-        return self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,18 +102,22 @@ class Tolerance:
 Functional = Callable[[dict[str, Any], list[list[Tensor]], Tensor | None, Tensor | None], None]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimInfo:
-    """One optimizer as the generic tests, the doctor and the benchmarks see it.
+    """One optimizer as the generic tests, the doctor and the benchmarks see it; a row is built
+    by keyword, its configs and error inputs by named functions (as torch's ``OptimizerInfo``
+    with ``optim_inputs_func`` and ``optim_error_inputs_func``).
 
     Args:
         name: the class's name in :mod:`scaledoptim`.
         cls: the class.
         reference: the ``torch.optim`` class with the same options, math and state names, or
             ``None``: the optimizer's own torch form in float64 (see :meth:`reference_for`).
-        configs: option sets that, together, exercise every branch of the update; the first
-            is the row's default (what the protocol tests and the doctor run).
-        error_inputs: options the constructor must refuse.
+        configs_func: returns the option sets that, together, exercise every branch of the
+            update (:attr:`configs`); the first is the row's default (what the protocol tests
+            and the doctor run).
+        error_inputs_func: returns the options the constructor must refuse
+            (:attr:`error_inputs`).
         ranges: float options a property test may draw, as ``(low, high)``; a tuple option
             (``betas``) as a tuple of ranges.
         dtypes: the param dtypes it updates on our kernels.
@@ -125,20 +125,30 @@ class OptimInfo:
         mixed_param_dtypes: the param dtypes a test may mix in one launch (a float64 reference
             can hold a 16-bit param that nearly cancels its update to more than an ulp).
         needs_closure: ``step()`` evaluates a closure (LBFGS).
-        functional: its public functional entry point (see :data:`Functional`), or ``None``.
+        functional_entry: its public functional entry point, called as ``entry(*lists, steps,
+            found_inf=, inv_scale=, master_params=, sr_seeds=, **options)`` over its kernel's
+            lists, the options being ``cls.update_options(group)``; or ``None``.
     """
 
     name: str
     cls: type[torch.optim.Optimizer]
     reference: type[torch.optim.Optimizer] | None
-    configs: tuple[Config, ...]
-    error_inputs: tuple[ErrorInput, ...] = ()
+    configs_func: Callable[[], tuple[Config, ...]]
+    error_inputs_func: Callable[[], tuple[ErrorInput, ...]] = no_error_inputs
     ranges: dict[str, Any] = dataclasses.field(default_factory=dict)
     dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
     tolerance: Tolerance = Tolerance()
     mixed_param_dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
     needs_closure: bool = False
-    functional: Functional | None = None
+    functional_entry: Callable[..., None] | None = None
+    #: ``configs_func()``, called once.
+    configs: tuple[Config, ...] = dataclasses.field(init=False)
+    #: ``error_inputs_func()``, called once.
+    error_inputs: tuple[ErrorInput, ...] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "configs", self.configs_func())
+        object.__setattr__(self, "error_inputs", self.error_inputs_func())
 
     def __str__(self) -> str:
         return self.name
@@ -147,6 +157,25 @@ class OptimInfo:
     def fused(self) -> bool:
         """Whether its update is one of our kernels (a :class:`~scaledoptim.FusedOptimizer`)."""
         return issubclass(self.cls, FusedOptimizer)
+
+    @property
+    def functional(self) -> Functional | None:
+        """Its :data:`Functional`: :attr:`functional_entry` called on a kernel's lists with a
+        group's options as the optimizer's update takes them (``cls.update_options``)."""
+        entry = self.functional_entry
+        if entry is None:
+            return None
+        options = self.cls.update_options  # type: ignore[attr-defined]  # a FusedOptimizer
+
+        def call(
+            group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
+            inv_scale: Tensor | None,
+        ) -> None:  # fmt: skip
+            *tensors, masters, seeds, steps = lists
+            entry(*tensors, steps, found_inf=found_inf, inv_scale=inv_scale,
+                  master_params=masters, sr_seeds=seeds, **options(group))  # fmt: skip
+
+        return call
 
     @property
     def kernels(self) -> tuple[MultiTensorKernel, ...]:
@@ -213,335 +242,99 @@ class OptimInfo:
         return torch.float64 if self.reference is None else None
 
 
-def grid(
-    name: Callable[[dict[str, Any]], str] | None = None, **choices: Iterable[Any]
-) -> tuple[Config, ...]:
-    """A :class:`Config` for every combination of ``choices``, named after the options that vary
-    (a flag by its name when set, another value as ``key=value``)."""
-    options = {key: tuple(values) for key, values in choices.items()}
-    varying = [key for key, values in options.items() if len(values) > 1]
-    configs = []
-    for values in itertools.product(*options.values()):
-        kwargs = dict(zip(options, values))
-        labels = [
-            key if kwargs[key] is True else f"{key}={kwargs[key]}"
-            for key in varying
-            if kwargs[key] is not False
-        ]
-        configs.append(Config(name(kwargs) if name else "-".join(labels) or "base", kwargs))
-    return tuple(configs)
-
-
-def sweep(*configs: Config) -> tuple[Config, ...]:
-    """``configs`` for the kernel-level tests only (see :class:`Config`)."""
-    return tuple(dataclasses.replace(config, generic=False) for config in configs)
-
-
-def _adam_sweep(lr: float) -> tuple[Config, ...]:
-    return sweep(
-        *grid(amsgrad=(False, True), maximize=(False, True), weight_decay=(0.0, 0.1), lr=(lr,))
-    )
-
-
-def _functional(
-    entry: Callable[..., None], options: Callable[[dict[str, Any]], dict[str, Any]]
-) -> Functional:
-    """The :data:`Functional` of an entry point ``entry(params, grads, *state, steps, ...)``,
-    whose lists are the kernel's (params, grads, state..., masters, seeds, steps)."""
-
-    def call(
-        group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-        inv_scale: Tensor | None,
-    ) -> None:  # fmt: skip
-        *tensors, masters, seeds, steps = lists
-        entry(*tensors, steps, found_inf=found_inf, inv_scale=inv_scale, master_params=masters,
-              sr_seeds=seeds, **options(group))  # fmt: skip
-
-    return call
-
-
-def _lamb_functional(
-    group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-    inv_scale: Tensor | None,
+def _lamb_entry(
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+    param_norms_sq: list[Tensor], update_norms_sq: list[Tensor], steps: list[Tensor],
+    **options: Any,
 ) -> None:  # fmt: skip
-    params, grads, exp_avgs, exp_avg_sqs, param_norms_sq, update_norms_sq, masters, seeds, steps = (
-        lists
-    )
-    lamb.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, found_inf=found_inf,
-               inv_scale=inv_scale, master_params=masters, sr_seeds=seeds,
-               norms_sq=(param_norms_sq, update_norms_sq), **lamb._lamb_options(group))  # fmt: skip
+    """``lamb.lamb_`` taking its kernel's norm lists in place, as every other entry point."""
+    lamb.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps,
+               norms_sq=(param_norms_sq, update_norms_sq), **options)  # fmt: skip
 
 
-_ADAM_ERRORS = (
-    ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
-    ErrorInput("beta1 of 1", dict(betas=(1.0, 0.999)), ValueError, "beta parameter at index 0"),
-    ErrorInput("negative eps", dict(eps=-1e-8), ValueError, "Invalid epsilon value"),
-    ErrorInput(
-        "negative weight_decay", dict(weight_decay=-0.1), ValueError, "Invalid weight_decay"
-    ),
-    ErrorInput(
-        "tensor lr with foreach",
-        dict(lr=torch.tensor(1e-3), foreach=True),
-        ValueError,
-        "lr as a Tensor is not supported",
-    ),
-)
 _ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps": (1e-10, 1e-3)}
 
 optim_db: tuple[OptimInfo, ...] = (
     OptimInfo(
-        "AdamW",
-        AdamW,
-        torch.optim.AdamW,
-        (
-            Config("default", dict(lr=1e-2, weight_decay=0.1)),
-            Config("amsgrad-maximize", dict(lr=1e-2, amsgrad=True, maximize=True)),
-            *_adam_sweep(1e-2),
-        ),
-        _ADAM_ERRORS,
-        _ADAM_RANGES,
-        functional=_functional(adam.adam_, adam._adam_options),
+        name="AdamW",
+        cls=AdamW,
+        reference=torch.optim.AdamW,
+        configs_func=configs_adamw,
+        error_inputs_func=error_inputs_adam,
+        ranges=_ADAM_RANGES,
+        functional_entry=adam.adam_,
     ),
     OptimInfo(
-        "Adam",
-        Adam,
-        torch.optim.Adam,
-        (
-            Config(
-                "amsgrad-betas-wd", dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)
-            ),
-            Config("wd", dict(lr=1e-2, weight_decay=0.1)),
-            *_adam_sweep(1e-2),
-        ),
-        _ADAM_ERRORS,
-        _ADAM_RANGES,
-        functional=_functional(adam.adam_, adam._adam_options),
+        name="Adam",
+        cls=Adam,
+        reference=torch.optim.Adam,
+        configs_func=configs_adam,
+        error_inputs_func=error_inputs_adam,
+        ranges=_ADAM_RANGES,
+        functional_entry=adam.adam_,
     ),
     OptimInfo(
-        "SGD",
-        SGD,
-        torch.optim.SGD,
-        (
-            Config(
-                "momentum-nesterov-wd",
-                dict(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True),
-            ),
-            Config("plain", dict(lr=0.05)),
-            Config("momentum-wd", dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
-            Config(
-                "dampening-maximize",
-                dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01, maximize=True),
-            ),
-            *sweep(
-                *(
-                    config
-                    for config in grid(
-                        lr=(0.05,),
-                        momentum=(0.0, 0.9),
-                        dampening=(0.0, 0.3),
-                        nesterov=(False, True),
-                        weight_decay=(0.0, 0.1),
-                        maximize=(False, True),
-                    )
-                    # Dampening and Nesterov act through momentum; Nesterov with dampening is
-                    # refused (by torch.optim.SGD too).
-                    if not (config.kwargs["nesterov"] or config.kwargs["dampening"])
-                    or (
-                        config.kwargs["momentum"]
-                        and not (config.kwargs["nesterov"] and config.kwargs["dampening"])
-                    )
-                ),
-            ),
-        ),
-        (
-            ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
-            ErrorInput(
-                "negative momentum", dict(lr=0.1, momentum=-0.5), ValueError, "Invalid momentum"
-            ),
-            ErrorInput(
-                "nesterov without momentum", dict(lr=0.1, nesterov=True), ValueError, "Nesterov"
-            ),
-            ErrorInput(
-                "nesterov with dampening",
-                dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True),
-                ValueError,
-                "Nesterov",
-            ),
-        ),
-        {"lr": (1e-4, 1.0)},
-        functional=_functional(sgd.sgd_, sgd._sgd_options),
+        name="SGD",
+        cls=SGD,
+        reference=torch.optim.SGD,
+        configs_func=configs_sgd,
+        error_inputs_func=error_inputs_sgd,
+        ranges={"lr": (1e-4, 1.0)},
+        functional_entry=sgd.sgd_,
     ),
     OptimInfo(
-        "Adagrad",
-        Adagrad,
-        torch.optim.Adagrad,
-        (
-            Config("lr_decay-wd", dict(lr=0.1, lr_decay=0.01, weight_decay=0.01)),
-            Config("plain", dict(lr=0.1)),
-            Config(
-                "every-option",
-                dict(
-                    lr=0.1,
-                    lr_decay=0.05,
-                    weight_decay=0.1,
-                    initial_accumulator_value=0.2,
-                    eps=1e-3,
-                    maximize=True,
-                ),
-            ),
-            *sweep(
-                *grid(
-                    lr=(0.1,),
-                    initial_accumulator_value=(0.1,),
-                    maximize=(False, True),
-                    weight_decay=(0.0, 0.1),
-                    lr_decay=(0.0, 0.05),
-                )
-            ),
-        ),
-        (
-            ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
-            ErrorInput("negative lr_decay", dict(lr_decay=-0.1), ValueError, "Invalid lr_decay"),
-            ErrorInput(
-                "negative initial_accumulator_value",
-                dict(initial_accumulator_value=-0.1),
-                ValueError,
-                "Invalid initial_accumulator_value",
-            ),
-        ),
-        {"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
-        functional=_functional(adagrad.adagrad_, adagrad._adagrad_options),
+        name="Adagrad",
+        cls=Adagrad,
+        reference=torch.optim.Adagrad,
+        configs_func=configs_adagrad,
+        error_inputs_func=error_inputs_adagrad,
+        ranges={"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
+        functional_entry=adagrad.adagrad_,
     ),
     OptimInfo(
-        "RMSprop",
-        RMSprop,
-        torch.optim.RMSprop,
-        (
-            # torch's own RMSprop configs (its optim_db), at a learning rate that moves params.
-            Config("default", dict(lr=1e-2)),
-            Config("weight_decay", dict(lr=1e-2, weight_decay=0.1)),
-            Config("maximize", dict(lr=1e-2, maximize=True)),
-            Config("centered-wd", dict(lr=1e-2, weight_decay=0.1, centered=True)),
-            Config("maximize-wd", dict(lr=1e-2, weight_decay=0.1, maximize=True)),
-            Config(
-                "momentum-centered-wd",
-                dict(lr=1e-2, weight_decay=0.1, centered=True, momentum=0.1),
-            ),
-            Config(
-                "every-option",
-                dict(
-                    lr=1e-2,
-                    alpha=0.9,
-                    eps=1e-6,
-                    weight_decay=0.1,
-                    centered=True,
-                    momentum=0.1,
-                    maximize=True,
-                ),
-            ),
-            *sweep(
-                *grid(
-                    lr=(1e-2,),
-                    momentum=(0.0, 0.9),
-                    centered=(False, True),
-                    maximize=(False, True),
-                    weight_decay=(0.0, 0.1),
-                )
-            ),
-        ),
-        (
-            ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
-            ErrorInput("negative eps", dict(eps=-1.0), ValueError, "Invalid epsilon value"),
-            ErrorInput("negative momentum", dict(momentum=-1.0), ValueError, "Invalid momentum"),
-            ErrorInput(
-                "negative weight_decay", dict(weight_decay=-1.0), ValueError, "Invalid weight_decay"
-            ),
-            ErrorInput("negative alpha", dict(alpha=-1.0), ValueError, "Invalid alpha value"),
-        ),
-        {"lr": (1e-4, 1e-1), "alpha": (0.5, 0.999), "eps": (1e-10, 1e-3)},
+        name="RMSprop",
+        cls=RMSprop,
+        reference=torch.optim.RMSprop,
+        configs_func=configs_rmsprop,
+        error_inputs_func=error_inputs_rmsprop,
+        ranges={"lr": (1e-4, 1e-1), "alpha": (0.5, 0.999), "eps": (1e-10, 1e-3)},
         # torch's CPU sqrt of a float32 tensor is off by one ulp in ~17% of elements (our kernels'
         # sqrtf is correctly rounded, as CUDA's), and RMSprop divides by it: an ulp or two in
         # every update, amplified where a momentum buffer cancels or a grad is near zero.
         tolerance=Tolerance(
             param_rtol=1e-5, state_rtol=1e-5, state_atol=1e-5, trajectory_atol=1e-6
         ),
-        functional=_functional(rmsprop.rmsprop_, rmsprop._rmsprop_options),
+        functional_entry=rmsprop.rmsprop_,
     ),
     OptimInfo(
-        "Lion",
-        Lion,
-        None,
-        (
-            Config("default", dict(lr=1e-3)),
-            Config(
-                "wd-maximize", dict(lr=1e-3, betas=(0.8, 0.95), weight_decay=0.5, maximize=True)
-            ),
-            *sweep(*grid(lr=(1e-2,), maximize=(False, True), weight_decay=(0.0, 0.5))),
-        ),
-        (
-            ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
-            ErrorInput(
-                "beta2 of 1", dict(betas=(0.9, 1.0)), ValueError, "beta parameter at index 1"
-            ),
-        ),
-        {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.999))},
-        functional=_functional(lion.lion_, lion._lion_options),
+        name="Lion",
+        cls=Lion,
+        reference=None,
+        configs_func=configs_lion,
+        error_inputs_func=error_inputs_lion,
+        ranges={"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.999))},
+        functional_entry=lion.lion_,
     ),
     OptimInfo(
-        "LAMB",
-        LAMB,
-        None,
-        (
-            Config("default", dict(lr=1e-2)),
-            Config(
-                "nvlamb-l2-no-averaging",
-                dict(
-                    lr=1e-2,
-                    weight_decay=0.0,
-                    use_nvlamb=True,
-                    grad_averaging=False,
-                    max_grad_norm=0.5,
-                ),
-            ),
-            Config(
-                "l2-no-clip-no-bias-correction",
-                dict(
-                    lr=1e-2,
-                    weight_decay=0.1,
-                    adam_w_mode=False,
-                    max_grad_norm=0.0,
-                    bias_correction=False,
-                ),
-            ),
-            *sweep(
-                Config("no-trust-ratio", dict(lr=1e-2, weight_decay=0.0)),
-                Config(
-                    "norm-below-the-clip",
-                    dict(lr=1e-2, weight_decay=0.1, use_nvlamb=True, max_grad_norm=100.0),
-                ),
-            ),
-        ),
-        (
-            ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),
-            ErrorInput("negative eps", dict(eps=-1.0), ValueError, "Invalid epsilon value"),
-        ),
-        {"lr": (1e-4, 1e-1)},
+        name="LAMB",
+        cls=LAMB,
+        reference=None,
+        configs_func=configs_lamb,
+        error_inputs_func=error_inputs_lamb,
+        ranges={"lr": (1e-4, 1e-1)},
         # The trust ratio divides norms summed in another order than float64's.
         tolerance=Tolerance(param_rtol=2e-6, param_atol=2e-6, state_rtol=1e-5),
         # Against a float64 reference, a 16-bit param that nearly cancels its update is off by
         # more than an ulp (the every-dtype tests hold them to one ulp at boundary sizes).
         mixed_param_dtypes=(torch.float32,),
-        functional=_lamb_functional,
+        functional_entry=_lamb_entry,
     ),
     OptimInfo(
-        "LBFGS",
-        LBFGS,
-        torch.optim.LBFGS,
-        (
-            Config("default", dict(lr=1.0)),
-            Config("strong-wolfe", dict(lr=1.0, line_search_fn="strong_wolfe")),
-        ),
-        (ErrorInput("negative lr", dict(lr=-1.0), ValueError, "Invalid learning rate"),),
+        name="LBFGS",
+        cls=LBFGS,
+        reference=torch.optim.LBFGS,
+        configs_func=configs_lbfgs,
+        error_inputs_func=error_inputs_lbfgs,
         needs_closure=True,
     ),
 )

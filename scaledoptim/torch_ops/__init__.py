@@ -5,7 +5,7 @@
 * :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
   for :class:`PackedSteps`, Note [packed counters]).
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
-* :func:`skip_on_host` and :func:`decide_skips_on_device`: a CPU step's skip decided on the host
+* :func:`skip_on_host`: a step's skip read on the host where the caller says that is free
   (Note [host skip]).
 * :func:`elementwise_batches`, :func:`batches`, :func:`split_large` and :func:`scalars`: the
   batches and 0-dim hyper-parameters of the in-place CPU forms.
@@ -24,7 +24,6 @@ from .skip import (
     PackedSteps,
     advance_steps_,
     copy_unless_skipped_,
-    decide_skips_on_device,
     skip_on_host,
     unscale_dense_,
     unscale_in_place_,
@@ -38,7 +37,6 @@ __all__ = [
     "batches",
     "capturing",
     "copy_unless_skipped_",
-    "decide_skips_on_device",
     "elementwise_batches",
     "initial_seed",
     "refuse_during_capture",

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .batches import batches, storage_flat
-from .skip import PackedSteps, _host_reads_free
+from .skip import PackedSteps
 
 __all__ = ["SR_CHUNK", "initial_seed", "stochastic_round_"]
 
@@ -27,7 +27,12 @@ def initial_seed(index: int) -> Tensor:
 
 
 def stochastic_round_(
-    params: list[Tensor], values: list[Tensor], seeds: list[Tensor], steps: list[Tensor]
+    params: list[Tensor],
+    values: list[Tensor],
+    seeds: list[Tensor],
+    steps: list[Tensor],
+    *,
+    on_host: bool = False,
 ) -> None:
     r"""``params[i] = round_stochastic(values[i])`` for bf16 params, on device, as the kernels do.
 
@@ -39,8 +44,9 @@ def stochastic_round_(
     chunks of at most :data:`SR_CHUNK` elements (a run of small tensors concatenated, or a
     slice of a large one) in buffers allocated once per call. So the transient memory is a few
     chunks whatever the params' size, and small tensors cost no op each (issue 22, item 2).
-    It syncs with no device: only where the tensors are on the host (Note [host skip]) does it
-    read one (whether a chunk holds a NaN) or make one from Python values (a run's sizes).
+    It syncs with no device: only where the caller says the tensors are on the host,
+    ``on_host``, does it read one (whether a chunk holds a NaN) or make one from Python values
+    (a run's sizes).
     """
     if not params:
         return
@@ -50,7 +56,9 @@ def stochastic_round_(
         & _MASK32,
     )
     small_keys = _chunk_key(keys, 0)
-    buffers = _SrBuffers(min(SR_CHUNK, sum(v.numel() for v in values)), values[0].device)
+    buffers = _SrBuffers(
+        min(SR_CHUNK, sum(v.numel() for v in values)), values[0].device, on_host
+    )
     for run in batches(values, SR_CHUNK):
         if values[run.start].numel() > SR_CHUNK:  # alone in its run
             _round_large_(params[run.start], values[run.start], keys[run.start], buffers)
@@ -82,7 +90,7 @@ def stochastic_round_(
 
 class _SrBuffers:
     """The chunk buffers of one :func:`stochastic_round_` call, the constants of its hash, and
-    whether its tensors are on the host (a CPU, outside :func:`decide_skips_on_device`): there
+    whether its caller says its tensors are on the host (``on_host``, Note [host skip]): there
     reading one, or making one from Python values, costs no sync (Note [host skip]).
 
     The constants are 0-dim int32 tensors: an op converts a Python int to a tensor of its
@@ -90,7 +98,7 @@ class _SrBuffers:
     CPU.
     """
 
-    def __init__(self, size: int, device: torch.device) -> None:
+    def __init__(self, size: int, device: torch.device, on_host: bool) -> None:
         self.index = torch.arange(size, dtype=torch.int32, device=device)
         self.values = torch.empty(size, dtype=torch.float32, device=device)
         self.h = torch.empty(size, dtype=torch.int32, device=device)
@@ -100,7 +108,7 @@ class _SrBuffers:
             torch.full((), value, dtype=torch.int32, device=device)  # no copy to the device
             for value in (_C1, _C2, 13, 0x7FFFF, 16, 0xFFFF)
         )
-        self.on_host = _host_reads_free(device)
+        self.on_host = on_host
 
 
 def _flat(t: Tensor) -> Tensor:

@@ -4,8 +4,7 @@ skip is read on the host (Note [host skip])."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from operator import attrgetter
 
 import torch
@@ -15,7 +14,6 @@ __all__ = [
     "PackedSteps",
     "advance_steps_",
     "copy_unless_skipped_",
-    "decide_skips_on_device",
     "skip_on_host",
     "unscale_dense_",
     "unscale_in_place_",
@@ -126,37 +124,21 @@ def copy_unless_skipped_(
 # The sync-free contract (found_inf stays on device, a skipped step is a no-op decided there)
 # exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
 # so on a CPU the torch forms read found_inf and skip on the host, and update in place with
-# foreach ops (issue 22, item 1); the sync-free form (a `torch.where` + copy per list, every
-# intermediate a new full-size tensor) stays for every other device, and for a step autograd
-# records (a differentiable step). `decide_skips_on_device()` makes the CPU take the sync-free
-# form too, so the suite and the doctor can check it without a GPU (`no_host_reads` uses it),
-# and so stochastic rounding's, which on a CPU only reads whether a chunk holds a NaN and makes
-# a run's sizes a tensor.
-_skips_on_device_only = [False]
+# foreach ops; the sync-free form (a `torch.where` + copy per list, every intermediate a new
+# full-size tensor) stays for every other device, and for a step autograd records (a
+# differentiable step). Whether host reads are allowed is the engine's parameter
+# (`TorchNativeBackend.host_skip` in fused/backends/torch_native.py), passed by whoever calls
+# `skip_on_host` or `stochastic_round_`: this package keeps no switch. The engine's
+# `decide_skips_on_device()` makes the CPU take the sync-free forms too, so the suite and the
+# doctor can check them without a GPU (`no_host_reads` uses it), and so stochastic rounding's,
+# which on a CPU only reads whether a chunk holds a NaN and makes a run's sizes a tensor.
 
 
-def skip_on_host(found_inf: Tensor | None, device: torch.device) -> bool | None:
-    """Whether a step on ``device`` is skipped, read on the host where that is free (a CPU,
-    outside autograd), else ``None``: decide on device (Note [host skip]). Reads ``found_inf``
-    on the host on a CPU only."""
-    if not _host_reads_free(device) or torch.is_grad_enabled():
+def skip_on_host(found_inf: Tensor | None, host_reads: bool) -> bool | None:
+    """Whether a step is skipped, read on the host where the caller says that is free
+    (``host_reads``: a CPU, as the engine decides) and outside autograd, else ``None``: decide
+    on device. Reads ``found_inf`` on the host only when ``host_reads``."""
+    # Note [host skip]: the caller decides; this package keeps no switch.
+    if not host_reads or torch.is_grad_enabled():
         return None
     return found_inf is not None and bool(found_inf.item())
-
-
-def _host_reads_free(device: torch.device) -> bool:
-    """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, unless
-    :func:`decide_skips_on_device` says otherwise (Note [host skip])."""
-    return device.type == "cpu" and not _skips_on_device_only[0]
-
-
-@contextlib.contextmanager
-def decide_skips_on_device() -> Iterator[None]:
-    """Inside the block the torch forms take their sync-free forms on a CPU too (Note [host
-    skip])."""
-    saved = _skips_on_device_only[0]
-    _skips_on_device_only[0] = True
-    try:
-        yield
-    finally:
-        _skips_on_device_only[0] = saved

@@ -1,4 +1,6 @@
-"""found_inf agreement on real gloo groups of 2 and 4 processes (DDP, FSDP2, plain sharding, DCP).
+"""found_inf agreement on real gloo groups of 2 and 4 processes (DDP, FSDP2, plain sharding).
+
+DCP resumes of FSDP2 (with the scale carried, and the older recipe) are in test_dist_sharded.py.
 
 Each scenario runs on every rank; overflows are injected on one rank only. A scenario gathers
 what every rank saw and asserts the ranks agree and that skipped steps changed nothing.
@@ -168,42 +170,6 @@ def closure_replay_is_agreed(rank, world_size, tmp):
     assert all(torch.equal(a, b) for other in seen[1:] for a, b in zip(seen[0], other))
 
 
-def dcp_resume_of_fsdp2_is_bit_identical(rank, world_size, tmp):
-    """Save a sharded checkpoint mid hysteresis with torch.distributed.checkpoint; resume."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.fsdp import fully_shard
-
-    def fresh():
-        model = make_model()
-        for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
-        return model, _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
-
-    def checkpoint(model, opt):
-        model_state, opt_state = get_state_dict(model, opt)
-        # DCP's get/set_state_dict keep only "state" and "param_groups": save the scale beside.
-        return {"model": model_state, "optim": opt_state, "loss_scale": opt.state_dict()["loss_scale"]}
-
-    model, opt = fresh()
-    _train_checking_skips(model, opt, rank, _local_grads, steps=range(5))
-    assert opt.scaling_state.loss_scale.hysteresis_tracker.item() == 1, "mid hysteresis"
-    dcp.save(checkpoint(model, opt), checkpoint_id=tmp)
-    _train_checking_skips(model, opt, rank, _local_grads, steps=range(5, STEPS))
-
-    resumed_model, resumed_opt = fresh()
-    loaded = checkpoint(resumed_model, resumed_opt)
-    dcp.load(loaded, checkpoint_id=tmp)
-    set_state_dict(
-        resumed_model, resumed_opt, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
-    )
-    resumed_opt.load_state_dict({**resumed_opt.state_dict(), "loss_scale": loaded["loss_scale"]})
-    _train_checking_skips(resumed_model, resumed_opt, rank, _local_grads, steps=range(5, STEPS))
-    assert_bit_identical(_params_and_state(opt), _params_and_state(resumed_opt))
-    assert torch.equal(opt.scale, resumed_opt.scale)
-
-
 def soak_random_overflows_on_random_ranks(rank, world_size, tmp):
     """500 steps; each overflow lands on a random rank and param (the same draw on every rank)."""
     import random
@@ -239,7 +205,6 @@ SCENARIOS = {
         fsdp2_overflow_on_one_shard_skips_everywhere,
         plain_group_over_shards_matches_one_optimizer,
         closure_replay_is_agreed,
-        dcp_resume_of_fsdp2_is_bit_identical,
         soak_random_overflows_on_random_ranks,
     )
 }

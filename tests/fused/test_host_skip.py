@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import scaledoptim
+from scaledoptim.fused.backends.torch_native import TORCH_NATIVE, decide_skips_on_device
 from scaledoptim.optim import lamb
 from scaledoptim.testing.optim_db import row
-from scaledoptim.torch_ops import PackedSteps, decide_skips_on_device
+from scaledoptim.torch_ops import PackedSteps
 
 CONFIGS = {
     "Lion": [{}, {"weight_decay": 0.1}, {"maximize": True, "weight_decay": 0.1}],
@@ -106,3 +107,26 @@ def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
     copy.unscale_and_step()
     assert [copy.state[p]["step"].item() for p in copy.param_groups[0]["params"]] == [4.0] * 3
     assert isinstance(PackedSteps(torch.zeros(2)), list)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_whether_a_cpu_step_skips_on_the_host_is_the_engines_parameter(name, monkeypatch) -> None:
+    # Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
+    # form that reads found_inf; the leaf torch_ops keeps no switch of its own.
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))
+    results = []
+    for host_skip in (True, False):
+        monkeypatch.setattr(TORCH_NATIVE, "host_skip", host_skip)
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 1000)]
+        opt = row(name).make(params, lr=1e-2)
+        for p in params:
+            p.grad = torch.randn(p.shape) * opt.scale
+        reads.clear()
+        opt.unscale_and_step(grads_scaled_by=opt.scale)
+        assert bool(reads) == host_skip, reads
+        results.append([p.detach().clone() for p in params])
+    for ours, reference in zip(*results):
+        torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-6)

@@ -122,8 +122,22 @@ def params_and_grads(device, param_dtype, grad_dtype, seed=0):
 CUDA_TOLERANCE = Tolerance(param_rtol=1e-5, param_atol=1e-6, state_rtol=1e-5, state_atol=1e-7)
 
 
-@pytest.mark.parametrize("grad_dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
+# Every dtype pair on a GPU; on the CPU one pair, which runs this test's harness (its sizes and
+# tolerances) once: every config of every row in every dtype pair runs emulated in
+# tests/kernels/test_emulated_parity.py, and a twin of each pair here would repeat it.
+DEVICE_AND_DTYPES = [
+    *(
+        pytest.param("cuda", param, grad, marks=pytest.mark.gpu, id=f"cuda-{param}-{grad}")
+        for param in DTYPES
+        for grad in DTYPES
+    ),
+    pytest.param("emulated", torch.bfloat16, torch.float16, id="emulated-bfloat16-float16"),
+]
+
+
+@pytest.mark.parametrize(
+    ("device", "param_dtype", "grad_dtype"), DEVICE_AND_DTYPES, indirect=["device"]
+)
 @pytest.mark.parametrize("info", rows(fused=True), ids=str)
 def test_update_matches_its_reference(info, param_dtype, grad_dtype, device):
     for config in info.configs:

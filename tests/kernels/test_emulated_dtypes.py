@@ -3,7 +3,6 @@ rounding against the torch form's (``torch_ops.stochastic_round_``), bit for bit
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 from scaledoptim.kernels import NON_FINITE_CHECK
 from scaledoptim.kernels.emulator import emulator_library
-from scaledoptim.torch_ops import decide_skips_on_device, initial_seed, stochastic_round_
+from scaledoptim.torch_ops import initial_seed, stochastic_round_
 
 DTYPES = {"half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -93,8 +92,8 @@ def test_stochastic_rounding_of_the_torch_form_is_the_kernels(on_device):
     seeds = [initial_seed(i) for i in range(len(tensors))]
     step = 123457
     params = [torch.empty_like(t, dtype=torch.bfloat16) for t in tensors]
-    with decide_skips_on_device() if on_device else contextlib.nullcontext():
-        stochastic_round_(params, tensors, seeds, [torch.tensor(float(step))] * len(tensors))
+    steps = [torch.tensor(float(step))] * len(tensors)
+    stochastic_round_(params, tensors, seeds, steps, on_host=not on_device)
     for param, tensor, seed in zip(params, tensors, seeds):
         kernels = convert(
             "so_emulator_bfloat16_from_float_sr",

@@ -10,11 +10,9 @@ import pytest
 from prerequisites import require_module
 
 from scaledoptim.kernels import CUDA_SOURCE_DIR, MAX_THREADS_PER_BLOCK, builtin_kernels
-from tests.support.cubin import registers_per_thread
+from tests.support.cubin import cubin, registers_per_thread
 
 require_module("cupy", "the launch-bounds check compiles through CuPy's NVRTC bindings")
-
-from scaledoptim.kernels.nvrtc import compile_for_arch  # noqa: E402
 
 #: 32-bit registers of one thread block on sm_80 and sm_90 (CUDA C++ Programming Guide,
 #: "Technical Specifications per Compute Capability").
@@ -24,7 +22,7 @@ REGISTERS_PER_BLOCK = 65536
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("kernel", builtin_kernels(), ids=lambda k: k.name)
 def test_every_instantiation_fits_the_largest_block(kernel, arch):
-    registers = registers_per_thread(compile_for_arch(kernel, arch))
+    registers = registers_per_thread(cubin(kernel, arch))
     assert len(registers) == len(kernel.instantiations()), registers
     too_many = {
         name: count

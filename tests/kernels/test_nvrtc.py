@@ -18,6 +18,7 @@ from scaledoptim.kernels import (
     builtin_kernels,
 )
 from scaledoptim.testing.optim_db import rows
+from tests.support.cubin import cubin
 
 cupy = require_module("cupy", "the NVRTC check compiles through CuPy's NVRTC bindings")
 
@@ -53,8 +54,7 @@ def _each_generation(archs: tuple[int, ...]) -> list[int]:
 )
 @pytest.mark.parametrize("kernel", builtin_kernels(), ids=_kernel_id)
 def test_every_instantiation_compiles(kernel, arch):
-    cubin = compile_for_arch(kernel, arch)  # KernelCompileError carries the NVRTC log
-    assert cubin
+    assert cubin(kernel, arch)  # KernelCompileError carries the NVRTC log
 
 
 def test_a_broken_kernel_fails_with_the_nvrtc_log(tmp_path):

@@ -274,7 +274,8 @@ def _loaded_keys(config: TorchConfig, cls: type[torch.optim.Optimizer]) -> Any:
         loaded.load_state_dict(copy.deepcopy(opt.state_dict()))
         return [
             (
-                [sorted(g) for g in sd["param_groups"]],
+                # less the copy of the loss scale each of our groups carries for DCP
+                [sorted(k for k in g if k != "loss_scale") for g in sd["param_groups"]],
                 {i: sorted(s) for i, s in sd["state"].items()},
             )
             for sd in (opt.state_dict(), loaded.state_dict())

@@ -1,12 +1,26 @@
-"""Registers per thread of each kernel in a cubin (an ELF file), as the GPU compiler recorded
-them: the ``EIATTR_REGCOUNT`` attributes of its ``.nv.info`` section, which ``cuobjdump
--res-usage`` prints. No GPU needed."""
+"""Cubins of the built-in kernels, compiled once per test session, and the registers per thread
+of each kernel in a cubin (an ELF file), as the GPU compiler recorded them: the
+``EIATTR_REGCOUNT`` attributes of its ``.nv.info`` section, which ``cuobjdump -res-usage``
+prints. No GPU needed."""
 
 from __future__ import annotations
 
+import functools
 import struct
 
-__all__ = ["registers_per_thread"]
+from scaledoptim.kernels import MultiTensorKernel
+
+__all__ = ["cubin", "registers_per_thread"]
+
+
+@functools.cache
+def cubin(kernel: MultiTensorKernel, arch: int) -> bytes:
+    """``compile_for_arch(kernel, arch)``, once per session: test_nvrtc.py compiles every kernel
+    for sm_80 and sm_90 among others, and test_launch_bounds.py reads the registers of those same
+    cubins (NVRTC takes seconds per kernel and arch, the largest part of the suite's time)."""
+    from scaledoptim.kernels.nvrtc import compile_for_arch
+
+    return compile_for_arch(kernel, arch)
 
 _EIATTR_REGCOUNT = 0x2F
 _EIFMT_SVAL = 0x04  # a 16-bit size, then that many bytes; the other forms have 4 bytes in all

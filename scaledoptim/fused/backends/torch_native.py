@@ -20,6 +20,8 @@ time of the fused update with ``grad_scale``; folding the unscale into those two
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from itertools import chain
 
 import torch
@@ -31,7 +33,7 @@ from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend
 
-__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate"]
+__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate", "decide_skips_on_device"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -43,7 +45,11 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
 # strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
 # norms) take the DTensors, whose ops reduce over the whole sharded tensor. The unscale and the
-# inf/nan check take DTensor grads as they are.
+# inf/nan check take DTensor grads as they are: the check's ``any()`` of a sharded grad is a
+# reduction over the whole tensor, which DTensor all-reduces over the mesh (on device) before it
+# reaches the plain ``found_inf``, so every rank of the mesh sees an overflow in any shard and
+# skips with the others, with or without ``process_group`` (tests/distributed/
+# test_dist_sharded.py, an inf in one rank's shard of FSDP2 params on both backends).
 
 
 def _local_shards(tensors: list[Tensor]) -> list[Tensor]:
@@ -55,11 +61,27 @@ def _local_shards(tensors: list[Tensor]) -> list[Tensor]:
 
 
 class TorchNativeBackend(Backend):
-    """Updates through ``Update.torch_update`` on fp32 working copies."""
+    """Updates through ``Update.torch_update`` on fp32 working copies.
+
+    Args:
+        host_skip: on a CPU, the torch forms read ``found_inf`` and skip on the host (the
+            default: a host read is free there); ``False``: they decide on device everywhere,
+            as on a GPU.
+    """
 
     name = "torch"
     folds_unscale = False
     applies_scale_update = False
+
+    def __init__(self, host_skip: bool = True) -> None:
+        # Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
+        self.host_skip = host_skip
+
+    def host_reads_free(self, device: torch.device) -> bool:
+        """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, when
+        :attr:`host_skip`."""
+        # Note [host skip] in torch_ops/skip.py.
+        return self.host_skip and device.type == "cpu"
 
     def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
         for grad in grads:
@@ -159,7 +181,8 @@ class TorchUpdate:
         self.run([work, work_grads, *state_lists, steps], found_inf)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
             seeds = _local_shards(self.seeds) if self.on_shards else self.seeds
-            stochastic_round_(params, work, seeds, steps)
+            on_host = TORCH_NATIVE.host_reads_free(params[0].device) if params else False
+            stochastic_round_(params, work, seeds, steps, on_host=on_host)
             return
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
         if not rounded:
@@ -203,3 +226,16 @@ class _TorchEpilogue:
 
 
 TORCH_NATIVE = TorchNativeBackend()
+
+
+@contextlib.contextmanager
+def decide_skips_on_device() -> Iterator[None]:
+    """Inside the block the torch forms take their sync-free forms on a CPU too: the torch-native
+    engine's ``host_skip`` is off."""
+    # Note [host skip] in torch_ops/skip.py: how the suite and the doctor check the GPU's form.
+    saved = TORCH_NATIVE.host_skip
+    TORCH_NATIVE.host_skip = False
+    try:
+        yield
+    finally:
+        TORCH_NATIVE.host_skip = saved

@@ -1,0 +1,464 @@
+"""FSDP2 and tensor parallel on a gloo world of 2, one spawn for every scenario, on both backends:
+
+* the loss scale through torch.distributed.checkpoint: ``get_optimizer_state_dict`` /
+  ``set_optimizer_state_dict`` (sharded and full) carry it, so a resume with nothing saved
+  beside is bit-identical, in the same world and resharded to one process (the last test, in
+  the pytest process); a checkpoint that saved the scale beside (the old recipe) still loads;
+* an overflow in one rank's shard, with no ``process_group``: every rank skips and backs off;
+* FSDP2's ``MixedPrecisionPolicy`` (fp16 and bf16 compute, fp32 reduce) against torch.optim and
+  ``torch.amp.GradScaler`` on the same sharded model;
+* tensor parallel (``ColwiseParallel`` / ``RowwiseParallel``) for every elementwise fused
+  optimizer, clean and with an overflow on one rank, against torch.optim and GradScaler.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pathlib
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import run_world
+
+import scaledoptim
+from scaledoptim.doctor.sync_free import no_host_reads
+from tests.support.references import kernels_mode
+from tests.support.training import assert_bit_identical, loss_of, make_model
+
+BACKENDS = ("torch", "emulate")
+OPTIMIZERS = ("AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Lion")  # the elementwise ones
+STEPS = 8
+INJECTED = {1: 0, 2: 1, 3: 1, 6: 0}  # step -> the one rank whose shard overflows
+
+
+def _scaled(opt: scaledoptim.Optimizer) -> scaledoptim.Optimizer:
+    # No process_group: the params' mesh is what the ranks agree over.
+    return opt.configure_scaling(init_scale=2.0**10, growth_interval=3, hysteresis=2)
+
+
+def _gathered(value):
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _fsdp2_model(**fully_shard_options):
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, **fully_shard_options)
+    fully_shard(model, **fully_shard_options)
+    return model
+
+
+def _scale_state(opt: scaledoptim.Optimizer) -> list[torch.Tensor]:
+    loss_scale = opt.scaling_state.loss_scale
+    return [loss_scale.scale, loss_scale.growth_tracker, loss_scale.hysteresis_tracker]
+
+
+def _everything(opt: scaledoptim.Optimizer, view=_local) -> list[torch.Tensor]:
+    """Params, per-param state (in param order) and the scale state, each through ``view``."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    state = [view(v).detach().clone() for p in params for v in opt.state[p].values()]
+    return (
+        [view(p).detach().clone() for p in params] + state + [t.clone() for t in _scale_state(opt)]
+    )
+
+
+def _train(model, opt, rank, steps, overflow=INJECTED):
+    """Scaled steps; an inf in the injecting rank's shard of the first param's grad."""
+    found, S = [], opt.scale
+    for step in steps:
+        opt.zero_grad()
+        scaledoptim.scale_outputs(loss_of(model, step), S).backward()
+        if overflow.get(step) == rank:
+            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+        before = _everything(opt)[:-3]  # the scale state moves on a skipped step
+        with no_host_reads():
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+        found.append(found_inf.item())
+        if found[-1]:
+            assert_bit_identical(before, _everything(opt)[:-3])
+    return found
+
+
+# ---------------------------------------------------------------- found_inf without process_group
+def _fsdp2_overflow_on_one_shard(backend: str, rank: int, world_size: int, tmp) -> None:
+    with kernels_mode(backend):
+        model = _fsdp2_model()
+        opt = _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+        found = _train(model, opt, rank, range(STEPS))
+    assert found == [float(step in INJECTED) for step in range(STEPS)]
+    seen = _gathered((found, [t.item() for t in _scale_state(opt)]))
+    assert seen[0] == seen[1]
+
+
+# ---------------------------------------------------------------- the scale through DCP
+def _dcp_resume(backend: str, full: bool, rank: int, world_size: int, tmp) -> None:
+    """Save mid hysteresis with nothing beside the optimizer's own state_dict; resume in the
+    same world bit for bit; leave the full values for the one-process resume to compare."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=full)
+
+    def fresh():
+        model = _fsdp2_model()
+        return model, _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+
+    with kernels_mode(backend):
+        model, opt = fresh()
+        _train(model, opt, rank, range(5))
+        scale, growth_tracker, _ = (t.item() for t in _scale_state(opt))
+        assert scale < 2.0**10 and growth_tracker == 1, "a resume that reset the scale shows"
+        saved_full = _everything(opt, _full)
+        optim_state = get_optimizer_state_dict(model, opt, options=options)
+        model_state = get_model_state_dict(model, options=options)
+        if full:  # as torch.save would: its plain tensors (step counters) are the live ones
+            optim_state, model_state = copy.deepcopy((optim_state, model_state))
+        else:
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+            if rank == 0:
+                torch.save(saved_full, tmp / "full-values.pt")
+        _train(model, opt, rank, range(5, STEPS))
+
+        resumed_model, resumed_opt = fresh()
+        if not full:
+            model_state = get_model_state_dict(resumed_model)
+            optim_state = get_optimizer_state_dict(resumed_model, resumed_opt)
+            dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+        set_model_state_dict(resumed_model, model_state, options=options)
+        set_optimizer_state_dict(resumed_model, resumed_opt, optim_state, options=options)
+        assert_bit_identical(saved_full, _everything(resumed_opt, _full))
+        assert all(set(g) == set(opt.param_groups[0]) for g in resumed_opt.param_groups)
+        _train(resumed_model, resumed_opt, rank, range(5, STEPS))
+    assert_bit_identical(_everything(opt), _everything(resumed_opt))
+
+
+def _dcp_old_format_loads(rank: int, world_size: int, tmp) -> None:
+    """A checkpoint of the old recipe: no scale in the optimizer's state, the scale beside."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def fresh():
+        model = _fsdp2_model()
+        return model, _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2))
+
+    def old_checkpoint(model, opt):
+        model_state, optim_state = get_state_dict(model, opt)
+        for group in optim_state["param_groups"]:
+            group.pop("loss_scale", None)  # as an older release wrote it
+        return {"model": model_state, "optim": optim_state,
+                "loss_scale": opt.state_dict()["loss_scale"]}  # fmt: skip
+
+    model, opt = fresh()
+    _train(model, opt, rank, range(5))
+    dcp.save(old_checkpoint(model, opt), checkpoint_id=tmp)
+    _train(model, opt, rank, range(5, STEPS))
+
+    resumed_model, resumed_opt = fresh()
+    state = old_checkpoint(resumed_model, resumed_opt)
+    dcp.load(state, checkpoint_id=tmp)
+    set_state_dict(
+        resumed_model, resumed_opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    resumed_opt.load_state_dict({**resumed_opt.state_dict(), "loss_scale": state["loss_scale"]})
+    _train(resumed_model, resumed_opt, rank, range(5, STEPS))
+    assert_bit_identical(_everything(opt), _everything(resumed_opt))
+
+
+# ---------------------------------------------------------------- tensor parallel
+class _MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)))
+
+
+def _mlp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    return torch.randn(4, 8, generator=generator), torch.randn(4, 4, generator=generator)
+
+
+def _options(name: str) -> dict:
+    return {"momentum": 0.9} if name in ("SGD", "RMSprop") else {}
+
+
+def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, tmp) -> None:
+    """Colwise ``up``, Rowwise ``down``; an inf in rank 1's shard of ``up.weight``'s grad
+    (global row 8) on the overflow steps: every rank skips; the params and the scale follow
+    torch.optim + GradScaler on the unsharded model (Lion, which torch lacks: our own on it)."""
+    from torch.distributed.tensor import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    overflow_steps = (1, 3)
+
+    def train(model, opt, overflow):
+        """Our protocol; returns the skip flags and the scale after each step."""
+        found, scales, S = (
+            [],
+            [],
+            opt.configure_scaling(init_scale=2.0**10, growth_interval=2).scale,
+        )
+        for step in range(5):
+            opt.zero_grad()
+            x, y = _mlp_batch(step)
+            scaledoptim.scale_outputs(torch.nn.functional.mse_loss(model(x), y), S).backward()
+            if step in overflow_steps:
+                overflow(model.up.weight.grad)
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
+            found.append(found_inf.item())
+            scales.append(S.item())
+        return found, scales
+
+    def inf_in_rank_1(grad):
+        if rank == 1:
+            grad.to_local()[0, 0] = float("inf")
+
+    def inf_in_row_8(grad):  # rank 1's first row, in the whole tensor
+        grad[8, 0] = float("inf")
+
+    with kernels_mode(backend):
+        model = parallelize_module(
+            _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        )
+        opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **_options(name))
+        found, scales = train(model, opt, inf_in_rank_1)
+
+    reference_model = _MLP()
+    reference_cls = getattr(torch.optim, name, None)
+    if reference_cls is None:  # Lion: our own, on the whole tensors with torch's ops
+        with kernels_mode("torch"):
+            reference = getattr(scaledoptim, name)(reference_model.parameters(), lr=1e-2)
+            ref_found, ref_scales = train(reference_model, reference, inf_in_row_8)
+    else:
+        reference = reference_cls(reference_model.parameters(), lr=1e-2, **_options(name))
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        ref_found, ref_scales = [], []
+        for step in range(5):
+            reference.zero_grad()
+            x, y = _mlp_batch(step)
+            scaler.scale(torch.nn.functional.mse_loss(reference_model(x), y)).backward()
+            if step in overflow_steps:
+                inf_in_row_8(reference_model.up.weight.grad)
+            scale = scaler.get_scale()
+            scaler.step(reference)
+            scaler.update()
+            ref_found.append(float(scaler.get_scale() < scale))
+            ref_scales.append(scaler.get_scale())
+    assert found == ref_found == [float(step in overflow_steps) for step in range(5)]
+    assert scales == ref_scales
+    assert _gathered((found, scales))[1] == (found, scales)
+    for param, twin in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _tp_lamb_refused(backend: str, rank: int, world_size: int, tmp) -> None:
+    from torch.distributed.tensor import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    with kernels_mode(backend):
+        model = parallelize_module(
+            _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        )
+        opt = scaledoptim.LAMB(model.parameters(), lr=1e-2)
+        x, y = _mlp_batch(0)
+        scaledoptim.scale_outputs(torch.nn.functional.mse_loss(model(x), y), opt.scale).backward()
+        before = _everything(opt)
+        with pytest.raises(TypeError, match="LAMB cannot step DTensor params"):
+            opt.unscale_and_step(grads_scaled_by=opt.scale)
+        assert_bit_identical(before, _everything(opt))
+
+
+# ---------------------------------------------------------------- FSDP2 mixed precision
+def _fsdp2_policy_against_sharded_gradscaler(
+    param_dtype: torch.dtype, backend: str, rank: int, world_size: int, tmp
+) -> None:
+    """MixedPrecisionPolicy(param_dtype=fp16/bf16, reduce_dtype=fp32): fp32 sharded params and
+    grads, so the step is the fp32 one; against torch.optim.AdamW + ShardedGradScaler (which
+    all-reduces its found_inf too) on the same sharded model, an overflow on one rank."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    overflow = {1: 1, 3: 0}
+
+    def run(make_opt, step_fn):
+        model = _fsdp2_model(mp_policy=policy)
+        opt = make_opt(model.parameters())
+        found = []
+        for step in range(5):
+            opt.zero_grad()
+            found.append(step_fn(model, opt, step))
+        return model, found
+
+    def ours(model, opt, step):
+        scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+        if overflow.get(step) == rank:
+            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+        _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
+        return found_inf.item(), S.item()
+
+    scaler = ShardedGradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+
+    def torchs(model, opt, step):
+        scaler.scale(loss_of(model, step)).backward()
+        if overflow.get(step) == rank:
+            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        return float(scaler.get_scale() < scale), scaler.get_scale()
+
+    with kernels_mode(backend):
+        model, found = run(
+            lambda params: scaledoptim.AdamW(params, lr=1e-2).configure_scaling(
+                init_scale=2.0**10, growth_interval=2
+            ),
+            ours,
+        )
+    reference, ref_found = run(lambda params: torch.optim.AdamW(params, lr=1e-2), torchs)
+    assert found == ref_found
+    assert [f for f, _ in found] == [float(step in overflow) for step in range(5)]
+    for param, twin in zip(model.parameters(), reference.parameters()):
+        assert param.dtype == torch.float32
+        torch.testing.assert_close(_local(param), _local(twin), rtol=1e-5, atol=1e-6)
+
+
+def _fsdp2_fp16_params_with_masters(backend: str, rank: int, world_size: int, tmp) -> None:
+    """fp16 sharded params with master_weights=True: fp32 masters per shard, DTensors of the
+    param's placements; every rank skips an overflow on one; the params follow the same
+    optimizer on the unsharded fp16 model within fp16 rounding."""
+    from torch.distributed.tensor import DTensor
+
+    overflow = {1: 1, 3: 0}
+    with kernels_mode(backend):
+        model = _fsdp2_model()
+        model.half()
+        opt = scaledoptim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
+        opt.configure_scaling(init_scale=2.0**10, growth_interval=2)
+        found = []
+        for step in range(5):
+            opt.zero_grad()
+            scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+            if overflow.get(step) == rank:
+                _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
+            found.append(found_inf.item())
+    assert found == [float(step in overflow) for step in range(5)]
+    for param in model.parameters():
+        assert param.dtype == torch.float16
+        for value in opt.state[param].values():
+            if value.dim():
+                assert isinstance(value, DTensor) and value.placements == param.placements
+    assert _gathered(found)[1] == found
+
+
+SCENARIOS = {
+    **{
+        f"fsdp2-overflow-no-group-{backend}": functools.partial(
+            _fsdp2_overflow_on_one_shard, backend
+        )
+        for backend in BACKENDS
+    },
+    **{
+        f"dcp-{'full' if full else 'sharded'}-{backend}": functools.partial(
+            _dcp_resume, backend, full
+        )
+        for backend in BACKENDS
+        for full in (False, True)
+    },
+    "dcp-old-format": _dcp_old_format_loads,
+    **{
+        f"tp-{name}-{backend}": functools.partial(_tp_against_gradscaler, name, backend)
+        for name in OPTIMIZERS
+        for backend in BACKENDS
+    },
+    **{f"tp-LAMB-refused-{b}": functools.partial(_tp_lamb_refused, b) for b in BACKENDS},
+    **{
+        f"fsdp2-policy-{str(dtype)[6:]}-{backend}": functools.partial(
+            _fsdp2_policy_against_sharded_gradscaler, dtype, backend
+        )
+        for dtype in (torch.float16, torch.bfloat16)
+        for backend in BACKENDS
+    },
+    **{
+        f"fsdp2-fp16-masters-{b}": functools.partial(_fsdp2_fp16_params_with_masters, b)
+        for b in BACKENDS
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str | None], pathlib.Path]:
+    tmp = pathlib.Path(tmp_path_factory.mktemp("sharded"))
+    return run_world(2, SCENARIOS, tmp), tmp
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_sharded_scenario(world, scenario) -> None:
+    failure = world[0][scenario]
+    assert failure is None, failure
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dcp_checkpoint_of_two_ranks_resumes_in_one_process(world, backend) -> None:
+    """The sharded checkpoint of 2 FSDP2 ranks, loaded into one unsharded process: params,
+    state, scale and trackers bit for bit, with nothing saved beside."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    outcomes, tmp = world
+    checkpoint = tmp / f"dcp-sharded-{backend}"
+    assert (checkpoint / "full-values.pt").exists(), outcomes[f"dcp-sharded-{backend}"]
+    with kernels_mode(backend):
+        model = make_model(seed=1)
+        opt = _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+        state = {
+            "model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, opt),
+        }
+        dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+        assert_bit_identical(torch.load(checkpoint / "full-values.pt"), _everything(opt))
