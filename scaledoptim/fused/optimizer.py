@@ -182,8 +182,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
         # Note [step requests]: what the protocol asks of this step is planned here, after the
         # step pre-hooks, so that what they did to the grads is what is checked and used.
         request, self._scaledoptim_request = self._scaledoptim_request, None
-        if request is None:
-            request = self._implicit_request(closure is not None)
+        if request is not None:  # a protocol method's: it reads the outcome
+            _, self._scaledoptim_outcome = self._execute(request)
+            return loss
+        request = self._implicit_request(closure is not None)
         if request is None:
             self._plan_step().commit(PendingStep(None))
         else:

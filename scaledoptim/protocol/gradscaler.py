@@ -33,21 +33,22 @@ fused optimizers). *Other optimizers* get torch's GradScaler code unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
+from types import CodeType
 from typing import Any
 
 import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
-from ..torch_ops import unscale_in_place_
-from .optimizer import Optimizer
 from .outputs import scale_outputs
-from .plans import StepRequest
-from .validation import check_no_fp16_grads
+from .ownership import ScaleOwner
+from .plans import StepRequest, native_amp_scaling
 
-__all__ = ["GradScaler"]
+__all__ = ["GradScaler", "asked_by_torch_scaler", "torch_scaler_request"]
 
 _DRIVER = "scaledoptim.GradScaler"
 
@@ -212,25 +213,17 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return
-        if not isinstance(optimizer, Optimizer):
+        if not isinstance(optimizer, ScaleOwner):  # (every ScaleOwner is a scaledoptim.Optimizer)
             super().unscale_(optimizer)
             return
         self._check_scale_growth_tracker("unscale_")
         self._check_stage(optimizer, "unscale_")
         self._check_can_adopt(optimizer)
-        plan_step = optimizer._plan_step()
+        assert self._scale is not None and self._loss_scale is not None
+        found_inf = optimizer._unscale_for_scaler(self._scale, self._loss_scale, _DRIVER)
         state = self._per_optimizer_states[id(optimizer)]
-        if not plan_step.grads:  # as torch: nothing checked, and step() will say so
-            state["found_inf_per_device"] = {}
-            state["stage"] = OptState.UNSCALED
-            return
-        check_no_fp16_grads(plan_step.grads, "GradScaler.unscale_()")
-        plan = optimizer._plan_unscale(self._scale, plan_step, own=False)
-        assert plan.inv_scale is not None and self._loss_scale is not None
-        optimizer._adopt_scale(self._loss_scale, _DRIVER)
-        unscale_in_place_(plan_step.grads, plan.found_inf, plan.inv_scale)
-        found_inf = optimizer._agree(plan.found_inf)
-        state["found_inf_per_device"] = {found_inf.device: found_inf}
+        # With no grads nothing was checked (as torch), and step() will say so.
+        state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
         state["stage"] = OptState.UNSCALED
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -251,7 +244,7 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        if not isinstance(optimizer, Optimizer):
+        if not isinstance(optimizer, ScaleOwner):
             return super().step(optimizer, *args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
@@ -273,14 +266,14 @@ class GradScaler(torch.amp.GradScaler):
                 moves_scale=False,
                 adopt=(self._loss_scale, _DRIVER),
             )
-        result = optimizer._run_step(request, *args, **kwargs)
-        if request.found is None:
+        result, outcome = optimizer._run_step(request, *args, **kwargs)
+        if outcome is None:
             raise RuntimeError(
                 f"{type(optimizer).__name__}.step() did not run the step scaledoptim.GradScaler "
                 "asked for: a subclass that overrides step() must call super().step()"
             )
         state = self._per_optimizer_states[id(optimizer)]
-        state["found_inf_per_device"] = {request.found.device: request.found}
+        state["found_inf_per_device"] = {outcome.found_inf.device: outcome.found_inf}
         state["stage"] = OptState.STEPPED
         return result
 
@@ -362,12 +355,12 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
         return stage
 
-    def _check_can_adopt(self, optimizer: Optimizer) -> None:
+    def _check_can_adopt(self, optimizer: ScaleOwner) -> None:
         """Refuses, before anything changes, an optimizer whose scale cannot become this
         scaler's; warns when adopting it drops a scale it loaded from a checkpoint."""
         loss_scale = self._loss_scale
         assert loss_scale is not None
-        state = optimizer._scaling()
+        state = optimizer.scaling_state
         if state.loss_scale is loss_scale:
             return
         name = type(optimizer).__name__
@@ -418,3 +411,69 @@ def _first_tensor(outputs: Any) -> torch.Tensor | None:
                 return found
     return None
 
+
+# ---------------------------------------------------------------------- torch.amp.GradScaler
+def torch_scaler_request(optimizer: ScaleOwner) -> StepRequest | None:
+    """The step ``torch.amp.GradScaler.step()`` asks for by setting ``grad_scale`` and
+    ``found_inf`` on the optimizer (Note [torch GradScaler]); ``None`` when the optimizer's
+    own step reads them (torch's fused optimizers)."""
+    attrs = vars(optimizer)
+    if not optimizer._scaledoptim_warned_torch_scaler:
+        optimizer._scaledoptim_warned_torch_scaler = True
+        warnings.warn(
+            f"A torch.amp.GradScaler steps this scaledoptim.{type(optimizer).__name__}: the scaler "
+            "keeps a scale of its own, so opt.scale (and the 'loss_scale' saved in "
+            "opt.state_dict()) is not the scale in use. The steps are right (they skip on "
+            "the scaler's found_inf), but use scaledoptim.GradScaler, a drop-in with the "
+            "same API whose scale is opt.scale, or the optimizer's own protocol "
+            "(opt.unscale_and_step(grads_scaled_by=opt.scale)).",
+            UserWarning,
+            stacklevel=4,
+        )
+    if native_amp_scaling(optimizer):
+        return None  # torch's fused step reads grad_scale and found_inf itself
+    grad_scale = attrs.get("grad_scale")
+    return StepRequest(
+        unscale=grad_scale is not None,
+        scaled_by=grad_scale,
+        found_inf=attrs["found_inf"],
+        moves_scale=False,
+    )
+
+
+def asked_by_torch_scaler(optimizer: ScaleOwner) -> bool:
+    """``optimizer._step_supports_amp_scaling`` as its reader gets it (Note [torch GradScaler]):
+    true for torch's fused optimizers, and for a scaledoptim one only when
+    ``torch.amp.GradScaler.step`` asks. Call it from that property alone: it reads the frame
+    that read the property."""
+    if native_amp_scaling(optimizer):
+        return True
+    # Frame 0 is this function, 1 the property, 2 whoever read it.
+    return sys._getframe(2).f_code in _torch_scaler_steps()
+
+
+@functools.cache
+def _torch_scaler_steps() -> frozenset[CodeType]:
+    """The code of ``torch.amp.GradScaler.step`` (and subclasses' own ``step``) that asks
+    ``_step_supports_amp_scaling`` before stepping.
+
+    Note [torch GradScaler]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    ``torch.amp.GradScaler.step(opt)`` asks ``opt._step_supports_amp_scaling``; when it is true
+    it sets ``opt.grad_scale`` (``None`` after ``unscale_``) and ``opt.found_inf`` (on device)
+    and calls ``opt.step()``, which must unscale and skip itself. scaledoptim's optimizers answer
+    true to that call alone: their step then honours both on device (sync-free on the fused
+    ones) and warns once that ``opt.scale`` is not the scale in use. Anyone else asking (Lightning
+    decides from it that the optimizer "unscales internally" and refuses gradient clipping) gets
+    false, which is what a scaledoptim optimizer's plain ``step()`` is. torch's own fused
+    optimizers set the flag on the instance; they answer true to everyone, as in torch.
+    """
+    codes = {torch.amp.GradScaler.step.__code__}
+    try:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    except ImportError:  # torch built without distributed
+        pass
+    else:
+        if "step" in vars(ShardedGradScaler):
+            codes.add(ShardedGradScaler.step.__code__)
+    return frozenset(codes)

@@ -36,11 +36,8 @@ Every protocol step goes through ``self.step()``, and ``step()`` itself honours 
 from __future__ import annotations
 
 import functools
-import sys
-import warnings
 from collections.abc import Callable
-from types import CodeType
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -64,15 +61,17 @@ from .clipping import (
     sum_of_squares,
     sums_over_process_group,
 )
+from .gradscaler import asked_by_torch_scaler
 from .outputs import check_grads_scaled_by
-from .ownership import ScaleOwner, ScalingState
+from .ownership import ScalingState
+from .plain_step import PlainStepGuard
 from .plans import (
     GenericStepPlan,
     PendingStep,
+    StepOutcome,
     StepPlan,
     StepRequest,
     UnscalePlan,
-    native_amp_scaling,
 )
 from .replay import ClosureReplayError
 from .validation import check_no_fp16_grads, check_param_grads
@@ -86,7 +85,7 @@ __all__ = ["ClosureReplayError", "Optimizer", "StepRequest"]
 _DEFAULTS_ONLY = frozenset({"differentiable"})
 
 
-class Optimizer(ScaleOwner):
+class Optimizer(PlainStepGuard):
     r"""A :class:`torch.optim.Optimizer` that owns its dynamic loss scale.
 
     Subclass it exactly as you would subclass :class:`torch.optim.Optimizer`: an ordinary
@@ -117,35 +116,11 @@ class Optimizer(ScaleOwner):
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
 
-    #: Whether ``step()`` receives the protocol's :class:`StepRequest` and plans the step
-    #: itself, after the step pre-hooks (the fused optimizers); otherwise the protocol plans
-    #: first and a guard wraps ``step`` (Note [step requests]).
-    _plans_in_step: ClassVar[bool] = False
-    #: The request the ``self.step()`` a protocol method calls must carry out.
+    #: The request the ``self.step()`` a protocol method calls must carry out, and what it used.
     _scaledoptim_request: StepRequest | None = None
-    #: Set while the protocol itself runs ``step()``: the guard lets that call through.
-    _scaledoptim_stepping: bool = False
-    #: Set once this optimizer warned that a torch.amp.GradScaler drives it.
-    _scaledoptim_warned_torch_scaler: bool = False
+    _scaledoptim_outcome: StepOutcome | None = None
     #: The pre-clip norm of the last step that clipped (:attr:`grad_norm`).
     _scaledoptim_grad_norm: torch.Tensor | None = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Wraps a subclass's own ``step`` in the protocol's guard (so that a plain ``step()``
-        never applies scaled grads or steps past an overflow), and
-        in torch's step hooks and profiler record, so that instances given the class by
-        :func:`~scaledoptim.patch_optimizer` (whose ``__init__`` has run) get them too."""
-        super().__init_subclass__(**kwargs)
-        step = cls.__dict__.get("step")
-        if step is None or cls._plans_in_step or getattr(step, "_scaledoptim_guarded", False):
-            return
-        if getattr(step, "hooked", False):  # already wrapped by torch's hooks: wrap inside them
-            step = step.__wrapped__
-        guarded = _guard(step)
-        hooked = torch.optim.Optimizer.profile_hook_step(guarded)
-        hooked.hooked = True  # type: ignore[attr-defined]  # torch's flag: do not wrap again
-        hooked._scaledoptim_guarded = True  # type: ignore[attr-defined]
-        cls.step = hooked  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ the scale
     @property
@@ -405,30 +380,43 @@ class Optimizer(ScaleOwner):
         self._check_can_step_without_closure("unscale_and_step")
         self._check_can_unscale()
         self._check_told_unscaled(grads_scaled_by)
-        request = StepRequest(unscale=True, scaled_by=grads_scaled_by, max_grad_norm=max_grad_norm)
-        self._run_step(request)
-        if request.found is None:
+        _, outcome = self._run_step(StepRequest(
+            unscale=True, scaled_by=grads_scaled_by, max_grad_norm=max_grad_norm
+        ))
+        if outcome is None:
             raise RuntimeError(
                 f"{type(self).__name__}.step() did not run the step unscale_and_step() asked "
                 "for: a subclass of FusedOptimizer that overrides step() must call super().step()"
             )
-        return None, request.found, request.scale
+        return None, outcome.found_inf, outcome.scale
 
     # ------------------------------------------------------------------ plan, then commit
-    def _run_step(self, request: StepRequest, *args: Any, **kwargs: Any) -> Any:
+    def _run_step(
+        self, request: StepRequest, *args: Any, **kwargs: Any
+    ) -> tuple[Any, StepOutcome | None]:
         """Runs ``self.step(*args, **kwargs)`` carrying ``request`` out (Note [step requests]);
-        returns what the step returned (``None`` for a step skipped on the host)."""
+        returns what the step returned (``None`` for a step skipped on the host) and its
+        outcome, ``None`` when a ``step()`` override never carried the request out.
+
+        Package-internal: :class:`scaledoptim.GradScaler` steps an optimizer through it.
+        """
         if not self._plans_in_step:
             run = functools.partial(self.step, *args, **kwargs) if args or kwargs else None
             return self._execute(request, run=run)
-        self._scaledoptim_request = request
+        # step() takes no request and returns the loss: the request and its outcome pass
+        # through these two slots, each read once.
+        self._scaledoptim_request, self._scaledoptim_outcome = request, None
         try:
-            return self.step(*args, **kwargs)
+            result = self.step(*args, **kwargs)
+            return result, self._scaledoptim_outcome
         finally:
-            self._scaledoptim_request = None
+            self._scaledoptim_request = self._scaledoptim_outcome = None
 
-    def _execute(self, request: StepRequest, run: Callable[[], Any] | None = None) -> Any:
+    def _execute(
+        self, request: StepRequest, run: Callable[[], Any] | None = None
+    ) -> tuple[Any, StepOutcome]:
         """Plans the step, unscales, records ``found_inf`` and commits: ``request`` carried out.
+        Returns what the step returned and the :class:`StepOutcome`.
 
         Called by a fused ``step()`` (after its pre-hooks), by :meth:`_run_step` for other
         optimizers, and by the guard of a plain ``step()``, which passes the step function it
@@ -466,17 +454,19 @@ class Optimizer(ScaleOwner):
             if clip is not None and norm_sq is not None:
                 step.clip_grads_(self._clip_coefficient(norm_sq, clip))
             pending = PendingStep(found_inf if scaled else None, left, update)
-            request.found, request.scale = found_inf, scale
+            outcome = StepOutcome(found_inf, scale)
         else:
+            # Every request that does not unscale carries the found_inf to skip on.
+            assert request.found_inf is not None
             pending = PendingStep(request.found_inf)
-            request.found = request.found_inf
+            outcome = StepOutcome(request.found_inf, None)
         self._scaledoptim_stepping = True  # a plan that calls self.step() is let through
         try:
             result = step.commit(pending)
         finally:
             self._scaledoptim_stepping = False
         state.found_inf = None
-        return result
+        return result, outcome
 
     def _clip_coefficient(self, norm_sq: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
         """The clip factor from this rank's sum of squares; keeps the norm in :attr:`grad_norm`
@@ -649,112 +639,32 @@ class Optimizer(ScaleOwner):
             state.loss_scale = loss_scale
         state.driver = driver
 
-    # ------------------------------------------------------------------ a plain step()
-    def _implicit_request(self, closure_given: bool) -> StepRequest | None:
-        """What a plain ``step()`` call owes the protocol (Note [step requests]), ``None`` for
-        nothing: the step runs as written."""
-        if "found_inf" in vars(self):  # set by torch.amp.GradScaler.step()
-            return self._torch_scaler_request()
-        state = self._scaledoptim_scaling
-        if state is None or state.replaying:  # closure replay steps with what it unscaled
+    def _unscale_for_scaler(
+        self, scaled_by: torch.Tensor, loss_scale: LossScale, driver: str
+    ) -> torch.Tensor | None:
+        """:meth:`scaledoptim.GradScaler.unscale_` (package-internal): unscales the grads by the
+        scaler's ``scaled_by`` without moving it, after every check, and takes the scaler's
+        ``loss_scale`` as this optimizer's. Returns the agreed ``found_inf``, or ``None`` when
+        no param has a grad (nothing is checked or changed)."""
+        step = self._plan_step()
+        if not step.grads:
             return None
-        if state.found_inf is not None:  # after unscale(): as step_after_unscale()
-            return StepRequest(unscale=False, found_inf=state.found_inf)
-        if not state.loss_scale.scaled_for(id(self)):
-            return None
-        if state.driver is not None:
-            raise RuntimeError(
-                f"{type(self).__name__}.step() after a backward scaled by its {state.driver}'s "
-                "scale: step with scaler.step(opt) and end the iteration with scaler.update(), "
-                "or the scaled grads would be applied as they are"
-            )
-        if closure_given:
-            raise RuntimeError(
-                f"{type(self).__name__}.step(closure) after a backward scaled by opt.scale: a "
-                "plain step would apply the scaled grads. Use "
-                "opt.unscale_and_step(closure, grads_scaled_by=opt.scale) with closure(S), "
-                "which unscales every evaluation and replays it on overflow"
-            )
-        # The GradScaler habit, scale_outputs(loss, S).backward(); opt.step(): the grads are
-        # scaled by opt.scale, so the step does what unscale_and_step(grads_scaled_by=S) does.
-        return StepRequest(unscale=True, scaled_by=state.loss_scale.scale)
-
-    def _torch_scaler_request(self) -> StepRequest | None:
-        """The step ``torch.amp.GradScaler.step()`` asks for by setting ``grad_scale`` and
-        ``found_inf`` on the optimizer (Note [torch GradScaler]); ``None`` when the optimizer's
-        own step reads them (torch's fused optimizers)."""
-        attrs = vars(self)
-        if not self._scaledoptim_warned_torch_scaler:
-            self._scaledoptim_warned_torch_scaler = True
-            warnings.warn(
-                f"A torch.amp.GradScaler steps this scaledoptim.{type(self).__name__}: the scaler "
-                "keeps a scale of its own, so opt.scale (and the 'loss_scale' saved in "
-                "opt.state_dict()) is not the scale in use. The steps are right (they skip on "
-                "the scaler's found_inf), but use scaledoptim.GradScaler, a drop-in with the "
-                "same API whose scale is opt.scale, or the optimizer's own protocol "
-                "(opt.unscale_and_step(grads_scaled_by=opt.scale)).",
-                UserWarning,
-                stacklevel=4,
-            )
-        if native_amp_scaling(self):
-            return None  # torch's fused step reads grad_scale and found_inf itself
-        grad_scale = attrs.get("grad_scale")
-        return StepRequest(
-            unscale=grad_scale is not None,
-            scaled_by=grad_scale,
-            found_inf=attrs["found_inf"],
-            moves_scale=False,
-        )
+        check_no_fp16_grads(step.grads, "GradScaler.unscale_()")
+        plan = self._plan_unscale(scaled_by, step, own=False)
+        assert plan.inv_scale is not None  # a scale was given
+        self._adopt_scale(loss_scale, driver)
+        unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
+        return self._agree(plan.found_inf)
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
         """torch's flag for "my step() reads ``grad_scale`` and ``found_inf``" (Note [torch
         GradScaler])."""
-        if native_amp_scaling(self):
-            return True
-        return sys._getframe(1).f_code in _torch_scaler_steps()
+        return asked_by_torch_scaler(self)
 
     @_step_supports_amp_scaling.setter
     def _step_supports_amp_scaling(self, value: bool) -> None:
         vars(self)["_step_supports_amp_scaling"] = value  # torch's fused __init__ sets it
-
-    def _guarded_step(
-        self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """The guard around a generic ``step`` (Note [step requests])."""
-        if self._scaledoptim_stepping:
-            return step(self, *args, **kwargs)
-        closure = kwargs["closure"] if "closure" in kwargs else (args[0] if args else None)
-        request = self._implicit_request(closure is not None)
-        if request is None:
-            state = self._scaledoptim_scaling
-            if closure is not None and state is not None and not state.replaying:
-                args, kwargs = _with_closure(args, kwargs, self._checked_closure(closure, state))
-            return step(self, *args, **kwargs)
-        # torch's grad_scale/found_inf are ours to honour: the wrapped step must not see them.
-        hidden: dict[str, Any] = {
-            key: vars(self).pop(key) for key in ("grad_scale", "found_inf") if key in vars(self)
-        }
-        try:
-            return self._execute(request, run=functools.partial(step, self, *args, **kwargs))
-        finally:
-            vars(self).update(hidden)
-
-    def _checked_closure(self, closure: Callable[[], Any], state: ScalingState) -> Callable[[], Any]:
-        """``closure``, refusing to let ``step`` use grads of a backward scaled by ``opt.scale``."""
-
-        def checked() -> Any:
-            loss = closure()
-            if state.loss_scale.scaled_for(id(self)) and state.found_inf is None:
-                raise RuntimeError(
-                    f"{type(self).__name__}.step(closure) with a closure whose backward is "
-                    "scaled by opt.scale: the step would use scaled grads. Use "
-                    "opt.unscale_and_step(closure, grads_scaled_by=opt.scale) with closure(S), "
-                    "which unscales every evaluation and replays it on overflow"
-                )
-            return loss
-
-        return checked
 
     def _check_can_step_without_closure(self, method: str) -> None:
         if isinstance(self, torch.optim.LBFGS):
@@ -773,48 +683,3 @@ class Optimizer(ScaleOwner):
             state.found_inf = None
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.reset()
-
-
-def _guard(step: Callable[..., Any]) -> Callable[..., Any]:
-    """A subclass's ``step`` inside the protocol's guard (Note [step requests])."""
-
-    @functools.wraps(step, updated=())  # not torch's "hooked" flag of a hooked step
-    def guarded(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
-        return self._guarded_step(step, args, kwargs)
-
-    return guarded
-
-
-def _with_closure(
-    args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if "closure" in kwargs:
-        return args, {**kwargs, "closure": closure}
-    return (closure, *args[1:]), kwargs
-
-
-@functools.cache
-def _torch_scaler_steps() -> frozenset[CodeType]:
-    """The code of ``torch.amp.GradScaler.step`` (and subclasses' own ``step``) that asks
-    ``_step_supports_amp_scaling`` before stepping.
-
-    Note [torch GradScaler]
-    ~~~~~~~~~~~~~~~~~~~~~~~
-    ``torch.amp.GradScaler.step(opt)`` asks ``opt._step_supports_amp_scaling``; when it is true
-    it sets ``opt.grad_scale`` (``None`` after ``unscale_``) and ``opt.found_inf`` (on device)
-    and calls ``opt.step()``, which must unscale and skip itself. scaledoptim's optimizers answer
-    true to that call alone: their step then honours both on device (sync-free on the fused
-    ones) and warns once that ``opt.scale`` is not the scale in use. Anyone else asking (Lightning
-    decides from it that the optimizer "unscales internally" and refuses gradient clipping) gets
-    false, which is what a scaledoptim optimizer's plain ``step()`` is. torch's own fused
-    optimizers set the flag on the instance; they answer true to everyone, as in torch.
-    """
-    codes = {torch.amp.GradScaler.step.__code__}
-    try:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-    except ImportError:  # torch built without distributed
-        pass
-    else:
-        if "step" in vars(ShardedGradScaler):
-            codes.add(ShardedGradScaler.step.__code__)
-    return frozenset(codes)

@@ -18,6 +18,7 @@ from ..scale import (
 )
 from .backward_check import BackwardCheck
 from .loads import check_layout
+from .plans import StepOutcome, StepRequest
 
 __all__ = ["GROUP_SCALE_KEY", "ScaleOwner", "ScalingState"]
 
@@ -76,6 +77,8 @@ class ScaleOwner(torch.optim.Optimizer):
     # not own) and patched instances get them too.
     _scaledoptim_scaling: ScalingState | None = None
     _scaledoptim_backward_check: BackwardCheck | None = None
+    #: Set once this optimizer warned that a torch.amp.GradScaler drives it.
+    _scaledoptim_warned_torch_scaler: bool = False
 
     if TYPE_CHECKING:  # defined by scaledoptim.Optimizer, next to the per-step protocol
 
@@ -84,6 +87,28 @@ class ScaleOwner(torch.optim.Optimizer):
         def _params_device(self) -> torch.device: ...
 
         def _overlapped_check(self, device: torch.device) -> Any: ...
+
+        # The surface scaledoptim.GradScaler steps an optimizer through (package-internal).
+        def _unscale_for_scaler(
+            self, scaled_by: torch.Tensor, loss_scale: LossScale, driver: str
+        ) -> torch.Tensor | None: ...
+
+        def _run_step(
+            self, request: StepRequest, *args: Any, **kwargs: Any
+        ) -> tuple[Any, StepOutcome | None]: ...
+
+    @property
+    def scaling_state(self) -> ScalingState:
+        """This optimizer's loss scale and its place in the protocol (read-only).
+
+        The :class:`~scaledoptim.scale.LossScale` in use (``scaling_state.loss_scale``, shared
+        after :func:`~scaledoptim.share_scale` or once a :class:`scaledoptim.GradScaler` steps
+        the optimizer), the ``found_inf`` an :meth:`~scaledoptim.Optimizer.unscale` left for its
+        step, and the process group overflow is agreed over. Created on first use, on the
+        params' device. For inspection: change the scale through :meth:`configure_scaling`,
+        :meth:`load_state_dict` and the protocol's methods.
+        """
+        return self._scaling()
 
     def _current_scale(self) -> torch.Tensor:
         """The scale tensor in use now (``opt.scale``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -15,6 +15,7 @@ from .clipping import clip_in_place_, sum_of_squares
 __all__ = [
     "GenericStepPlan",
     "PendingStep",
+    "StepOutcome",
     "StepPlan",
     "StepRequest",
     "UnscalePlan",
@@ -22,7 +23,7 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StepRequest:
     """What a ``step()`` owes the protocol besides the update (Note [step requests] in
     optimizer.py).
@@ -39,8 +40,8 @@ class StepRequest:
             passed.
         max_grad_norm: clip the global norm of the unscaled grads to it (Note [clipping in the
             step] in clipping.py); ``None``: no clipping. Only with ``unscale``.
-        found: set by the step: the ``found_inf`` it used.
-        scale: set by the step: the recommended scale (own protocol only).
+
+    The step answers with a :class:`StepOutcome`.
     """
 
     unscale: bool
@@ -49,8 +50,18 @@ class StepRequest:
     moves_scale: bool = True
     adopt: tuple[LossScale, str] | None = None
     max_grad_norm: float | None = None
-    found: torch.Tensor | None = None
-    scale: torch.Tensor | None = None
+
+
+class StepOutcome(NamedTuple):
+    """What a step that carried out a :class:`StepRequest` used.
+
+    Attributes:
+        found_inf: the ``found_inf`` the update skipped on.
+        scale: the recommended scale (the optimizer's own protocol only, else ``None``).
+    """
+
+    found_inf: torch.Tensor
+    scale: torch.Tensor | None
 
 
 @dataclasses.dataclass

@@ -37,7 +37,8 @@ class Replayable(Protocol):
 
     def step(self, closure: Callable[[], Any]) -> Any: ...
 
-    def _scaling(self) -> ScalingState: ...
+    @property
+    def scaling_state(self) -> ScalingState: ...
 
 
 class ClosureReplayError(RuntimeError):
@@ -55,7 +56,7 @@ def step_replaying(
 ) -> Evaluation:
     """Runs ``optimizer.step(closure)`` where the closure calls ``evaluate(S)`` until its grads
     are finite, backing the scale off in between; returns ``(loss, found_inf, S)``."""
-    state = optimizer._scaling()
+    state = optimizer.scaling_state
     if state.found_inf is not None:
         raise RuntimeError(
             "The grads were unscaled before a closure step; a closure step computes its own "
@@ -140,7 +141,7 @@ def checked_result(optimizer: Replayable, result: Any) -> Evaluation:
     """The ``(loss, found_inf, S)`` a ``step_after_unscale`` closure must return, checked."""
     if not (
         isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], torch.Tensor)
-    ) or optimizer._scaling().found_inf is None:
+    ) or optimizer.scaling_state.found_inf is None:
         raise TypeError(
             "A closure given to step_after_unscale() must call opt.unscale(grads_scaled_by=S) "
             "and return (loss, found_inf, S) as unscale() returned them; got "
@@ -153,7 +154,7 @@ def checked_result(optimizer: Replayable, result: Any) -> Evaluation:
 def _snapshot(optimizer: Replayable) -> tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]:
     params = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
     opt_state = {p: copy.deepcopy(s) for p, s in optimizer.state.items()}
-    return params, opt_state, optimizer._scaling().loss_scale.state_dict()
+    return params, opt_state, optimizer.scaling_state.loss_scale.state_dict()
 
 
 @torch.no_grad()
@@ -165,6 +166,6 @@ def _restore(
         param.copy_(saved)
     optimizer.state.clear()
     optimizer.state.update(opt_state)
-    loss_scale = optimizer._scaling().loss_scale
+    loss_scale = optimizer.scaling_state.loss_scale
     for name in ("scale", "growth_tracker", "hysteresis_tracker"):
         getattr(loss_scale, name).copy_(scale_state[name])

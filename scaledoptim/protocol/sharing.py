@@ -57,7 +57,7 @@ def share_scale(*optimizers: Optimizer) -> torch.Tensor:
             "share_scale() was given the same optimizer more than once; pass each optimizer "
             "that should share the scale exactly once"
         )
-    states = [opt._scaling() for opt in optimizers]
+    states = [opt.scaling_state for opt in optimizers]
     first = states[0].loss_scale
     if all(state.loss_scale is first for state in states) and first.sharers == len(optimizers):
         return first.scale  # these optimizers already share exactly this scale

@@ -5,6 +5,7 @@ skip is read on the host (Note [host skip])."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import torch
 from torch import Tensor
@@ -19,6 +20,9 @@ __all__ = [
 ]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_DTYPE = attrgetter("dtype")
+_IS_SPARSE = attrgetter("is_sparse")
+_IS_COMPLEX = attrgetter("is_complex")
 
 
 def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
@@ -31,6 +35,11 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     ``torch.amp.GradScaler`` does; a 16-bit one is checked again coalesced, since values at one
     index sum when it is applied. A complex grad is unscaled as its real view.
     """
+    dtypes = set(map(_DTYPE, grads))
+    if len(dtypes) == 1 and not any(map(_IS_SPARSE, grads)) and not any(map(_IS_COMPLEX, dtypes)):
+        # The common case, dense grads of one real dtype, without a Python step per grad.
+        unscale_dense_(list(grads), found_inf, inv_scale)
+        return
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     sparse_16bit: list[Tensor] = []
     for grad in grads:

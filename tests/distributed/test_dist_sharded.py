@@ -64,7 +64,7 @@ def _fsdp2_model(**fully_shard_options):
 
 
 def _scale_state(opt: scaledoptim.Optimizer) -> list[torch.Tensor]:
-    loss_scale = opt._scaling().loss_scale
+    loss_scale = opt.scaling_state.loss_scale
     return [loss_scale.scale, loss_scale.growth_tracker, loss_scale.hysteresis_tracker]
 
 

@@ -203,7 +203,7 @@ def _ready(info):
 
 def _everything(model, opt) -> tuple[list[torch.Tensor], Any]:
     grads = [p.grad.detach().clone() for g in opt.param_groups for p in g["params"] if p.grad is not None and not p.is_meta and not p.grad.is_sparse]
-    return [t for t in snapshot(opt) if not t.is_meta] + grads, opt._scaling().unscaled
+    return [t for t in snapshot(opt) if not t.is_meta] + grads, opt.scaling_state.unscaled
 
 
 def _call(form: str, opt) -> None:

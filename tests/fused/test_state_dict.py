@@ -59,7 +59,7 @@ def _resume_is_bit_identical(info, config, dtype, **changes) -> None:
     resumed_model, resumed_opt = fresh()
     resumed_model.load_state_dict(checkpoint["model"])
     resumed_opt.load_state_dict(checkpoint["opt"])
-    assert resumed_opt._scaling().loss_scale.hysteresis_tracker.item() == 1, "mid hysteresis"
+    assert resumed_opt.scaling_state.loss_scale.hysteresis_tracker.item() == 1, "mid hysteresis"
     _train(resumed_model, resumed_opt, range(6, 12))
     assert_bit_identical(snapshot(opt), snapshot(resumed_opt))
 

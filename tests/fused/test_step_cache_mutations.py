@@ -482,7 +482,7 @@ def _assert_identical(cached: Twin, plain: Twin, where: str) -> None:
                 assert torch.equal(x, y), (where, key)
             else:
                 assert x == y, (where, key)
-    a, b = cached.opt._scaling().loss_scale, plain.opt._scaling().loss_scale
+    a, b = cached.opt.scaling_state.loss_scale, plain.opt.scaling_state.loss_scale
     for name in ("scale", "growth_tracker", "hysteresis_tracker"):
         assert torch.equal(getattr(a, name), getattr(b, name)), (where, name)
 

@@ -51,7 +51,7 @@ def test_a_stock_fp16_checkpoint_resumes_with_its_gradscaler_scale(tmp_path):
     # The stock scaler's tracker was 1 of 2: the first clean step grows 512 to 1024, every
     # second one after it again (logs carry the scale of the next step).
     assert logged == [(4, 1024.0), (5, 1024.0), (6, 2048.0)]
-    loss_scale = _inner(trainer)._scaling().loss_scale
+    loss_scale = _inner(trainer).scaling_state.loss_scale
     assert loss_scale.config.growth_interval == GROWTH_INTERVAL  # from the GradScaler state
     assert loss_scale.config.hysteresis == 2  # from scaling_config
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
@@ -64,7 +64,7 @@ def test_scaling_config_sets_the_scale_of_a_fresh_run(tmp_path):
     trainer.train()
     logged = [e["loss_scale"] for e in trainer.state.log_history if "loss" in e]
     assert logged == [256.0, 512.0, 512.0]
-    assert _inner(trainer)._scaling().loss_scale.config == config
+    assert _inner(trainer).scaling_state.loss_scale.config == config
 
 
 def test_scaling_config_must_be_a_scaling_config(tmp_path):

@@ -341,12 +341,12 @@ _FACTORIES = {
 @pytest.mark.parametrize("kind", list(_FACTORIES))
 def test_item6_copies_keep_the_scale_and_step_bit_for_bit(kind) -> None:
     model, opt = _trained(_FACTORIES[kind])
-    config = opt._scaling().loss_scale.config
+    config = opt.scaling_state.loss_scale.config
     for copied_model, copied in _copies(model, opt):
         assert type(copied) is type(opt)
-        assert copied._scaling().loss_scale.config == config
+        assert copied.scaling_state.loss_scale.config == config
         assert_bit_identical(snapshot(opt), snapshot(copied))
-        assert copied._scaling().process_group is None
+        assert copied.scaling_state.process_group is None
         original = copy.deepcopy((model, opt))  # stepping the original would spoil later copies
         _train(original[0], original[1], range(3, 9))
         _train(copied_model, copied, range(3, 9))
@@ -359,7 +359,7 @@ def test_item6_a_copy_of_a_sharer_gets_a_scale_of_its_own() -> None:
     scaledoptim.share_scale(a, b)
     copied = copy.deepcopy(a)
     assert copied.scale is not a.scale
-    assert copied._scaling().loss_scale.sharers == 1
+    assert copied.scaling_state.loss_scale.sharers == 1
     assert torch.equal(copied.scale, a.scale)
 
 
@@ -542,7 +542,7 @@ def test_item9_an_iteration_aborted_between_sharers_does_not_wedge_the_next() ->
         _gan_steps(gen, disc, opt_g, opt_d, [step])
         _gan_steps(*reference, [step])
         assert torch.equal(opt_g.scale, reference[2].scale), step
-        assert torch.equal(opt_g._scaling().loss_scale.growth_tracker, reference[2]._scaling().loss_scale.growth_tracker)
+        assert torch.equal(opt_g.scaling_state.loss_scale.growth_tracker, reference[2].scaling_state.loss_scale.growth_tracker)
     assert opt_g.scale is opt_d.scale
 
 

@@ -61,7 +61,7 @@ def test_a_tracker_past_the_interval_grows_at_the_next_clean_step_of_the_own_pro
     model = _model()
     resumed = scaledoptim.SGD(model.parameters())
     resumed.load_state_dict(opt.state_dict())
-    assert resumed._scaling().loss_scale.growth_tracker.item() == CLEAN_BEFORE_SHORTENING
+    assert resumed.scaling_state.loss_scale.growth_tracker.item() == CLEAN_BEFORE_SHORTENING
     scales = []
     for step in range(4, 9):
         resumed.zero_grad()

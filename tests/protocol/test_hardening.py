@@ -288,7 +288,7 @@ def test_a_failed_found_inf_agreement_refuses_a_second_unscale_and_skips_the_ste
 
     model = make_model()
     opt = scaledoptim.AdamW(model.parameters())
-    opt._scaling().process_group = object()  # stands in for a group whose collective fails
+    opt.scaling_state.process_group = object()  # stands in for a group whose collective fails
 
     def broken_all_reduce(found_inf, group):
         raise RuntimeError("connection reset by peer")

@@ -39,7 +39,7 @@ def _train(model, opt, S, steps, start=0, overflow_at=()):
 
 
 def _state(model, opt) -> list[torch.Tensor]:
-    scale = opt._scaling().loss_scale
+    scale = opt.scaling_state.loss_scale
     tensors = [p.detach().clone() for p in model.parameters()]
     tensors += [v.clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     return [*tensors, scale.scale.clone(), scale.growth_tracker.clone()]

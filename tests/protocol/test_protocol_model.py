@@ -152,7 +152,7 @@ def _advance(model: ProtocolModel, action: str, arg) -> None:
 
 
 def _assert_matches(opt: scaledoptim.Optimizer, model: ProtocolModel) -> None:
-    loss_scale = opt._scaling().loss_scale
+    loss_scale = opt.scaling_state.loss_scale
     assert loss_scale.scale.item() == model.scale
     assert loss_scale.growth_tracker.item() == model.growth
     assert loss_scale.hysteresis_tracker.item() == model.hysteresis

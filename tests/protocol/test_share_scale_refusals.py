@@ -36,7 +36,7 @@ def test_the_same_optimizer_twice_is_refused() -> None:
         scaledoptim.share_scale(a, a)
     with pytest.raises(ValueError, match="more than once"):
         scaledoptim.share_scale(a, b, a)
-    assert a.scale is scale and a._scaling().loss_scale.sharers == 1
+    assert a.scale is scale and a.scaling_state.loss_scale.sharers == 1
     for _ in range(2):
         _iteration(a)  # a still has a scale of its own
 

@@ -127,7 +127,7 @@ def test_an_unused_enabled_gradscaler_loads_as_its_init_scale() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=4.0, growth_interval=7)
     opt = scaledoptim.SGD(_model().parameters(), lr=0.1)
     opt.load_gradscaler_state_dict(scaler.state_dict())
-    loss_scale = opt._scaling().loss_scale
+    loss_scale = opt.scaling_state.loss_scale
     assert opt.scale.item() == 1024.0 and loss_scale.growth_tracker.item() == 0
     assert (loss_scale.config.growth_factor, loss_scale.config.growth_interval) == (4.0, 7)
 
@@ -135,7 +135,7 @@ def test_an_unused_enabled_gradscaler_loads_as_its_init_scale() -> None:
 def test_a_loaded_scale_keeps_the_optimizers_hysteresis_with_a_full_allowance() -> None:
     opt = scaledoptim.SGD(_model().parameters(), lr=0.1).configure_scaling(hysteresis=3)
     opt.load_gradscaler_state_dict(torch.amp.GradScaler("cpu").state_dict())
-    loss_scale = opt._scaling().loss_scale
+    loss_scale = opt.scaling_state.loss_scale
     assert loss_scale.config.hysteresis == 3 and loss_scale.hysteresis_tracker.item() == 3
 
 
@@ -180,11 +180,11 @@ BAD = [
 @pytest.mark.parametrize(("state", "error", "names"), BAD)
 def test_bad_gradscaler_state_is_refused_and_changes_nothing(state, error, names) -> None:
     opt = scaledoptim.SGD(_model().parameters(), lr=0.1).configure_scaling(init_scale=64.0)
-    before = opt._scaling().loss_scale
+    before = opt.scaling_state.loss_scale
     with pytest.raises(error) as info:
         opt.load_gradscaler_state_dict(state)
     assert names in str(info.value)
-    assert opt._scaling().loss_scale is before and before.scale.item() == 64.0
+    assert opt.scaling_state.loss_scale is before and before.scale.item() == 64.0
 
 
 def test_a_scale_outside_the_configured_bounds_names_the_fix() -> None:

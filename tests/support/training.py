@@ -66,7 +66,7 @@ def snapshot(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     for state in opt.state.values():
         tensors += [v.detach().clone() for v in state.values() if isinstance(v, torch.Tensor)]
     if isinstance(opt, scaledoptim.Optimizer):
-        scale_state = opt._scaling().loss_scale
+        scale_state = opt.scaling_state.loss_scale
         tensors += [scale_state.scale.clone(), scale_state.growth_tracker.clone(),
                     scale_state.hysteresis_tracker.clone()]  # fmt: skip
     return tensors
