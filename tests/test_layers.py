@@ -18,6 +18,7 @@ import random
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,13 +58,14 @@ def _layer(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else None
 
 
-def _imported(path: pathlib.Path, module: str) -> set[str]:
-    """Every scaledoptim module ``path`` imports, anywhere in it."""
+def _import_targets(path: pathlib.Path, module: str) -> Iterator[tuple[str, list[str]]]:
+    """Each import in ``path``, anywhere in it, as (the module imported or imported from, the
+    names taken from it: none for a plain ``import``), relative imports resolved."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("scaledoptim")}
+            for alias in node.names:
+                yield alias.name, []
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -71,8 +73,15 @@ def _imported(path: pathlib.Path, module: str) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.startswith("scaledoptim"):
-                found |= {f"{target}.{alias.name}" for alias in node.names} | {target}
+            yield target, [alias.name for alias in node.names]
+
+
+def _imported(path: pathlib.Path, module: str) -> set[str]:
+    """Every scaledoptim module ``path`` imports, anywhere in it."""
+    found = set()
+    for target, names in _import_targets(path, module):
+        if target.startswith("scaledoptim"):
+            found |= {f"{target}.{name}" for name in names} | {target}
     return found
 
 
@@ -94,21 +103,11 @@ def test_each_layer_imports_only_itself_and_the_layers_below(module) -> None:
 def _module_edges(path: pathlib.Path, module: str, known: set[str]) -> set[str]:
     """The scaledoptim modules ``path`` imports, anywhere in it: ``from .pkg import mod`` counts
     as an import of ``pkg.mod`` (not of ``pkg``'s ``__init__``) where ``mod`` is a module."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name in known}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                name = f"{target}.{alias.name}"
-                found.add(name if name in known else target)
+    for target, names in _import_targets(path, module):
+        found |= {f"{target}.{name}" if f"{target}.{name}" in known else target for name in names}
+        if not names:
+            found.add(target)
     return (found & known) - {module}
 
 
