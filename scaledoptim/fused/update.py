@@ -65,7 +65,8 @@ class Update(Protocol):
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
     #: Whether each element's update reads only that element of the param, grad and state
     #: (and scalars), so that a DTensor param's update may run on its local shard (otherwise
-    #: torch's ops get the DTensors, or the optimizer refuses them).
+    #: the torch form gets the DTensors and sums over whole tensors itself: Note [sums over the
+    #: mesh] in torch_ops/sharded.py).
     elementwise: ClassVar[bool]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
     #: implementation, as torch.optim's ``step`` does.

@@ -24,7 +24,7 @@ from ..kernels import (
     rounding_lists,
     scalar_pointer,
 )
-from ..torch_ops import advance_steps_, copy_unless_skipped_, skip_on_host
+from ..torch_ops import MeshSums, advance_steps_, copy_unless_skipped_, skip_on_host
 from .lamb_in_place import _lamb_in_place_
 
 __all__ = [
@@ -249,10 +249,16 @@ class LAMB(FusedOptimizer):
         global grad norm computed (``_GlobalGradNorm.torch_form``)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         o = _lamb_options(group)
+        # Note [sums over the mesh]: DTensors step on their local shards, their norms summed
+        # over the mesh.
+        sums = MeshSums(params)
+        params, grads, exp_avgs, exp_avg_sqs = map(
+            sums.local, (params, grads, exp_avgs, exp_avg_sqs)
+        )
         # Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None:  # Note [host skip]: on a CPU, in place
+        if skip is not None and (skip or not sums.sharded):  # Note [host skip]: on a CPU, in place
             if not skip:
                 advance_steps_(steps, None)
                 norm_sq = self._grad_norm_sq(params[0].device)
@@ -284,6 +290,9 @@ class LAMB(FusedOptimizer):
         step_sizes = [torch.full((), -o["lr"], device=p.device) for p in params]
         if o["use_nvlamb"] or wd != 0:
             p_norms, u_norms = torch._foreach_norm(params), torch._foreach_norm(update)
+            if sums.sharded:
+                squares = torch.stack([torch.stack(p_norms), torch.stack(u_norms)]).square()
+                p_norms, u_norms = (n.unbind() for n in sums.reduce_(squares).sqrt())
             step_sizes = [
                 torch.where((pn > 0) & (un > 0), -o["lr"] * pn / un, s)
                 for pn, un, s in zip(p_norms, u_norms, step_sizes)
@@ -325,13 +334,15 @@ class _GlobalGradNorm:
     def torch_form(self, grads: list[Tensor]) -> None:
         # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
         # float64 params, and LAMB's torch form in float64 is its test reference) in float64.
+        # Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
         narrow = [g for g in grads if g.dtype != torch.float64]
         wide = [g for g in grads if g.dtype == torch.float64]
-        squares = [
-            torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)).square().sum()
-            for ts, dtype in ((narrow, torch.float32), (wide, torch.float64))
-            if ts
-        ]
+        squares = []
+        for ts, dtype in ((narrow, torch.float32), (wide, torch.float64)):
+            if ts:
+                sums = MeshSums(ts)
+                norms = torch.stack(torch._foreach_norm(sums.local(ts), 2, dtype=dtype))
+                squares.append(sums.reduce_(norms.square()).sum())
         if squares:
             self.out.copy_(squares[0] if len(squares) == 1 else squares[0] + squares[1])
         else:
