@@ -12,7 +12,9 @@
   torch lacks: our own on the unsharded model);
 * LAMB on FSDP2's uneven Shard(0), its global grad norm clipping and its trust ratio on: its
   norms over the whole sharded tensors (Note [sums over the mesh]), so it follows the same LAMB
-  on the unsharded model; its state DTensors, saved and resumed through DCP bit for bit.
+  on the unsharded model; its state DTensors, saved and resumed through DCP bit for bit;
+* HSDP on a world of 4 (a 2-D mesh: replicated over one dimension, sharded over the other), for
+  AdamW and LAMB, an overflow in one rank's shard, against the same optimizer unsharded.
 """
 
 from __future__ import annotations
@@ -404,6 +406,44 @@ def _fsdp2_fp16_params_with_masters(backend: str, rank: int, world_size: int, tm
     assert _gathered(found)[1] == found
 
 
+# ---------------------------------------------------------------- HSDP: a 2-D mesh, world 4
+def _hsdp_against_unsharded(name: str, backend: str, rank: int, world_size: int, tmp) -> None:
+    """``fully_shard`` on a (2, 2) mesh: params (Replicate(), Shard(0)); an overflow in one
+    shard (in both its replicas, as FSDP's all-reduce over the replicas leaves it): all 4 ranks
+    skip it; params, state and scale follow the same optimizer on the unsharded model (LAMB's
+    norms summed over the shard dimension only)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
+    overflow = {1: 1, 2: 0, 6: 1}  # step -> the shard that overflows
+    with kernels_mode(backend):
+        model = _fsdp2_model(mesh=mesh)
+        opt = _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
+        found = _train(model, opt, mesh.get_local_rank("shard"), range(STEPS), overflow)
+    reference = make_model()
+    with kernels_mode("torch"):
+        ref_opt = _scaled(getattr(scaledoptim, name)(reference.parameters(), lr=1e-2, **options))
+        ref_found = _train(reference, ref_opt, 0, range(STEPS), dict.fromkeys(overflow, 0))
+    assert found == ref_found == [float(step in overflow) for step in range(STEPS)]
+    assert_bit_identical(_scale_state(opt), _scale_state(ref_opt))
+    for param in model.parameters():
+        assert param.placements == (Replicate(), Shard(0))
+        for value in opt.state[param].values():
+            if value.dim():
+                assert isinstance(value, DTensor) and value.placements == param.placements
+    got, want = _everything(opt, _full)[:-3], _everything(ref_opt)[:-3]
+    for value, twin in zip(got, want):
+        torch.testing.assert_close(value, twin, rtol=1e-5, atol=1e-6)
+
+
+HSDP_SCENARIOS = {
+    f"hsdp-{name}-{backend}": functools.partial(_hsdp_against_unsharded, name, backend)
+    for name in ("AdamW", "LAMB")
+    for backend in BACKENDS
+}
+
+
 SCENARIOS = {
     **{
         f"fsdp2-overflow-no-group-{backend}": functools.partial(
@@ -453,6 +493,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str | Non
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_sharded_scenario(world, scenario) -> None:
     failure = world[0][scenario]
+    assert failure is None, failure
+
+
+@pytest.fixture(scope="module")
+def world_of_4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
+    return run_world(4, HSDP_SCENARIOS, pathlib.Path(tmp_path_factory.mktemp("hsdp")))
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+@pytest.mark.parametrize("scenario", HSDP_SCENARIOS)
+def test_hsdp_scenario(world_of_4, scenario) -> None:
+    failure = world_of_4[scenario]
     assert failure is None, failure
 
 
