@@ -298,25 +298,36 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
 # ---------------------------------------------------------------- LAMB on FSDP2
 def _fsdp2_lamb_against_unsharded(backend: str, rank: int, world_size: int, tmp) -> None:
     """LAMB on FSDP2 params (Shard(0), 17 rows: 9 and 8), an overflow in one rank's shard: its
-    clipping and trust ratio read the whole tensors' norms, so every step (skips, scale, params,
-    state) follows the same LAMB on the unsharded model; its state is DTensors of the param's
-    placements."""
+    clipping and trust ratio read the whole tensors' norms, so every step follows the same LAMB
+    on the unsharded model."""
+    from torch.distributed.tensor import Shard
+
+    _follows_unsharded("LAMB", backend, INJECTED, rank, (Shard(0),))
+
+
+def _follows_unsharded(name, backend, overflow, shard_index, placements, **fully_shard_options):
+    """``name`` on FSDP2 params (``fully_shard_options``) of ``placements``, with an inf in the
+    shard ``shard_index`` on the steps of ``overflow`` (step -> the shard that overflows): the
+    skips, the scale state, the params and the state (DTensors of the param's placements)
+    follow the same optimizer on the unsharded model."""
     from torch.distributed.tensor import DTensor
 
+    options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
     with kernels_mode(backend):
-        model = _fsdp2_model()
-        opt = _scaled(scaledoptim.LAMB(model.parameters(), lr=1e-2, **LAMB_OPTIONS))
-        found = _train(model, opt, rank, range(STEPS))
+        model = _fsdp2_model(**fully_shard_options)
+        opt = _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
+        found = _train(model, opt, shard_index, range(STEPS), overflow)
     reference = make_model()
     with kernels_mode("torch"):
-        ref_opt = _scaled(scaledoptim.LAMB(reference.parameters(), lr=1e-2, **LAMB_OPTIONS))
-        ref_found = _train(reference, ref_opt, 0, range(STEPS), dict.fromkeys(INJECTED, 0))
-    assert found == ref_found == [float(step in INJECTED) for step in range(STEPS)]
+        ref_opt = _scaled(getattr(scaledoptim, name)(reference.parameters(), lr=1e-2, **options))
+        ref_found = _train(reference, ref_opt, 0, range(STEPS), dict.fromkeys(overflow, 0))
+    assert found == ref_found == [float(step in overflow) for step in range(STEPS)]
     assert_bit_identical(_scale_state(opt), _scale_state(ref_opt))
     for param in model.parameters():
+        assert param.placements == placements
         for value in opt.state[param].values():
             if value.dim():
-                assert isinstance(value, DTensor) and value.placements == param.placements
+                assert isinstance(value, DTensor) and value.placements == placements
     got, want = _everything(opt, _full)[:-3], _everything(ref_opt)[:-3]
     for value, twin in zip(got, want):
         torch.testing.assert_close(value, twin, rtol=1e-5, atol=1e-6)
@@ -412,29 +423,12 @@ def _hsdp_against_unsharded(name: str, backend: str, rank: int, world_size: int,
     shard (in both its replicas, as FSDP's all-reduce over the replicas leaves it): all 4 ranks
     skip it; params, state and scale follow the same optimizer on the unsharded model (LAMB's
     norms summed over the shard dimension only)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard, init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, init_device_mesh
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-    options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
     overflow = {1: 1, 2: 0, 6: 1}  # step -> the shard that overflows
-    with kernels_mode(backend):
-        model = _fsdp2_model(mesh=mesh)
-        opt = _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
-        found = _train(model, opt, mesh.get_local_rank("shard"), range(STEPS), overflow)
-    reference = make_model()
-    with kernels_mode("torch"):
-        ref_opt = _scaled(getattr(scaledoptim, name)(reference.parameters(), lr=1e-2, **options))
-        ref_found = _train(reference, ref_opt, 0, range(STEPS), dict.fromkeys(overflow, 0))
-    assert found == ref_found == [float(step in overflow) for step in range(STEPS)]
-    assert_bit_identical(_scale_state(opt), _scale_state(ref_opt))
-    for param in model.parameters():
-        assert param.placements == (Replicate(), Shard(0))
-        for value in opt.state[param].values():
-            if value.dim():
-                assert isinstance(value, DTensor) and value.placements == param.placements
-    got, want = _everything(opt, _full)[:-3], _everything(ref_opt)[:-3]
-    for value, twin in zip(got, want):
-        torch.testing.assert_close(value, twin, rtol=1e-5, atol=1e-6)
+    placements = (Replicate(), Shard(0))
+    _follows_unsharded(name, backend, overflow, mesh.get_local_rank("shard"), placements, mesh=mesh)
 
 
 HSDP_SCENARIOS = {
