@@ -68,8 +68,8 @@ class Update(Protocol):
     #: torch's ops get the DTensors, or the optimizer refuses them).
     elementwise: ClassVar[bool]
     #: Whether :meth:`torch_update` takes ``grad_scale=`` (a 0-dim float32 tensor the grads it
-    #: gets are scaled by, as torch's fused Adam(W)/SGD take it): then, on a CPU, the torch-native
-    #: backend leaves the grads scaled for it to unscale in its own read of them.
+    #: gets are scaled by, as torch's fused Adam(W)/SGD/Adagrad take it): then, on a CPU, the
+    #: torch-native backend leaves the grads scaled for it to unscale in its own read of them.
     torch_update_takes_grad_scale: ClassVar[bool]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
     #: implementation, as torch.optim's ``step`` does.

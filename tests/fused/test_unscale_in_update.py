@@ -28,6 +28,7 @@ FOLDING: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
     "SGD-momentum": lambda ps: scaledoptim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
     "SGD-dampening": lambda ps: scaledoptim.SGD(ps, lr=1e-2, momentum=0.9, dampening=0.3),
     "SGD": lambda ps: scaledoptim.SGD(ps, lr=1e-2),
+    "Adagrad": lambda ps: scaledoptim.Adagrad(ps, lr=1e-1, lr_decay=1e-3, weight_decay=0.1),
 }
 TORCH = {
     "AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
@@ -39,6 +40,9 @@ TORCH = {
     ),
     "SGD-dampening": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, dampening=0.3),
     "SGD": lambda ps: torch.optim.SGD(ps, lr=1e-2, fused=True),
+    "Adagrad": lambda ps: torch.optim.Adagrad(
+        ps, lr=1e-1, lr_decay=1e-3, weight_decay=0.1, fused=True
+    ),
 }
 
 
@@ -111,7 +115,9 @@ def _run(
             p.grad = g.clone()
         if exact:  # the sync-free form: no host read, so the exact path
             with decide_skips_on_device():
-                _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+                _, found_inf, _ = opt.unscale_and_step(
+                    grads_scaled_by=opt.scale, max_grad_norm=clip
+                )
         else:
             _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
     return opt, found_inf, params
@@ -185,16 +191,16 @@ def test_what_one_read_cannot_decide_takes_the_exact_path(
 
 
 def test_sixteen_bit_params_and_other_updates_unscale_first(exact_path_calls: list[int]) -> None:
-    """Working copies (16-bit params) and torch forms without a grad_scale (Adagrad) read
+    """Working copies (16-bit params) and torch forms without a grad_scale (RMSprop) read
     grads unscaled in place."""
     with kernels_mode("torch"):
         for make, dtype in [
             (lambda ps: scaledoptim.AdamW(ps, lr=1e-2), torch.bfloat16),
-            (lambda ps: scaledoptim.Adagrad(ps, lr=1e-2), torch.float32),
+            (lambda ps: scaledoptim.RMSprop(ps, lr=1e-2), torch.float32),
         ]:
             params = [p.detach().to(dtype).requires_grad_() for p in _params()]
             opt = make(params)
             for p, g in zip(params, _grads(0, opt.scale.item())):
                 p.grad = g.float() if dtype == torch.float32 else g.to(dtype)
             opt.unscale_and_step(grads_scaled_by=opt.scale)
-    assert len(exact_path_calls) == 1  # the fp32 Adagrad step; bf16 grads take unscale_in_place_
+    assert len(exact_path_calls) == 1  # the fp32 RMSprop step; bf16 grads take unscale_in_place_

@@ -11,9 +11,9 @@ business.
 
 Grads are unscaled in place in a pass of their own, which serves every group and the fp32
 copies of 16-bit grads at once, and which the torch forms without a ``grad_scale`` argument
-(Lion, LAMB, Adagrad, RMSprop) need; except on a CPU, where the forms that take one (torch's
-fused Adam(W) and SGD) unscale in their own read of the grads (Note [unscale in the update on
-a CPU]).
+(RMSprop, Lion, LAMB) need; except on a CPU, where the forms that take one (torch's fused
+Adam(W), SGD and Adagrad) unscale in their own read of the grads (Note [unscale in the update
+on a CPU]).
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ class TorchNativeBackend(Backend):
 # them: on a CPU, where a step is bound by memory traffic, that is most of the difference
 # between ``unscale_and_step`` and GradScaler + torch's fused AdamW, which hands the update the
 # scale (``grad_scale``) and lets it unscale where it reads each grad. So when every update of a
-# step takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W)
-# and SGD) over float32 params and grads, on a CPU (where a host read is free, Note [host skip]
-# in torch_ops/skip.py), the check reads the scaled grads once for their 2-norm (one
+# step takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused
+# Adam(W), SGD and Adagrad) over float32 params and grads, on a CPU (where a host read is free,
+# Note [host skip] in torch_ops/skip.py), the check reads the scaled grads once for their 2-norm (one
 # ``_foreach_norm``: a grad with an inf or nan makes it non-finite) and leaves them scaled; the
 # update divides them by ``S`` (by ``S / coef`` when clipping, Note [clipping in the step] in
 # protocol/clipping.py), and, as torch's fused ops do, leaves them unscaled. A norm that is not
