@@ -58,7 +58,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
       must advance ``steps`` itself, on device). Optionally, with
       ``torch_update_takes_grad_scale = True``, it also takes a keyword ``grad_scale`` (a 0-dim
       float32 tensor) and then gets grads still scaled by it, as torch's fused
-      Adam(W)/SGD/Adagrad do: on a CPU the step then reads the grads once to check them and once to update.
+      Adam(W)/SGD/Adagrad do: on a CPU the step then reads the grads once to check them and
+      once to update.
     * optionally ``torch_optim`` (the torch.optim class of the same update) with
       ``torch_optim_update`` and ``check_torch_optim``: then params the fused update cannot
       serve (complex, sparse grads, views with gaps, ``differentiable=True``, hyper-parameter

@@ -109,21 +109,21 @@ class TorchNativeBackend(Backend):
 
 # Note [unscale in the update on a CPU]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Unscaled in a pass of their own, fp32 grads are read and written before the update reads
-# them: on a CPU, where a step is bound by memory traffic, that is most of the difference
-# between ``unscale_and_step`` and GradScaler + torch's fused AdamW, which hands the update the
-# scale (``grad_scale``) and lets it unscale where it reads each grad. So when every update of a
-# step takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused
-# Adam(W), SGD and Adagrad) over float32 params and grads, on a CPU (where a host read is free,
-# Note [host skip] in torch_ops/skip.py), the check reads the scaled grads once for their 2-norm (one
-# ``_foreach_norm``: a grad with an inf or nan makes it non-finite) and leaves them scaled; the
-# update divides them by ``S`` (by ``S / coef`` when clipping, Note [clipping in the step] in
-# protocol/clipping.py), and, as torch's fused ops do, leaves them unscaled. A norm that is not
-# finite, or whose unscaled value comes near float32's range, sends the step down the exact
-# path (unscale in place, check again, sum the squares of the unscaled grads), so overflow steps
-# and finite grads past the range keep GradScaler's semantics. The unscaled norm is the scaled
-# one times ``inv_scale``: the clip's sum of squares differs from the exact path's in its last
-# bits. On other devices the decision would be a host read (a sync): the exact path stays.
+# Unscaled in a pass of their own, fp32 grads are read and written before the update reads them: on
+# a CPU, where a step is bound by memory traffic, that is most of the difference between
+# ``unscale_and_step`` and GradScaler + torch's fused AdamW, which hands the update the scale
+# (``grad_scale``) and lets it unscale where it reads each grad. So when every update of a step
+# takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and
+# Adagrad) over float32 params and grads, on a CPU (where a host read is free, Note [host skip] in
+# torch_ops/skip.py), the check reads the scaled grads once for their 2-norm (one ``_foreach_norm``:
+# a grad with an inf or nan makes it non-finite) and leaves them scaled; the update divides them by
+# ``S`` (by ``S / coef`` when clipping, Note [clipping in the step] in protocol/clipping.py), and,
+# as torch's fused ops do, leaves them unscaled. A norm that is not finite, or whose unscaled value
+# comes near float32's range, sends the step down the exact path (unscale in place, check again, sum
+# the squares of the unscaled grads), so overflow steps and finite grads past the range keep
+# GradScaler's semantics. The unscaled norm is the scaled one times ``inv_scale``: the clip's sum of
+# squares differs from the exact path's in its last bits. On other devices the decision would be a
+# host read (a sync): the exact path stays.
 _FOLD_NORM_LIMIT = 1e37  # an unscaled grad norm below it: no unscaled element can overflow
 
 
