@@ -326,3 +326,18 @@ def test_the_norm_spans_both_backends_of_a_step() -> None:
     assert opt.grad_norm.item() == 5.0
     torch.testing.assert_close(wide, torch.tensor([-0.6, 0.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(narrow, torch.tensor([-0.8, 0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [("replica", "must be 'replicated'"), (True, "must be 'replicated'"), ("sharded", "without")],
+)
+def test_grads_across_ranks_is_checked_before_anything_changes(value: object, match: str) -> None:
+    """A value that is not 'replicated'/'sharded'/None, or one without process_group, is refused
+    and the scale and its configuration are as before."""
+    opt = scaledoptim.AdamW(make_model().parameters()).configure_scaling(init_scale=2.0**5)
+    scale = opt.scale
+    with pytest.raises(ValueError, match=match):
+        opt.configure_scaling(init_scale=2.0**9, grads_across_ranks=value)  # type: ignore[arg-type]
+    assert opt.scale is scale and scale.item() == 2.0**5
+    assert opt.scaling_state.grads_across_ranks is None
