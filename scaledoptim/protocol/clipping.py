@@ -10,18 +10,24 @@ update reads ``unscaled grad * coef``. The step never reads the norm on the host
   kernels' read-only inf/nan check (cuda/non_finite_check.cu, in fp32, per-chunk partials added
   in a fixed order: Note [deterministic sums]); the torch forms and generic optimizers, whose
   grads are unscaled in place first, from foreach norms of the unscaled grads
-  (:func:`sum_of_squares`);
+  (:func:`sum_of_squares`); on a CPU, torch's fused Adam(W), SGD and Adagrad from the foreach
+  norms of the scaled grads times ``inv_scale`` (Note [unscale in the update on a CPU] in
+  fused/backends/torch_native.py);
 * the parts of a step (two backends) and, under ``process_group``, the ranks add their sums on
   device (:func:`agree_on_sum_of_squares`), then ``total = sqrt(sum)``, which is
   :attr:`Optimizer.grad_norm <scaledoptim.Optimizer.grad_norm>`;
 * our kernels get ``inv_scale * coef`` where they read ``inv_scale``: the clip rides in
-  registers, the grads are neither written nor read again; grads unscaled in place are
-  multiplied by ``coef`` in place, as ``clip_grad_norm_`` does after ``GradScaler.unscale_``.
+  registers, the grads are neither written nor read again; torch's fused CPU updates get
+  ``grad_scale = 1 / (inv_scale * coef)``; grads unscaled in place are multiplied by ``coef``
+  in place, as ``clip_grad_norm_`` does after ``GradScaler.unscale_``.
 
 One part's sum of squares from foreach norms is ``total ** 2`` with ``total`` computed as
 ``clip_grad_norm_`` computes it, and ``sqrt(total ** 2) == total`` exactly (correctly rounded
-square and root, no overflow or underflow): on the torch forms a single-process step clips
-exactly as ``GradScaler.unscale_`` + ``clip_grad_norm_`` do. A grad whose unscaled square
+square and root, no overflow or underflow): on the torch forms a single-process step computes
+the norm and ``coef`` exactly as ``GradScaler.unscale_`` + ``clip_grad_norm_`` do (a scale
+that is a power of 2 scales every square exactly, so the scaled norm times ``inv_scale`` is the
+same float); where the update divides by ``1 / (inv_scale * coef)`` instead of multiplying by
+``inv_scale`` then ``coef``, the params differ from theirs in the last bits. A grad whose unscaled square
 overflows float32 (an unscaled norm above about 1.8e19) makes the norm inf and ``coef`` 0.
 
 A step that overflows (``found_inf``) leaves a non-finite norm and is skipped as always; with
