@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 import torch
@@ -70,11 +71,18 @@ def exact_path_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["small-grads", "large-grads"])
 @pytest.mark.parametrize("clip", [None, 0.1], ids=["no-clip", "clip"])
 @pytest.mark.parametrize("name", list(FOLDING))
 def test_steps_as_gradscaler_and_torchs_fused_optimizer_without_unscaling_first(
-    name: str, clip: float | None, exact_path_calls: list[int]
+    name: str,
+    clip: float | None,
+    large: bool,
+    exact_path_calls: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # large: grads checked by their norm even without clipping, as large ones are
+    monkeypatch.setattr(torch_native, "_NORM_CHECK_MEAN_NUMEL", 0 if large else 2**62)
     params, ref_params = _params(), _params()
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     scaler.scale(torch.ones(()))  # creates its scale: the grads below come scaled already
@@ -127,10 +135,11 @@ def _run(
 @given(
     name=st.sampled_from(list(FOLDING)),
     scale_exp=st.integers(-24, 24),
-    grad_exp=st.integers(-40, 36),
+    grad_exp=st.integers(-40, 126),
     bad=st.sampled_from([None, math.inf, -math.inf, math.nan]),
     where=st.integers(0, 10_000),
     clip=st.sampled_from([None, 0.1, 1e30]),
+    by_norm=st.booleans(),
 )
 def test_decides_as_the_exact_path_whatever_the_grads(
     name: str,
@@ -139,10 +148,11 @@ def test_decides_as_the_exact_path_whatever_the_grads(
     bad: float | None,
     where: int,
     clip: float | None,
+    by_norm: bool,
 ) -> None:
     """Random scales (below 1 too), grad magnitudes up to past float32's range once squared or
-    unscaled, and an inf or nan anywhere: found_inf, the scale, the norm and the params are the
-    exact path's."""
+    unscaled, an inf or nan anywhere, either one-pass check (the norm's, as for large grads, or
+    torch's): found_inf, the scale, the norm and the params are the exact path's."""
     grads = _grads(0, 2.0**grad_exp)
     if bad is not None:
         flat = torch.cat([g.view(-1) for g in grads])
@@ -153,7 +163,8 @@ def test_decides_as_the_exact_path_whatever_the_grads(
                 break
             index -= g.numel()
     scale = 2.0**scale_exp
-    opt, found_inf, params = _run(name, grads, scale, clip, exact=False)
+    with mock.patch.object(torch_native, "_NORM_CHECK_MEAN_NUMEL", 0 if by_norm else 2**62):
+        opt, found_inf, params = _run(name, grads, scale, clip, exact=False)
     ref_opt, ref_found_inf, ref_params = _run(name, grads, scale, clip, exact=True)
     assert found_inf.item() == ref_found_inf.item()
     assert opt.scale.item() == ref_opt.scale.item()  # type: ignore[attr-defined]
@@ -168,21 +179,30 @@ def test_decides_as_the_exact_path_whatever_the_grads(
 
 
 @pytest.mark.parametrize(
-    ("grad", "scale", "skipped"),
+    ("grad", "scale", "clip", "skipped"),
     [
-        (math.inf, 2.0**16, True),
-        (math.nan, 2.0**16, True),
-        (1e30, 2.0**16, False),  # finite, but its square is past float32: the norm is inf
-        (1e18, 2.0**-70, True),  # a finite norm, inf once unscaled (a scale below 1)
+        (math.inf, 2.0**16, 0.1, True),
+        (math.nan, 2.0**16, 0.1, True),
+        (1e30, 2.0**16, 0.1, False),  # finite, but its square is past float32: the norm is inf
+        (1e18, 2.0**-70, 0.1, True),  # a finite norm, inf once unscaled (a scale below 1)
+        (1e35, 2.0**-20, None, True),  # torch's check: finite, inf once unscaled
+        (1.0, 2.0**-20, None, False),  # any scale below 1: the exact path decides
     ],
-    ids=["inf", "nan", "norm-past-range", "unscaled-past-range"],
+    ids=[
+        "inf",
+        "nan",
+        "norm-past-range",
+        "unscaled-past-range",
+        "scale-below-1-overflows",
+        "scale-below-1",
+    ],
 )
-def test_what_one_read_cannot_decide_takes_the_exact_path(
-    grad: float, scale: float, skipped: bool, exact_path_calls: list[int]
+def test_what_one_pass_cannot_decide_takes_the_exact_path(
+    grad: float, scale: float, clip: float | None, skipped: bool, exact_path_calls: list[int]
 ) -> None:
     grads = _grads(0, 1.0)
     grads[1].view(-1)[2] = grad
-    opt, found_inf, params = _run("AdamW", grads, scale, 0.1, exact=False)
+    opt, found_inf, params = _run("AdamW", grads, scale, clip, exact=False)
     assert exact_path_calls == [1]
     assert found_inf.item() == float(skipped)
     assert opt.scale.item() == (scale / 2 if skipped else scale)  # type: ignore[attr-defined]
