@@ -23,6 +23,7 @@ from .rounding import SR_CHUNK, initial_seed, stochastic_round_
 from .skip import (
     PackedSteps,
     advance_steps_,
+    check_non_finite_,
     copy_unless_skipped_,
     skip_on_host,
     unscale_dense_,
@@ -36,6 +37,7 @@ __all__ = [
     "advance_steps_",
     "batches",
     "capturing",
+    "check_non_finite_",
     "copy_unless_skipped_",
     "elementwise_batches",
     "initial_seed",
