@@ -55,7 +55,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
       (``found_inf``/``inv_scale`` are device pointers or ``None``).
     * ``torch_update(group, tensor_lists, found_inf)``: the same update with torch ops, for the
       torch-native backend (16-bit params arrive as fp32 working copies, grads unscaled, and it
-      must advance ``steps`` itself, on device).
+      must advance ``steps`` itself, on device). Optionally, with
+      ``torch_update_takes_grad_scale = True``, it also takes a keyword ``grad_scale`` (a 0-dim
+      float32 tensor) and then gets grads still scaled by it, as torch's fused
+      Adam(W)/SGD/Adagrad do: on a CPU the step then reads the grads once to check them and
+      once to update.
     * optionally ``torch_optim`` (the torch.optim class of the same update) with
       ``torch_optim_update`` and ``check_torch_optim``: then params the fused update cannot
       serve (complex, sparse grads, views with gaps, ``differentiable=True``, hyper-parameter
@@ -89,6 +93,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: (and scalars): then a DTensor param's torch form runs on its local shard (no). LAMB's
     #: per-tensor norms read the whole tensor: its torch form sums them over the mesh.
     elementwise: ClassVar[bool] = False
+    #: Whether ``torch_update`` also takes ``grad_scale=`` (grads still scaled by it; no).
+    torch_update_takes_grad_scale: ClassVar[bool] = False
     #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
     _plans_in_step: ClassVar[bool] = True
     #: The last step's plan, for the next (Note [step cache] in cache.py); not pickled, as

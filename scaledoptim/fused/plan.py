@@ -250,7 +250,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
             "float16 or bfloat16 params, or torch's ops for all of them (SCALEDOPTIM_KERNELS=torch)"
         )
     for part_backend, part in plan.parts.items():
-        part.unscale = part_backend.prepare_unscale(part.grad_lists)
+        part.unscale = part_backend.prepare_unscale(part.grad_lists, part.updates)
         if reduction is not None:
             part.reduction = part_backend.prepare_reduction(reduction, part.grad_lists)
         part.epilogue = part_backend.prepare_epilogue(part.steps)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..kernels import MultiTensorKernel
 
-__all__ = ["GradReduction", "Group", "TensorLists", "Update"]
+__all__ = ["GradReduction", "Group", "ScaledTorchUpdate", "TensorLists", "Update"]
 
 #: A param group: ``"params"`` and the optimizer's options.
 Group = dict[str, Any]
@@ -68,6 +68,10 @@ class Update(Protocol):
     #: the torch form gets the DTensors and sums over whole tensors itself: Note [sums over the
     #: mesh] in torch_ops/sharded.py).
     elementwise: ClassVar[bool]
+    #: Whether :meth:`torch_update` takes ``grad_scale=`` (a 0-dim float32 tensor the grads it
+    #: gets are scaled by, as torch's fused Adam(W)/SGD/Adagrad take it): then, on a CPU, the
+    #: torch-native backend leaves the grads scaled for it to unscale in its own read of them.
+    torch_update_takes_grad_scale: ClassVar[bool]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
     #: implementation, as torch.optim's ``step`` does.
     defaults: dict[str, Any]
@@ -97,10 +101,15 @@ class Update(Protocol):
 
     def torch_update(self, group: Group, lists: TensorLists, found_inf: Tensor | None) -> None:
         """The same update with torch ops: 16-bit params arrive as fp32 working copies, grads
-        unscaled; it must skip on ``found_inf`` and advance ``steps`` itself, on device."""
+        unscaled; it must skip on ``found_inf`` and advance ``steps`` itself, on device. With
+        :attr:`torch_update_takes_grad_scale`, it is also called as ``torch_update(group,
+        lists, found_inf, grad_scale=S)`` with grads still scaled by ``S`` (see
+        :class:`ScaledTorchUpdate`)."""
         ...
 
-    def torch_optim_update(self, group: Group, lists: TensorLists, found_inf: Tensor | None) -> None:
+    def torch_optim_update(
+        self, group: Group, lists: TensorLists, found_inf: Tensor | None
+    ) -> None:
         """torch.optim's own implementation of the update (its functional API with the group's
         ``foreach``, ``fused``, ``capturable``, ``differentiable``) over ``lists``: grads as they
         are (sparse, complex), 16-bit params as fp32 working copies, step counters where the
@@ -112,3 +121,17 @@ class Update(Protocol):
         """Raises, before anything changes, what torch.optim's step would raise at run time for
         ``params`` (with their grads) on its own implementation; e.g. sparse grads."""
         ...
+
+
+class ScaledTorchUpdate(Protocol):
+    """An :class:`Update` whose :attr:`~Update.torch_update_takes_grad_scale` is true: its torch
+    form also takes grads scaled by ``grad_scale`` and divides them by it where it reads them
+    (torch's fused ops take the same argument), leaving them unscaled as torch's do."""
+
+    def torch_update(
+        self,
+        group: Group,
+        lists: TensorLists,
+        found_inf: Tensor | None,
+        grad_scale: Tensor | None = None,
+    ) -> None: ...

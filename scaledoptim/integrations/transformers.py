@@ -218,8 +218,9 @@ class ScaledTrainer(transformers.Trainer):
     giving those objects a subclass of their class. Not supported with ``fp16=True``: DeepSpeed
     (which scales by itself) and gradient-accumulation settings that make the Trainer call backward outside
     ``training_step``. Several processes: call
-    ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD)`` on the
-    optimizer you pass, so that every rank skips together.
+    ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD,
+    grads_across_ranks="replicated")`` on the optimizer you pass (DDP), so that every rank skips
+    together and ``max_grad_norm`` clips by each rank's norm of the same grads.
 
     The dynamic scale's settings (``init_scale``, ``growth_interval``, ``hysteresis``, ...) are
     one argument, ``scaling_config``. Resuming a checkpoint of a stock ``Trainer(fp16=True)``

@@ -101,6 +101,7 @@ class Adagrad(FusedOptimizer):
 
     kernel = ADAGRAD_KERNEL
     elementwise = True
+    torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adagrad
 
     @staticmethod
@@ -184,13 +185,15 @@ class Adagrad(FusedOptimizer):
         group: dict[str, Any],
         tensor_lists: list[list[torch.Tensor]],
         found_inf: torch.Tensor | None,
+        grad_scale: torch.Tensor | None = None,
     ) -> None:
         """torch's fused Adagrad (checked against torch.optim.Adagrad's single-tensor math on
         CPU, skips included), which reads the advanced counter."""
         params, grads, sums, steps = tensor_lists
         advance_steps_(steps, found_inf)
         torch._fused_adagrad_(
-            params, grads, sums, steps, **_adagrad_options(group), found_inf=found_inf
+            params, grads, sums, steps, **_adagrad_options(group), grad_scale=grad_scale,
+            found_inf=found_inf,
         )
 
     def torch_optim_update(

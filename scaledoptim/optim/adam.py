@@ -128,6 +128,7 @@ class Adam(FusedOptimizer):
 
     kernel = ADAM_KERNEL
     elementwise = True
+    torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adam
     _legacy_options: ClassVar[dict[str, Any]] = {
         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
@@ -201,12 +202,13 @@ class Adam(FusedOptimizer):
         group: dict[str, Any],
         tensor_lists: list[list[torch.Tensor]],
         found_inf: torch.Tensor | None,
+        grad_scale: torch.Tensor | None = None,
     ) -> None:
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
         options = _adam_options(group)
         fused: Any = torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
-        fused(*tensors, steps, **options, found_inf=found_inf)
+        fused(*tensors, steps, **options, grad_scale=grad_scale, found_inf=found_inf)
 
     def torch_optim_update(
         self,

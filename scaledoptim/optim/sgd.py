@@ -112,6 +112,7 @@ class SGD(FusedOptimizer):
 
     kernel = SGD_KERNEL
     elementwise = True
+    torch_update_takes_grad_scale = True
     torch_optim = torch.optim.SGD
     _legacy_options: ClassVar[dict[str, Any]] = {
         "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
@@ -179,6 +180,7 @@ class SGD(FusedOptimizer):
         group: dict[str, Any],
         tensor_lists: list[list[torch.Tensor]],
         found_inf: torch.Tensor | None,
+        grad_scale: torch.Tensor | None = None,
     ) -> None:
         """torch's fused SGD, with the first step decided on device.
 
@@ -189,9 +191,11 @@ class SGD(FusedOptimizer):
         params, grads, buffers, steps = tensor_lists
         options = _sgd_options(group)
         if buffers and options["dampening"] != 0:
-            _start_buffers_(params, grads, buffers, steps, options)
+            unscaled = grads if grad_scale is None else list(torch._foreach_div(grads, grad_scale))
+            _start_buffers_(params, unscaled, buffers, steps, options)
         torch._fused_sgd_(
-            params, grads, buffers, **options, is_first_step=False, found_inf=found_inf
+            params, grads, buffers, **options, is_first_step=False, grad_scale=grad_scale,
+            found_inf=found_inf,
         )
         advance_steps_(steps, found_inf)
 

@@ -10,26 +10,36 @@ update reads ``unscaled grad * coef``. The step never reads the norm on the host
   kernels' read-only inf/nan check (cuda/non_finite_check.cu, in fp32, per-chunk partials added
   in a fixed order: Note [deterministic sums]); the torch forms and generic optimizers, whose
   grads are unscaled in place first, from foreach norms of the unscaled grads
-  (:func:`sum_of_squares`);
+  (:func:`sum_of_squares`); on a CPU, torch's fused Adam(W), SGD and Adagrad from the foreach
+  norms of the scaled grads times ``inv_scale`` (Note [unscale in the update on a CPU] in
+  fused/backends/torch_native.py);
 * the parts of a step (two backends) and, under ``process_group``, the ranks add their sums on
   device (:func:`agree_on_sum_of_squares`), then ``total = sqrt(sum)``, which is
   :attr:`Optimizer.grad_norm <scaledoptim.Optimizer.grad_norm>`;
 * our kernels get ``inv_scale * coef`` where they read ``inv_scale``: the clip rides in
-  registers, the grads are neither written nor read again; grads unscaled in place are
-  multiplied by ``coef`` in place, as ``clip_grad_norm_`` does after ``GradScaler.unscale_``.
+  registers, the grads are neither written nor read again; torch's fused CPU updates get
+  ``grad_scale = 1 / (inv_scale * coef)``; grads unscaled in place are multiplied by ``coef``
+  in place, as ``clip_grad_norm_`` does after ``GradScaler.unscale_``.
 
 One part's sum of squares from foreach norms is ``total ** 2`` with ``total`` computed as
 ``clip_grad_norm_`` computes it, and ``sqrt(total ** 2) == total`` exactly (correctly rounded
-square and root, no overflow or underflow): on the torch forms a single-process step clips
-exactly as ``GradScaler.unscale_`` + ``clip_grad_norm_`` do. A grad whose unscaled square
+square and root, no overflow or underflow): on the torch forms a single-process step computes
+the norm and ``coef`` exactly as ``GradScaler.unscale_`` + ``clip_grad_norm_`` do (a scale
+that is a power of 2 scales every square exactly, so the scaled norm times ``inv_scale`` is the
+same float); where the update divides by ``1 / (inv_scale * coef)`` instead of multiplying by
+``inv_scale`` then ``coef``, the params differ from theirs in the last bits. A grad whose unscaled square
 overflows float32 (an unscaled norm above about 1.8e19) makes the norm inf and ``coef`` 0.
 
 A step that overflows (``found_inf``) leaves a non-finite norm and is skipped as always; with
 ``grads_scaled_by=None`` nothing is skipped, so non-finite grads make the params non-finite, as
 ``clip_grad_norm_`` does.
 
-Under ``process_group`` the sums of squares of the ranks are added: each rank's optimizer holds
-its own part of the model (FSDP's flat shards, sharded optimizers). DTensor grads (FSDP2, tensor
+Under ``process_group``, plain grads need ``configure_scaling(grads_across_ranks=...)``: with
+``"sharded"`` each rank's optimizer holds its own part of the model (FSDP1's flat shards,
+ZeroRedundancyOptimizer) and the ranks' sums of squares are added; with ``"replicated"`` (DDP)
+every rank holds the same grads of the whole model, whose norm is this rank's (added, it would
+be sqrt(world size) times too large). Not said, the step cannot tell the two apart and refuses
+to clip. DTensor grads (FSDP2, tensor
 parallel) give the norm of the whole sharded tensors through their own reductions (over their
 mesh, the same value on every rank of it), so their sum is not added again over
 ``process_group``: that would count it once per rank (the norm sqrt(world size) times too large).
@@ -50,6 +60,7 @@ from torch import Tensor
 
 __all__ = [
     "agree_on_sum_of_squares",
+    "check_grads_across_ranks",
     "check_max_grad_norm",
     "clip_coefficient",
     "clip_in_place_",
@@ -58,6 +69,8 @@ __all__ = [
     "sum_of_squares",
     "sums_over_process_group",
 ]
+
+GRADS_ACROSS_RANKS = ("replicated", "sharded")
 
 
 def check_max_grad_norm(max_grad_norm: Any) -> None:
@@ -115,10 +128,32 @@ def sum_of_squares(grads: list[Tensor], device: torch.device | None = None) -> T
     return total * total
 
 
-def sums_over_process_group(params: list[Tensor], process_group: Any) -> bool:
-    """Whether the ranks' sums of squares are added over ``process_group``: not without one, and
-    not for DTensor params, whose sums are over their whole sharded tensors already (Note
-    [clipping in the step]). Raises, before anything changes, for a mix of both kinds."""
+def check_grads_across_ranks(grads_across_ranks: Any, process_group: Any) -> None:
+    """Raises ``ValueError`` for a ``configure_scaling(grads_across_ranks=...)`` that is not one
+    of ``None``, ``"replicated"``, ``"sharded"``, or that is given without ``process_group``."""
+    if grads_across_ranks is None:
+        return
+    if not isinstance(grads_across_ranks, str) or grads_across_ranks not in GRADS_ACROSS_RANKS:
+        raise ValueError(
+            f"grads_across_ranks must be 'replicated' (DDP: every rank holds the same grads), "
+            f"'sharded' (each rank's optimizer holds its own part of the model) or None, got "
+            f"{grads_across_ranks!r}"
+        )
+    if process_group is None:
+        raise ValueError(
+            f"grads_across_ranks={grads_across_ranks!r} without process_group: it says how the "
+            "grads relate across the group's ranks; pass process_group=dist.group.WORLD (or "
+            "your group) with it, or drop it for single-process training"
+        )
+
+
+def sums_over_process_group(
+    params: list[Tensor], process_group: Any, grads_across_ranks: str | None = None
+) -> bool:
+    """Whether the ranks' sums of squares are added over ``process_group``: not without one,
+    not for DTensor params, whose sums are over their whole sharded tensors already, and for
+    plain params as ``grads_across_ranks`` says (Note [clipping in the step]). Raises, before
+    anything changes, for a mix of both kinds and for plain params it was not told about."""
     if process_group is None:
         return False
     sharded = [hasattr(p, "full_tensor") for p in params]
@@ -130,7 +165,17 @@ def sums_over_process_group(params: list[Tensor], process_group: Any) -> bool:
             "every param (fully_shard the whole model), or give the plain params an optimizer "
             "of their own."
         )
-    return not any(sharded)
+    if any(sharded):
+        return False
+    if grads_across_ranks is None:
+        raise ValueError(
+            "max_grad_norm under process_group: the step cannot tell whether the ranks' grads are "
+            "replicas of the whole model's (DDP: the norm is each rank's own) or parts of it (a "
+            "sharded optimizer: the ranks' sums of squares are added). Say which: "
+            "opt.configure_scaling(process_group=..., grads_across_ranks='replicated') under "
+            "DDP, or grads_across_ranks='sharded' (ZeroRedundancyOptimizer, FSDP1's flat shards)"
+        )
+    return grads_across_ranks == "sharded"
 
 
 def agree_on_sum_of_squares(norm_sq: Tensor, process_group: Any) -> None:

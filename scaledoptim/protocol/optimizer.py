@@ -307,15 +307,17 @@ class Optimizer(PlainStepGuard):
         ``min(c / (total + 1e-6), 1)``; ``total`` is kept in :attr:`grad_norm`. No host sync:
         on our kernels the norm comes from the inf/nan check's read of the grads (in float32) and
         the clip factor is applied with the unscale in the update (the grads stay scaled and are
-        read no more often than without clipping); the torch forms and generic optimizers
-        multiply the grads they unscaled in place, as ``clip_grad_norm_`` does. It works for
-        fp16 grads, which :meth:`unscale` refuses. A step that overflows is skipped as always.
-        Under ``process_group`` (see :meth:`configure_scaling`) the norm is over the grads of
-        every rank (each rank's optimizer holds its own part of the model, as under FSDP or a
-        sharded optimizer; under DDP the ranks' grads are the same, leave ``process_group`` out
-        there); DTensor params (FSDP2) count their whole sharded tensors, over their mesh, as
-        ``clip_grad_norm_`` does (not added again over ``process_group``; params mixing DTensors
-        and plain tensors under ``process_group`` are refused). With a closure every
+        read no more often than without clipping); on a CPU torch's fused Adam(W), SGD and
+        Adagrad apply it with the unscale where they read the grads, and the other torch forms
+        and generic optimizers multiply the grads they unscaled in place, as
+        ``clip_grad_norm_`` does. It works for fp16 grads, which :meth:`unscale` refuses. A step
+        that overflows is skipped as always. Under ``process_group`` plain params need
+        :meth:`configure_scaling`'s ``grads_across_ranks``: ``"sharded"`` adds the ranks' sums
+        of squares (each rank's optimizer holds its own part of the model), ``"replicated"``
+        (DDP) takes each rank's own norm of the same grads. DTensor params (FSDP2) count their
+        whole sharded tensors, over their mesh, as ``clip_grad_norm_`` does (not added again
+        over ``process_group``; params mixing DTensors and plain tensors under
+        ``process_group`` are refused). With a closure every
         evaluation is clipped after it is unscaled (its grads are unscaled in place). LAMB's own
         ``max_grad_norm`` option then clips what this clip left. To clip by another rule, call
         :meth:`unscale`, clip the grads yourself and :meth:`step_after_unscale`.
@@ -344,7 +346,8 @@ class Optimizer(PlainStepGuard):
                 its backward scaled by ``S``), or a ``max_grad_norm`` that is not a Python number
                 (a tensor, a bool), before anything changes.
             ValueError: a ``max_grad_norm`` that is not finite and > 0, or with
-                ``process_group`` params that mix DTensors and plain tensors, before anything
+                ``process_group`` params that mix DTensors and plain tensors, or plain params
+                without ``grads_across_ranks`` (see :meth:`configure_scaling`), before anything
                 changes.
             RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
                 (the grads are scaled), a scale tensor no longer in use (see :meth:`unscale`),
@@ -481,7 +484,8 @@ class Optimizer(PlainStepGuard):
         """Whether the clip's sums of squares are added over ``process_group`` (not for DTensor
         params: Note [clipping in the step] in clipping.py)."""
         params = [p for g in self.param_groups for p in g["params"]]
-        return sums_over_process_group(params, self._scaling().process_group)
+        state = self._scaling()
+        return sums_over_process_group(params, state.process_group, state.grads_across_ranks)
 
     def _clip_in_place(self, max_grad_norm: float) -> None:
         """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does."""

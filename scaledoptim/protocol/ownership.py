@@ -17,6 +17,7 @@ from ..scale import (
     loss_scale_from_gradscaler_state,
 )
 from .backward_check import BackwardCheck
+from .clipping import check_grads_across_ranks
 from .loads import check_layout
 from .plans import StepOutcome, StepRequest
 
@@ -56,6 +57,10 @@ class ScalingState:
     replaying: bool = False
     # Not part of the state_dict: a process group belongs to this run, not to the checkpoint.
     process_group: Any = None
+    # How the grads relate across process_group's ranks, for clipping: "replicated" (DDP) or
+    # "sharded" (each rank's optimizer holds its own part); None: not said (Note [clipping in
+    # the step] in clipping.py). Not in the state_dict either: it describes this run's layout.
+    grads_across_ranks: str | None = None
     # Who moves the scale when not this optimizer's own protocol: a scaledoptim.GradScaler
     # stepping it (its name, for messages); the optimizer's own unscale methods then refuse.
     driver: str | None = None
@@ -128,6 +133,7 @@ class ScaleOwner(torch.optim.Optimizer):
         max_replays: int = 32,
         process_group: Any = None,
         check_during_backward: bool = False,
+        grads_across_ranks: str | None = None,
     ) -> _Self:
         r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
 
@@ -158,6 +164,15 @@ class ScaleOwner(torch.optim.Optimizer):
                 if one rank overflows, every rank skips and every rank's scale moves the same
                 way. Every rank of the group must unscale once per
                 iteration. Default: ``None``, no agreement (single process).
+            grads_across_ranks: how this optimizer's plain (non-DTensor) grads relate across
+                ``process_group``'s ranks, which clipping in the step
+                (``unscale_and_step(..., max_grad_norm=c)``) needs to compute the whole model's
+                norm: ``"replicated"`` when every rank holds the same grads of the whole model
+                (DDP: the norm is this rank's), ``"sharded"`` when each rank's optimizer holds
+                its own part of the model (ZeroRedundancyOptimizer, FSDP1's flat shards: the
+                ranks' sums of squares are added on device). DTensor grads (FSDP2, tensor
+                parallel) need neither: their norm is over their mesh. Default: ``None``, not
+                said: clipping under ``process_group`` with plain params is then refused.
             check_during_backward: fold each grad into ``found_inf`` as backward produces it
                 (a post-accumulate-grad hook per param), so that the step reads each grad once
                 instead of twice on our kernels; grads set or changed after backward are checked
@@ -172,8 +187,11 @@ class ScaleOwner(torch.optim.Optimizer):
         Raises:
             RuntimeError: on an optimizer that shares its scale (configure the first, then
                 share), or one a :class:`scaledoptim.GradScaler` steps (configure the scaler).
+            ValueError: ``grads_across_ranks`` other than ``None``, ``"replicated"`` or
+                ``"sharded"``, or given without ``process_group``.
         """
         check_process_group(process_group)
+        check_grads_across_ranks(grads_across_ranks, process_group)
         config = ScalingConfig(
             init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
@@ -193,6 +211,7 @@ class ScaleOwner(torch.optim.Optimizer):
         self._scaledoptim_scaling = ScalingState(
             self._keep_handle(LossScale(config, self._params_device())),
             process_group=process_group,
+            grads_across_ranks=grads_across_ranks,
         )
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.remove()

@@ -93,7 +93,11 @@ def share_scale(*optimizers: Optimizer) -> torch.Tensor:
     for opt, state in zip(optimizers, states):
         if state.loss_scale is not first:
             state.loss_scale.retire(_RETIRED.format(name=type(opt).__name__))
-        opt._scaledoptim_scaling = ScalingState(first, process_group=state.process_group)
+        opt._scaledoptim_scaling = ScalingState(
+            first,
+            process_group=state.process_group,
+            grads_across_ranks=state.grads_across_ranks,
+        )
     return first.scale
 
 

@@ -26,6 +26,7 @@ from .sharded import MeshSums
 from .skip import (
     PackedSteps,
     advance_steps_,
+    check_non_finite_,
     copy_unless_skipped_,
     skip_on_host,
     unscale_dense_,
@@ -40,6 +41,7 @@ __all__ = [
     "advance_steps_",
     "batches",
     "capturing",
+    "check_non_finite_",
     "copy_unless_skipped_",
     "elementwise_batches",
     "initial_seed",

@@ -3,8 +3,13 @@ backends: the norm is the norm of the whole model across ranks, as ``clip_grad_n
 it, and the params move as torch's loop moves them (``torch.amp.GradScaler.unscale_`` +
 ``clip_grad_norm_`` + ``step`` + ``update``):
 
-* ``process_group``: each rank's optimizer owns its part of the model (a sharded optimizer); the
-  reference is one torch optimizer over the whole model, clipped over all of it;
+* ``process_group`` with ``grads_across_ranks="sharded"``: each rank's optimizer owns its part of
+  the model (a sharded optimizer); the reference is one torch optimizer over the whole model,
+  clipped over all of it;
+* DDP with ``process_group`` and ``grads_across_ranks="replicated"``: every rank holds the same
+  grads of the whole model; the reference is torch's loop over the same DDP model on the same
+  rank, whose ``clip_grad_norm_`` is the rank's own (not sqrt(world size) times it); without
+  ``grads_across_ranks`` the clip is refused before anything changes;
 * FSDP2 (``fully_shard``, DTensor params): the reference is torch's AdamW over the same sharded
   model, clipped by ``clip_grad_norm_`` over the sharded params (its DTensor norm).
 
@@ -78,7 +83,7 @@ def _process_group_norm_is_the_whole_models(
     mine = params[rank::world_size]
     with kernels_mode(backend):
         opt = make_ours(mine).configure_scaling(
-            init_scale=INIT_SCALE, process_group=dist.group.WORLD
+            init_scale=INIT_SCALE, process_group=dist.group.WORLD, grads_across_ranks="sharded"
         )
         ref_opt = make_torch(reference.parameters())
         scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
@@ -166,6 +171,70 @@ def _fsdp2_norm_is_the_sharded_models(name: str, backend: str, rank: int, world_
         assert len(set(_gathered(_full(opt.grad_norm).item()))) == 1
 
 
+def _ddp_norm_is_each_ranks_own(name: str, backend: str, rank: int, world_size: int, tmp):
+    """DDP: every rank's grads are the all-reduced ones; the norm is clip_grad_norm_'s on any
+    rank, and the replicas stay identical."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    make_torch, make_ours = _torch_and_ours(name)
+    model = DistributedDataParallel(make_model(seed=7))
+    reference = DistributedDataParallel(make_model(seed=7))
+    with kernels_mode(backend):
+        opt = make_ours(model.parameters()).configure_scaling(
+            init_scale=INIT_SCALE, process_group=dist.group.WORLD, grads_across_ranks="replicated"
+        )
+        ref_opt = make_torch(reference.parameters())
+        scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
+        for step in range(STEPS):
+            # each rank its own batch: DDP averages the grads
+            model.zero_grad(set_to_none=True)
+            (loss_of(model, 10 * step + rank) * opt.scale).backward()
+            _poison_if(step, rank, [p.grad for p in model.parameters()])
+            _, found_inf, _ = opt.unscale_and_step(
+                grads_scaled_by=opt.scale, max_grad_norm=MAX_NORM[step]
+            )
+            reference.zero_grad(set_to_none=True)
+            scaler.scale(loss_of(reference, 10 * step + rank)).backward()
+            if step == OVERFLOW[0]:
+                next(iter(reference.parameters())).grad.view(-1)[0] = float("inf")
+            scaler.unscale_(ref_opt)
+            total = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM[step])
+            scaler.step(ref_opt)
+            scaler.update()
+            norm = opt.grad_norm
+            assert norm is not None
+            if step == OVERFLOW[0]:
+                # one rank's inf, every rank skips (the other rank's grads are clean)
+                assert found_inf.item() == 1.0
+            else:
+                assert found_inf.item() == 0.0
+                torch.testing.assert_close(norm, total, rtol=1e-6, atol=0)
+            assert opt.scale.item() == scaler.get_scale()
+            for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-7)
+        flat = torch.cat([p.detach().view(-1) for p in model.parameters()])
+        replicas = [torch.empty_like(flat) for _ in range(world_size)]
+        dist.all_gather(replicas, flat)
+        assert all(torch.equal(replicas[0], r) for r in replicas)
+
+
+def _ddp_clip_without_grads_across_ranks_is_refused(rank: int, world_size: int, tmp) -> None:
+    """process_group, plain params, no grads_across_ranks: refused before anything changes."""
+    from tests.support.training import assert_bit_identical
+
+    model = make_model(seed=1)
+    opt = scaledoptim.AdamW(model.parameters(), lr=0.01)
+    opt.configure_scaling(process_group=dist.group.WORLD)
+    (loss_of(model, 0) * opt.scale).backward()
+    before = [p.detach().clone() for p in model.parameters()] + [opt.scale.clone()]
+    with pytest.raises(ValueError, match="grads_across_ranks='replicated'"):
+        opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=1.0)
+    assert not any(opt.state[p] for p in model.parameters()) and opt.grad_norm is None
+    assert_bit_identical(before, [p.detach() for p in model.parameters()] + [opt.scale])
+    _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)  # without the clip: steps
+    assert found_inf.item() == 0.0
+
+
 def _mixed_params_are_refused(rank: int, world_size: int, tmp) -> None:
     """DTensor and plain params in one optimizer under process_group: refused, nothing changed."""
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
@@ -188,6 +257,12 @@ def _mixed_params_are_refused(rank: int, world_size: int, tmp) -> None:
 
 SCENARIOS = {
     "mixed-params-refused": _mixed_params_are_refused,
+    "ddp-without-grads-across-ranks-refused": _ddp_clip_without_grads_across_ranks_is_refused,
+    **{
+        f"ddp-{name}-{backend}": functools.partial(_ddp_norm_is_each_ranks_own, name, backend)
+        for name in ("AdamW", "SGD")
+        for backend in ("torch", "emulate")
+    },
     **{
         f"process-group-{name}-{backend}": functools.partial(
             _process_group_norm_is_the_whole_models, name, backend

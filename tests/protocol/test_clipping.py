@@ -106,8 +106,11 @@ def test_a_clip_that_does_not_bite_is_todays_step_bit_for_bit(
         assert_bit_identical(snapshot(opts[0]), snapshot(opts[1]))
 
 
-def test_the_torch_backend_clips_bit_for_bit_as_gradscaler_and_fused_adamw() -> None:
-    """One process, fp32 grads: the same norm, the same factor, the same update."""
+def test_the_torch_backend_clips_as_gradscaler_and_fused_adamw() -> None:
+    """One process, fp32 grads on a CPU: the same norm bit for bit; the update within float32
+    rounding of GradScaler's (torch's fused AdamW divides the scaled grads by ``S / coef``
+    where GradScaler multiplies by ``1 / S``, then by ``coef``: Note [unscale in the update on
+    a CPU] in fused/backends/torch_native.py)."""
     ref_model, model = make_model(), make_model()
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -118,7 +121,7 @@ def test_the_torch_backend_clips_bit_for_bit_as_gradscaler_and_fused_adamw() -> 
             _clipping_step(model, opt, step, 0.1)
             assert torch.equal(opt.grad_norm, ref_norm)
             for ref_p, p in zip(ref_model.parameters(), model.parameters()):
-                assert torch.equal(p, ref_p)
+                torch.testing.assert_close(p, ref_p, rtol=1e-6, atol=1e-7)
 
 
 SIXTEEN_BIT = [
@@ -323,3 +326,18 @@ def test_the_norm_spans_both_backends_of_a_step() -> None:
     assert opt.grad_norm.item() == 5.0
     torch.testing.assert_close(wide, torch.tensor([-0.6, 0.0, 0.0], dtype=torch.float64))
     torch.testing.assert_close(narrow, torch.tensor([-0.8, 0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [("replica", "must be 'replicated'"), (True, "must be 'replicated'"), ("sharded", "without")],
+)
+def test_grads_across_ranks_is_checked_before_anything_changes(value: object, match: str) -> None:
+    """A value that is not 'replicated'/'sharded'/None, or one without process_group, is refused
+    and the scale and its configuration are as before."""
+    opt = scaledoptim.AdamW(make_model().parameters()).configure_scaling(init_scale=2.0**5)
+    scale = opt.scale
+    with pytest.raises(ValueError, match=match):
+        opt.configure_scaling(init_scale=2.0**9, grads_across_ranks=value)  # type: ignore[arg-type]
+    assert opt.scale is scale and scale.item() == 2.0**5
+    assert opt.scaling_state.grads_across_ranks is None

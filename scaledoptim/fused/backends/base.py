@@ -107,12 +107,14 @@ class Backend(abc.ABC):
         are) is inf/nan, which is what the update would read; reads them only."""
 
     @abc.abstractmethod
-    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> PreparedUnscale:
+    def prepare_unscale(
+        self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]
+    ) -> PreparedUnscale:
         """The inf/nan check (and unscale, unless the update folds it in) of a prepared step's
         grads, validated; changes nothing.
 
         ``grad_lists`` are the grads given to :meth:`prepare`, one list per group, dense and in
-        their params' layout.
+        their params' layout, and ``updates`` what :meth:`prepare` returned for those groups.
         """
 
     @abc.abstractmethod

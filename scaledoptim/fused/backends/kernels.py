@@ -27,7 +27,7 @@ from ...kernels import (
 )
 from ...scale import ScaleUpdate
 from ..update import GradReduction, Group, TensorLists, Update
-from .base import Backend
+from .base import Backend, PreparedUpdate
 
 __all__ = ["KERNELS", "KernelBackend"]
 
@@ -48,7 +48,9 @@ class KernelBackend(Backend):
         dense = [g if is_dense(g) else g.contiguous() for g in grads]
         non_finite_check_(dense, found_inf, inv_scale)
 
-    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> _KernelCheck:
+    def prepare_unscale(
+        self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]
+    ) -> _KernelCheck:
         grads = list(chain.from_iterable(grad_lists))
         return _KernelCheck([prepare_launch(NON_FINITE_CHECK, [grads])], 0, _pointers(grads))
 

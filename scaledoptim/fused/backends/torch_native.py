@@ -9,13 +9,11 @@ also routes around torch 2.13's CPU ``_fused_sgd_`` leaving bf16/fp16 params of 
 elements unchanged (``tests/fused/test_torch_kernels.py`` shows it). Counters are each torch form's
 business.
 
-It never unscales in the update: grads are unscaled in place in a pass of their own, which
-``opt.unscale()`` must do anyway (the grads are the user's to read), which serves every group and
-the fp32 copies of 16-bit grads at once, and which the torch forms without a ``grad_scale``
-argument (Lion, LAMB, Adagrad) need. It is not the faster way for torch's fused Adam(W)/SGD on
-CPU: measured (issue 22), an in-place unscale then the plain fused update takes 1.17-1.32x the
-time of the fused update with ``grad_scale``; folding the unscale into those two in
-``unscale_and_step`` is left to do.
+Grads are unscaled in place in a pass of their own, which serves every group and the fp32
+copies of 16-bit grads at once, and which the torch forms without a ``grad_scale`` argument
+(RMSprop, Lion, LAMB) need; except on a CPU, where the forms that take one (torch's fused
+Adam(W), SGD and Adagrad) unscale in their own read of the grads (Note [unscale in the update
+on a CPU]).
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from itertools import chain
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -30,9 +29,9 @@ from torch import Tensor
 from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
-from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
-from ..update import GradReduction, Group, TensorLists, Update
-from .base import Backend
+from ...torch_ops import check_non_finite_, stochastic_round_, unscale_dense_, unscale_in_place_
+from ..update import GradReduction, Group, ScaledTorchUpdate, TensorLists, Update
+from .base import Backend, PreparedUpdate
 
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate", "decide_skips_on_device"]
 
@@ -90,8 +89,10 @@ class TorchNativeBackend(Backend):
             unscaled = grad if inv_scale is None else grad.float() * inv_scale
             torch.maximum(found_inf, unscaled.isfinite().logical_not().any().float(), out=found_inf)
 
-    def prepare_unscale(self, grad_lists: list[list[Tensor]]) -> _TorchUnscale:
-        return _TorchUnscale(grad_lists)
+    def prepare_unscale(
+        self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]
+    ) -> _TorchUnscale:
+        return _TorchUnscale(grad_lists, updates)
 
     def prepare(
         self, update: Update, group: Group, lists: TensorLists, scratch: list[Tensor]
@@ -107,15 +108,55 @@ class TorchNativeBackend(Backend):
         return _TorchEpilogue()
 
 
-class _TorchUnscale:
-    """Every grad unscaled in place (and so checked: ``checked`` saves nothing here)."""
+# Note [unscale in the update on a CPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Unscaled in a pass of their own, fp32 grads are read and written before the update reads them: on
+# a CPU, where a step is bound by memory traffic, that is most of the difference between
+# ``unscale_and_step`` and GradScaler + torch's fused AdamW, which hands the update the scale
+# (``grad_scale``) and lets it unscale where it reads each grad. So when every update of a step
+# takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and
+# Adagrad) over float32 params and grads, on a CPU (where a host read is free, Note [host skip] in
+# torch_ops/skip.py), the check takes one pass over the scaled grads and leaves them scaled: without
+# clipping and where the grads are small (``_NORM_CHECK_MEAN_NUMEL``), torch's own check, as
+# GradScaler runs it for torch's fused optimizers (it multiplies by 1, writing the same values back:
+# per tensor it costs half of a ``_foreach_norm`` on a CPU), at a scale of 1 or more (below, a
+# finite grad may unscale to inf: the exact path); otherwise their 2-norm (one ``_foreach_norm``,
+# read-only: a grad with an inf or nan makes it non-finite). The update divides them by ``S`` (by
+# ``S / coef`` when clipping, Note [clipping in the step] in protocol/clipping.py), and, as torch's
+# fused ops do, leaves them unscaled. A norm that is not finite, or whose unscaled value comes near
+# float32's range, sends the step down the exact path (unscale in place, check again, sum the
+# squares of the unscaled grads), so overflow steps and finite grads past the range keep
+# GradScaler's semantics. The unscaled norm is the scaled one times ``inv_scale``: the clip's sum of
+# squares differs from the exact path's in its last bits. On other devices the decision would be a
+# host read (a sync): the exact path stays.
+_FOLD_NORM_LIMIT = 1e37  # an unscaled grad norm below it: no unscaled element can overflow
+# Grads of at least this many elements on average are checked by their norm even without
+# clipping: on a 2-core AMD EPYC, torch's check costs about 1 us per tensor + 0.48 ns per element
+# (it writes), the norms 2.2 us + 0.41 ns and 0.5 us per tensor to add up.
+_NORM_CHECK_MEAN_NUMEL = 32768
 
-    def __init__(self, grad_lists: list[list[Tensor]]) -> None:
+
+class _TorchUnscale:
+    """Every grad unscaled in place (and so checked: ``checked`` saves nothing here), or, where
+    the updates unscale in their own read, checked only (Note [unscale in the update on a
+    CPU])."""
+
+    def __init__(self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]) -> None:
         # Dense float32 grads only (the common case) take torch's op with no per-grad Python;
         # the step cache keeps the grads' dtypes and layout as planned (Note [step cache]).
         self.float32 = all(
             g.dtype == torch.float32 and g.layout == torch.strided
             for g in chain.from_iterable(grad_lists)
+        )
+        self.folds = (
+            self.float32
+            and bool(updates)
+            and all(isinstance(u, TorchUpdate) and u.takes_grad_scale() for u in updates)
+        )
+        grads = list(chain.from_iterable(grad_lists))
+        # Note [unscale in the update on a CPU]: which one-pass check costs less
+        self.check_by_norm = bool(grads) and (
+            sum(g.numel() for g in grads) >= _NORM_CHECK_MEAN_NUMEL * len(grads)
         )
 
     def __call__(
@@ -125,14 +166,22 @@ class _TorchUnscale:
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
         norm_sq: Tensor | None = None,
-    ) -> None:
+    ) -> Tensor | None:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
+                if (
+                    self.folds
+                    and TORCH_NATIVE.host_reads_free(grads[0].device)
+                    and _checked_in_one_pass(
+                        grads, found_inf, inv_scale, norm_sq, self.check_by_norm
+                    )
+                ):
+                    return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
                 unscale_dense_(grads, found_inf, inv_scale)
                 if norm_sq is not None:  # Note [clipping in the step]: of the unscaled grads
                     norm_sq.add_(sum_of_squares(grads))
-            return
+            return None
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
         # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
@@ -144,9 +193,35 @@ class _TorchUnscale:
         unscale_in_place_(grads, found_inf, inv_scale)
         if norm_sq is not None and grads:
             norm_sq.add_(sum_of_squares(grads))
+        return None
 
     def repoint(self, pointers: list[int]) -> None:
         pass  # it holds no grads
+
+
+def _checked_in_one_pass(
+    grads: list[Tensor],
+    found_inf: Tensor,
+    inv_scale: Tensor,
+    norm_sq: Tensor | None,
+    by_norm: bool,
+) -> bool:
+    """Checks the scaled ``grads`` in one pass, leaving them scaled, where that decides the step
+    (Note [unscale in the update on a CPU]), with host reads: torch's check (as GradScaler checks
+    for torch's fused optimizers) at a scale of 1 or more, unless ``by_norm`` or ``norm_sq``;
+    else their 2-norm, finite and finite once unscaled, whose square is added to ``norm_sq``.
+    False changes nothing: the caller takes the exact path."""
+    if norm_sq is None and not by_norm:
+        if not inv_scale.item() <= 1.0:  # below a scale of 1 a finite grad may unscale to inf
+            return False
+        check_non_finite_(grads, found_inf)
+        return True
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) * inv_scale
+    if not norm.item() < _FOLD_NORM_LIMIT:  # a nan compares false too
+        return False
+    if norm_sq is not None:
+        norm_sq.add_(norm.square())
+    return True
 
 
 class TorchUpdate:
@@ -172,11 +247,21 @@ class TorchUpdate:
             p.dtype not in _LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
         )
 
+    def takes_grad_scale(self) -> bool:
+        """Whether it can take grads still scaled (Note [unscale in the update on a CPU]): an
+        update in place on plain fp32 tensors whose torch form takes a ``grad_scale``."""
+        return self.update.torch_update_takes_grad_scale and self.in_place and not self.on_shards
+
     def __call__(
         self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
     ) -> None:
         params, masters, state_lists = self.params, self.masters, self.state_lists
         steps = self.steps
+        if inv_scale is not None:  # grads left scaled for it: Note [unscale in the update on a CPU]
+            scaled = cast(ScaledTorchUpdate, self.update)
+            lists = [params, grads, *state_lists, steps]
+            scaled.torch_update(self.group, lists, found_inf, grad_scale=inv_scale.reciprocal())
+            return
         if self.on_shards:
             params, grads, masters = map(_local_shards, (params, grads, masters))
             state_lists = [_local_shards(state) for state in state_lists]
@@ -219,7 +304,10 @@ class _TorchReduction:
         self, found_inf: Tensor | None, inv_scale: Tensor | None, grad_lists: list[list[Tensor]]
     ) -> None:
         self.reduction.out.zero_()
-        self.reduction.torch_form(list(chain.from_iterable(grad_lists)))
+        grads = list(chain.from_iterable(grad_lists))
+        if inv_scale is not None:  # left scaled for updates that take a grad_scale
+            grads = list(torch._foreach_mul(grads, inv_scale))
+        self.reduction.torch_form(grads)
 
     def repoint(self, pointers: list[int]) -> None:
         pass  # it holds no grads

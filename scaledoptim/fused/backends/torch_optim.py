@@ -163,6 +163,9 @@ class TorchOptimUpdate(TorchUpdate):
         with torch.set_grad_enabled(self.grad_enabled):
             super().__call__(found_inf, inv_scale, grads)
 
+    def takes_grad_scale(self) -> bool:
+        return False  # torch.optim's implementations read unscaled grads
+
     def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
         self.update.torch_optim_update(self.group, lists, found_inf)
 
