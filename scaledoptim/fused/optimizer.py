@@ -91,7 +91,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
     #: Whether each element's update reads only that element of the param, grad and state
     #: (and scalars): then a DTensor param's torch form runs on its local shard (no). LAMB's
-    #: per-tensor norms read the whole tensor.
+    #: per-tensor norms read the whole tensor: its torch form sums them over the mesh.
     elementwise: ClassVar[bool] = False
     #: Whether ``torch_update`` also takes ``grad_scale=`` (grads still scaled by it; no).
     torch_update_takes_grad_scale: ClassVar[bool] = False
@@ -246,8 +246,15 @@ class FusedOptimizer(Optimizer, abc.ABC):
     _state_may_lack_step: ClassVar[bool] = False
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # As torch.optim's classes do: groups saved by older versions lack newer options.
+        # torch.optim's __setstate__ (a load_state_dict, an unpickle) gives the defaults a
+        # `differentiable`; an optimizer without that option (LAMB, Lion) must not gain it, in its
+        # defaults or, below, in its groups (DCP's set_optimizer_state_dict would then see groups
+        # that differ from the saved ones).
+        own = "differentiable" in state.get("defaults", getattr(self, "defaults", {}))
         super().__setstate__(state)
+        if not own:
+            self.defaults.pop("differentiable", None)
+        # As torch.optim's classes do: groups saved by older versions lack newer options.
         self._fill_legacy_options()
 
     def _fill_legacy_options(self) -> None:

@@ -16,7 +16,7 @@ from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ..protocol.clipping import clip_in_place_
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
-from ..torch_ops import PackedSteps, refuse_during_capture
+from ..torch_ops import MeshSums, PackedSteps, refuse_during_capture
 from .backends import (
     TORCH_NATIVE,
     TORCH_OPTIM,
@@ -261,21 +261,17 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
 
 
 def _check_dtensor_update(optimizer: Planned) -> None:
-    """Raises for DTensor params of an update that is not elementwise (Note [tensor
-    subclasses] in backends/torch_native.py): its per-tensor reductions would need the mesh."""
-    if optimizer.elementwise or not torch.distributed.is_available():
+    """Raises for DTensor params of an update that is not elementwise whose placements its sums
+    over whole tensors cannot take (Note [sums over the mesh] in torch_ops/sharded.py)."""
+    if optimizer.elementwise:
         return
-    from torch.distributed.tensor import DTensor
-
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if isinstance(param, DTensor):
-                raise TypeError(
-                    f"{type(optimizer).__name__} cannot step DTensor params yet: its update "
-                    "reduces over each whole tensor (norms), which a sharded param would need "
-                    "reduced across its mesh; use an elementwise optimizer (AdamW, Adam, SGD, "
-                    "Adagrad, RMSprop, Lion) for sharded params, or replicate them"
-                )
+    for index, group in enumerate(optimizer.param_groups):
+        try:
+            MeshSums(list(group["params"]))
+        except ValueError as error:
+            raise ValueError(
+                f"{type(optimizer).__name__}: param group {index}: {error}; nothing was changed"
+            ) from None
 
 
 def _pack_counters(

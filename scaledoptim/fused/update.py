@@ -65,7 +65,8 @@ class Update(Protocol):
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
     #: Whether each element's update reads only that element of the param, grad and state
     #: (and scalars), so that a DTensor param's update may run on its local shard (otherwise
-    #: torch's ops get the DTensors, or the optimizer refuses them).
+    #: the torch form gets the DTensors and sums over whole tensors itself: Note [sums over the
+    #: mesh] in torch_ops/sharded.py).
     elementwise: ClassVar[bool]
     #: Whether :meth:`torch_update` takes ``grad_scale=`` (a 0-dim float32 tensor the grads it
     #: gets are scaled by, as torch's fused Adam(W)/SGD/Adagrad take it): then, on a CPU, the

@@ -12,6 +12,8 @@
 * :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
   rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
   [stochastic rounding]), so both backends round to the same bits.
+* :class:`MeshSums`: per-tensor sums over whole DTensors, each shard's partial summed over the
+  mesh (Note [sums over the mesh]).
 * :func:`capturing` and :func:`refuse_during_capture`: CUDA-graph capture guards.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from .batches import BATCH, batches, elementwise_batches, scalars, split_large, storage_flat
 from .capture import capturing, refuse_during_capture
 from .rounding import SR_CHUNK, initial_seed, stochastic_round_
+from .sharded import MeshSums
 from .skip import (
     PackedSteps,
     advance_steps_,
@@ -33,6 +36,7 @@ from .skip import (
 __all__ = [
     "BATCH",
     "SR_CHUNK",
+    "MeshSums",
     "PackedSteps",
     "advance_steps_",
     "batches",

@@ -1,7 +1,8 @@
 """DTensor params (FSDP2's Shard(0), tensor parallel's Replicate/Shard) on a real gloo world of 2:
 every elementwise fused optimizer on both backends steps them as it steps the same plain tensors,
 keeps its state as DTensors with the param's placements, and skips an overflow in one rank's
-shard on every rank (with ``process_group``); LAMB refuses them before anything changes. (On the
+shard on every rank (with ``process_group``); LAMB refuses a Partial placement before anything
+changes (it steps Shard and Replicate ones: test_dist_sharded.py). (On the
 kernel path they take torch's ops: Note [launchable tensors]; an elementwise update runs on the
 local shards: Note [tensor subclasses].)
 """
@@ -117,16 +118,17 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
                 assert_bit_identical(got, want)
 
 
-def _lamb_refuses_sharded_params(backend: str, rank: int, world_size: int, tmp) -> None:
-    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+def _lamb_refuses_partial_params(backend: str, rank: int, world_size: int, tmp) -> None:
+    """A Partial param's norms are not sums of its shards' (its values are not summed yet)."""
+    from torch.distributed.tensor import DTensor, Partial, init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
     with kernels_mode(backend):
-        param = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)]))
-        param.grad = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
+        param = torch.nn.Parameter(DTensor.from_local(torch.randn(6, 4), mesh, [Partial()]))
+        param.grad = DTensor.from_local(torch.randn(6, 4), mesh, [Partial()])
         opt = _optimizer("LAMB", [param])
         before = [param.to_local().clone(), opt.scale.clone()]
-        with pytest.raises(TypeError, match="LAMB cannot step DTensor params"):
+        with pytest.raises(ValueError, match=r"LAMB: param group 0: tensor 0 .*Partial.*redistr"):
             opt.unscale_and_step(grads_scaled_by=opt.scale)
         assert not opt.state[param]
         assert_bit_identical(before, [param.to_local(), opt.scale])
@@ -165,7 +167,7 @@ SCENARIOS = {
         for backend in ("torch", "emulate")
     },
     **{
-        f"LAMB-refused-{backend}": functools.partial(_lamb_refuses_sharded_params, backend)
+        f"LAMB-refuses-partial-{backend}": functools.partial(_lamb_refuses_partial_params, backend)
         for backend in ("torch", "emulate")
     },
     "corrupt-shard-refused": _corrupt_shard_is_refused_on_every_rank,

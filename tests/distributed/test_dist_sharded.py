@@ -7,8 +7,14 @@
 * an overflow in one rank's shard, with no ``process_group``: every rank skips and backs off;
 * FSDP2's ``MixedPrecisionPolicy`` (fp16 and bf16 compute, fp32 reduce) against torch.optim and
   ``torch.amp.GradScaler`` on the same sharded model;
-* tensor parallel (``ColwiseParallel`` / ``RowwiseParallel``) for every elementwise fused
-  optimizer, clean and with an overflow on one rank, against torch.optim and GradScaler.
+* tensor parallel (``ColwiseParallel`` / ``RowwiseParallel``) for every fused optimizer, clean
+  and with an overflow on one rank, against torch.optim and GradScaler (Lion and LAMB, which
+  torch lacks: our own on the unsharded model);
+* LAMB on FSDP2's uneven Shard(0), its global grad norm clipping and its trust ratio on: its
+  norms over the whole sharded tensors (Note [sums over the mesh]), so it follows the same LAMB
+  on the unsharded model; its state DTensors, saved and resumed through DCP bit for bit;
+* HSDP on a world of 4 (a 2-D mesh: replicated over one dimension, sharded over the other), for
+  AdamW and LAMB, an overflow in one rank's shard, against the same optimizer unsharded.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ from tests.support.references import kernels_mode
 from tests.support.training import assert_bit_identical, loss_of, make_model
 
 BACKENDS = ("torch", "emulate")
-OPTIMIZERS = ("AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Lion")  # the elementwise ones
+OPTIMIZERS = ("AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Lion", "LAMB")
+#: Clipping by the global grad norm engaged (the grads' norms here are about 0.3 to 3), the trust
+#: ratio on (weight decay).
+LAMB_OPTIONS = {"weight_decay": 0.1, "max_grad_norm": 0.1}
 STEPS = 8
 INJECTED = {1: 0, 2: 1, 3: 1, 6: 0}  # step -> the one rank whose shard overflows
 
@@ -106,7 +115,7 @@ def _fsdp2_overflow_on_one_shard(backend: str, rank: int, world_size: int, tmp) 
 
 
 # ---------------------------------------------------------------- the scale through DCP
-def _dcp_resume(backend: str, full: bool, rank: int, world_size: int, tmp) -> None:
+def _dcp_resume(backend: str, full: bool, rank: int, world_size: int, tmp, name="AdamW") -> None:
     """Save mid hysteresis with nothing beside the optimizer's own state_dict; resume in the
     same world bit for bit; leave the full values for the one-process resume to compare."""
     import torch.distributed.checkpoint as dcp
@@ -122,7 +131,8 @@ def _dcp_resume(backend: str, full: bool, rank: int, world_size: int, tmp) -> No
 
     def fresh():
         model = _fsdp2_model()
-        return model, _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+        options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
+        return model, _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
 
     with kernels_mode(backend):
         model, opt = fresh()
@@ -203,13 +213,16 @@ def _mlp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _options(name: str) -> dict:
+    if name == "LAMB":
+        return LAMB_OPTIONS
     return {"momentum": 0.9} if name in ("SGD", "RMSprop") else {}
 
 
 def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, tmp) -> None:
     """Colwise ``up``, Rowwise ``down``; an inf in rank 1's shard of ``up.weight``'s grad
     (global row 8) on the overflow steps: every rank skips; the params and the scale follow
-    torch.optim + GradScaler on the unsharded model (Lion, which torch lacks: our own on it)."""
+    torch.optim + GradScaler on the unsharded model (Lion and LAMB, which torch lacks: our own
+    on it; ``down.bias`` is Replicate, so LAMB sums its norms over no mesh dimension)."""
     from torch.distributed.tensor import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -254,9 +267,11 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
 
     reference_model = _MLP()
     reference_cls = getattr(torch.optim, name, None)
-    if reference_cls is None:  # Lion: our own, on the whole tensors with torch's ops
+    if reference_cls is None:  # Lion, LAMB: our own, on the whole tensors with torch's ops
         with kernels_mode("torch"):
-            reference = getattr(scaledoptim, name)(reference_model.parameters(), lr=1e-2)
+            reference = getattr(scaledoptim, name)(
+                reference_model.parameters(), lr=1e-2, **_options(name)
+            )
             ref_found, ref_scales = train(reference_model, reference, inf_in_row_8)
     else:
         reference = reference_cls(reference_model.parameters(), lr=1e-2, **_options(name))
@@ -280,26 +295,42 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
         torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
 
 
-def _tp_lamb_refused(backend: str, rank: int, world_size: int, tmp) -> None:
-    from torch.distributed.tensor import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+# ---------------------------------------------------------------- LAMB on FSDP2
+def _fsdp2_lamb_against_unsharded(backend: str, rank: int, world_size: int, tmp) -> None:
+    """LAMB on FSDP2 params (Shard(0), 17 rows: 9 and 8), an overflow in one rank's shard: its
+    clipping and trust ratio read the whole tensors' norms, so every step follows the same LAMB
+    on the unsharded model."""
+    from torch.distributed.tensor import Shard
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    _follows_unsharded("LAMB", backend, INJECTED, rank, (Shard(0),))
+
+
+def _follows_unsharded(name, backend, overflow, shard_index, placements, **fully_shard_options):
+    """``name`` on FSDP2 params (``fully_shard_options``) of ``placements``, with an inf in the
+    shard ``shard_index`` on the steps of ``overflow`` (step -> the shard that overflows): the
+    skips, the scale state, the params and the state (DTensors of the param's placements)
+    follow the same optimizer on the unsharded model."""
+    from torch.distributed.tensor import DTensor
+
+    options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
     with kernels_mode(backend):
-        model = parallelize_module(
-            _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
-        )
-        opt = scaledoptim.LAMB(model.parameters(), lr=1e-2)
-        x, y = _mlp_batch(0)
-        scaledoptim.scale_outputs(torch.nn.functional.mse_loss(model(x), y), opt.scale).backward()
-        before = _everything(opt)
-        with pytest.raises(TypeError, match="LAMB cannot step DTensor params"):
-            opt.unscale_and_step(grads_scaled_by=opt.scale)
-        assert_bit_identical(before, _everything(opt))
+        model = _fsdp2_model(**fully_shard_options)
+        opt = _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
+        found = _train(model, opt, shard_index, range(STEPS), overflow)
+    reference = make_model()
+    with kernels_mode("torch"):
+        ref_opt = _scaled(getattr(scaledoptim, name)(reference.parameters(), lr=1e-2, **options))
+        ref_found = _train(reference, ref_opt, 0, range(STEPS), dict.fromkeys(overflow, 0))
+    assert found == ref_found == [float(step in overflow) for step in range(STEPS)]
+    assert_bit_identical(_scale_state(opt), _scale_state(ref_opt))
+    for param in model.parameters():
+        assert param.placements == placements
+        for value in opt.state[param].values():
+            if value.dim():
+                assert isinstance(value, DTensor) and value.placements == placements
+    got, want = _everything(opt, _full)[:-3], _everything(ref_opt)[:-3]
+    for value, twin in zip(got, want):
+        torch.testing.assert_close(value, twin, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- FSDP2 mixed precision
@@ -386,6 +417,27 @@ def _fsdp2_fp16_params_with_masters(backend: str, rank: int, world_size: int, tm
     assert _gathered(found)[1] == found
 
 
+# ---------------------------------------------------------------- HSDP: a 2-D mesh, world 4
+def _hsdp_against_unsharded(name: str, backend: str, rank: int, world_size: int, tmp) -> None:
+    """``fully_shard`` on a (2, 2) mesh: params (Replicate(), Shard(0)); an overflow in one
+    shard (in both its replicas, as FSDP's all-reduce over the replicas leaves it): all 4 ranks
+    skip it; params, state and scale follow the same optimizer on the unsharded model (LAMB's
+    norms summed over the shard dimension only)."""
+    from torch.distributed.tensor import Replicate, Shard, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    overflow = {1: 1, 2: 0, 6: 1}  # step -> the shard that overflows
+    placements = (Replicate(), Shard(0))
+    _follows_unsharded(name, backend, overflow, mesh.get_local_rank("shard"), placements, mesh=mesh)
+
+
+HSDP_SCENARIOS = {
+    f"hsdp-{name}-{backend}": functools.partial(_hsdp_against_unsharded, name, backend)
+    for name in ("AdamW", "LAMB")
+    for backend in BACKENDS
+}
+
+
 SCENARIOS = {
     **{
         f"fsdp2-overflow-no-group-{backend}": functools.partial(
@@ -406,7 +458,11 @@ SCENARIOS = {
         for name in OPTIMIZERS
         for backend in BACKENDS
     },
-    **{f"tp-LAMB-refused-{b}": functools.partial(_tp_lamb_refused, b) for b in BACKENDS},
+    **{f"fsdp2-LAMB-{b}": functools.partial(_fsdp2_lamb_against_unsharded, b) for b in BACKENDS},
+    **{
+        f"dcp-sharded-LAMB-{backend}": functools.partial(_dcp_resume, backend, False, name="LAMB")
+        for backend in BACKENDS
+    },
     **{
         f"fsdp2-policy-{str(dtype)[6:]}-{backend}": functools.partial(
             _fsdp2_policy_against_sharded_gradscaler, dtype, backend
@@ -431,6 +487,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str | Non
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_sharded_scenario(world, scenario) -> None:
     failure = world[0][scenario]
+    assert failure is None, failure
+
+
+@pytest.fixture(scope="module")
+def world_of_4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
+    return run_world(4, HSDP_SCENARIOS, pathlib.Path(tmp_path_factory.mktemp("hsdp")))
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+@pytest.mark.parametrize("scenario", HSDP_SCENARIOS)
+def test_hsdp_scenario(world_of_4, scenario) -> None:
+    failure = world_of_4[scenario]
     assert failure is None, failure
 
 

@@ -109,6 +109,20 @@ def test_bf16_state_stays_fp32_through_a_load() -> None:
     assert all(s["exp_avg"].dtype == torch.float32 for s in opt.state.values())
 
 
+@pytest.mark.parametrize("name", ["LAMB", "Lion"])
+def test_a_load_adds_no_option_the_optimizer_lacks(name) -> None:
+    # torch.optim's __setstate__ gives every optimizer's defaults a `differentiable`, which LAMB
+    # and Lion do not have; their groups would gain it (a DCP resume's groups then differ).
+    model = make_model()
+    opt = getattr(scaledoptim, name)(model.parameters())
+    _train(model, opt, range(2))
+    keys = set(opt.defaults), [set(group) for group in opt.param_groups]
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert (set(opt.defaults), [set(group) for group in opt.param_groups]) == keys
+    copied = copy.deepcopy(opt)
+    assert (set(copied.defaults), [set(group) for group in copied.param_groups]) == keys
+
+
 def _corrupt(mutate):
     model = make_model()
     opt = scaledoptim.SGD(model.parameters(), lr=0.1, momentum=0.9)

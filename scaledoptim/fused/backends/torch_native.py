@@ -44,7 +44,8 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # (``Update.elementwise``) runs on a DTensor's local shard: each element's update reads only that
 # element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
 # strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
-# norms) take the DTensors, whose ops reduce over the whole sharded tensor. The unscale and the
+# norms) take the DTensors and step their local shards too, their sums over whole tensors added
+# up over the mesh (Note [sums over the mesh] in torch_ops/sharded.py). The unscale and the
 # inf/nan check take DTensor grads as they are: the check's ``any()`` of a sharded grad is a
 # reduction over the whole tensor, which DTensor all-reduces over the mesh (on device) before it
 # reaches the plain ``found_inf``, so every rank of the mesh sees an overflow in any shard and
