@@ -65,8 +65,8 @@ class Update(Protocol):
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None]
     #: Whether each element's update reads only that element of the param, grad and state
     #: (and scalars), so that a DTensor param's update may run on its local shard (otherwise
-    #: the torch form gets the DTensors and sums over whole tensors itself: Note [sums over the
-    #: mesh] in torch_ops/sharded.py).
+    #: the torch form gets the DTensors and sums over whole tensors itself, as
+    #: ``scaledoptim.torch_ops.MeshSums`` does).
     elementwise: ClassVar[bool]
     #: Whether :meth:`torch_update` takes ``grad_scale=`` (a 0-dim float32 tensor the grads it
     #: gets are scaled by, as torch's fused Adam(W)/SGD/Adagrad take it): then, on a CPU, the
@@ -104,7 +104,7 @@ class Update(Protocol):
         unscaled; it must skip on ``found_inf`` and advance ``steps`` itself, on device. With
         :attr:`torch_update_takes_grad_scale`, it is also called as ``torch_update(group,
         lists, found_inf, grad_scale=S)`` with grads still scaled by ``S`` (see
-        :class:`ScaledTorchUpdate`)."""
+        ``ScaledTorchUpdate`` in this module)."""
         ...
 
     def torch_optim_update(

@@ -1,5 +1,5 @@
 """Per-tensor sums over whole sharded tensors: each rank's partial over its local shards, added
-up over the mesh dimensions that shard the tensor (Note [sums over the mesh])."""
+up over the mesh dimensions that shard the tensor."""
 
 from __future__ import annotations
 
