@@ -1,15 +1,15 @@
-"""On a CPU, the torch backend leaves fp32 grads scaled for torch's fused Adam(W)/SGD to unscale
-where they read them, after a check that reads them once (Note [unscale in the update on a CPU]
-in scaledoptim/fused/backends/torch_native.py): the same steps as GradScaler + torch's fused
-optimizers, and as the exact path (unscale in place, then check) whenever the one read cannot
-decide (an inf or nan, a norm past float32's range).
+"""On a CPU, the torch backend leaves fp32 grads scaled for torch's fused Adam(W)/SGD/Adagrad to
+unscale where they read them, after a check that reads them once for their norm, with no host
+read (Note [unscale in the update on a CPU] in scaledoptim/fused/backends/torch_native.py): the
+same steps as GradScaler + torch's fused optimizers and as the unscale-in-place path, except that
+finite grads whose norm is past float32's range count as an overflow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
-from unittest import mock
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import scaledoptim
+from scaledoptim.doctor.sync_free import HOST_READS, HostRead
 from scaledoptim.fused.backends import torch_native
 from scaledoptim.fused.backends.torch_native import decide_skips_on_device
 from tests.support.references import kernels_mode
@@ -71,18 +72,24 @@ def exact_path_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("large", [False, True], ids=["small-grads", "large-grads"])
+@contextlib.contextmanager
+def host_reads_refused() -> Iterator[None]:
+    """Every host read of a tensor raises inside (the engine left as it is: its CPU form runs)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise HostRead("host read")
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, refuse)
+        yield
+
+
 @pytest.mark.parametrize("clip", [None, 0.1], ids=["no-clip", "clip"])
 @pytest.mark.parametrize("name", list(FOLDING))
 def test_steps_as_gradscaler_and_torchs_fused_optimizer_without_unscaling_first(
-    name: str,
-    clip: float | None,
-    large: bool,
-    exact_path_calls: list[int],
-    monkeypatch: pytest.MonkeyPatch,
+    name: str, clip: float | None, exact_path_calls: list[int]
 ) -> None:
-    # large: grads checked by their norm even without clipping, as large ones are
-    monkeypatch.setattr(torch_native, "_NORM_CHECK_MEAN_NUMEL", 0 if large else 2**62)
     params, ref_params = _params(), _params()
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     scaler.scale(torch.ones(()))  # creates its scale: the grads below come scaled already
@@ -139,7 +146,6 @@ def _run(
     bad=st.sampled_from([None, math.inf, -math.inf, math.nan]),
     where=st.integers(0, 10_000),
     clip=st.sampled_from([None, 0.1, 1e30]),
-    by_norm=st.booleans(),
 )
 def test_decides_as_the_exact_path_whatever_the_grads(
     name: str,
@@ -148,11 +154,10 @@ def test_decides_as_the_exact_path_whatever_the_grads(
     bad: float | None,
     where: int,
     clip: float | None,
-    by_norm: bool,
 ) -> None:
     """Random scales (below 1 too), grad magnitudes up to past float32's range once squared or
-    unscaled, an inf or nan anywhere, either one-pass check (the norm's, as for large grads, or
-    torch's): found_inf, the scale, the norm and the params are the exact path's."""
+    unscaled, an inf or nan anywhere: found_inf, the scale, the norm and the params are those of
+    the unscale-in-place path, but where the norm is past the range (an overflow here)."""
     grads = _grads(0, 2.0**grad_exp)
     if bad is not None:
         flat = torch.cat([g.view(-1) for g in grads])
@@ -163,9 +168,14 @@ def test_decides_as_the_exact_path_whatever_the_grads(
                 break
             index -= g.numel()
     scale = 2.0**scale_exp
-    with mock.patch.object(torch_native, "_NORM_CHECK_MEAN_NUMEL", 0 if by_norm else 2**62):
-        opt, found_inf, params = _run(name, grads, scale, clip, exact=False)
+    opt, found_inf, params = _run(name, grads, scale, clip, exact=False)
     ref_opt, ref_found_inf, ref_params = _run(name, grads, scale, clip, exact=True)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / scale
+    if ref_found_inf.item() == 0.0 and not norm.item() < torch_native._FOLD_NORM_LIMIT:
+        # finite grads past the range: an overflow here, skipped and backed off
+        assert found_inf.item() == 1.0 and opt.scale.item() == scale / 2  # type: ignore[attr-defined]
+        assert all(torch.equal(p, q) for p, q in zip(params, _params()))
+        return
     assert found_inf.item() == ref_found_inf.item()
     assert opt.scale.item() == ref_opt.scale.item()  # type: ignore[attr-defined]
     if clip is not None:
@@ -178,36 +188,39 @@ def test_decides_as_the_exact_path_whatever_the_grads(
         torch.testing.assert_close(p, ref_p, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
+@pytest.mark.parametrize("clip", [None, 0.1], ids=["no-clip", "clip"])
 @pytest.mark.parametrize(
-    ("grad", "scale", "clip", "skipped"),
+    ("grad", "scale", "skipped"),
     [
-        (math.inf, 2.0**16, 0.1, True),
-        (math.nan, 2.0**16, 0.1, True),
-        (1e30, 2.0**16, 0.1, False),  # finite, but its square is past float32: the norm is inf
-        (1e18, 2.0**-70, 0.1, True),  # a finite norm, inf once unscaled (a scale below 1)
-        (1e35, 2.0**-20, None, True),  # torch's check: finite, inf once unscaled
-        (1.0, 2.0**-20, None, False),  # any scale below 1: the exact path decides
+        (math.inf, 2.0**16, True),
+        (math.nan, 2.0**16, True),
+        (1e30, 2.0**16, True),  # finite, but its square is past float32: an overflow here
+        (1e18, 2.0**-70, True),  # a finite norm, inf once unscaled (a scale below 1)
+        (1e35, 2.0**-20, True),  # finite, inf once unscaled
+        (1.0, 2.0**-20, False),  # a scale below 1 alone is no overflow
     ],
-    ids=[
-        "inf",
-        "nan",
-        "norm-past-range",
-        "unscaled-past-range",
-        "scale-below-1-overflows",
-        "scale-below-1",
-    ],
+    ids=["inf", "nan", "norm-past-range", "unscaled-norm-past-range", "unscaled-inf", "below-1"],
 )
-def test_what_one_pass_cannot_decide_takes_the_exact_path(
-    grad: float, scale: float, clip: float | None, skipped: bool, exact_path_calls: list[int]
+def test_overflows_are_found_on_device_with_the_grads_left_scaled(
+    grad: float, scale: float, skipped: bool, clip: float | None, exact_path_calls: list[int]
 ) -> None:
     grads = _grads(0, 1.0)
     grads[1].view(-1)[2] = grad
-    opt, found_inf, params = _run("AdamW", grads, scale, clip, exact=False)
-    assert exact_path_calls == [1]
+    params = _params()
+    with kernels_mode("torch"):
+        opt = scaledoptim.AdamW(params, lr=1e-2).configure_scaling(init_scale=scale)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        with host_reads_refused():
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+    assert exact_path_calls == []  # no unscale in place
     assert found_inf.item() == float(skipped)
-    assert opt.scale.item() == (scale / 2 if skipped else scale)  # type: ignore[attr-defined]
+    assert opt.scale.item() == (scale / 2 if skipped else scale)
     unchanged = all(torch.equal(p, q) for p, q in zip(params, _params()))
     assert unchanged == skipped
+    if skipped:  # a skipped step leaves the grads as backward left them, scaled
+        for p, g in zip(params, grads):
+            torch.testing.assert_close(p.grad, g, rtol=0, atol=0, equal_nan=True)
 
 
 def test_sixteen_bit_params_and_other_updates_unscale_first(exact_path_calls: list[int]) -> None:

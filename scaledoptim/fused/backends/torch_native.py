@@ -29,7 +29,7 @@ from torch import Tensor
 from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
-from ...torch_ops import check_non_finite_, stochastic_round_, unscale_dense_, unscale_in_place_
+from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
 from ..update import GradReduction, Group, ScaledTorchUpdate, TensorLists, Update
 from .base import Backend, PreparedUpdate
 
@@ -115,25 +115,20 @@ class TorchNativeBackend(Backend):
 # ``unscale_and_step`` and GradScaler + torch's fused AdamW, which hands the update the scale
 # (``grad_scale``) and lets it unscale where it reads each grad. So when every update of a step
 # takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and
-# Adagrad) over float32 params and grads, on a CPU (where a host read is free, Note [host skip] in
-# torch_ops/skip.py), the check takes one pass over the scaled grads and leaves them scaled: without
-# clipping and where the grads are small (``_NORM_CHECK_MEAN_NUMEL``), torch's own check, as
-# GradScaler runs it for torch's fused optimizers (it multiplies by 1, writing the same values back:
-# per tensor it costs half of a ``_foreach_norm`` on a CPU), at a scale of 1 or more (below, a
-# finite grad may unscale to inf: the exact path); otherwise their 2-norm (one ``_foreach_norm``,
-# read-only: a grad with an inf or nan makes it non-finite). The update divides them by ``S`` (by
-# ``S / coef`` when clipping, Note [clipping in the step] in protocol/clipping.py), and, as torch's
-# fused ops do, leaves them unscaled. A norm that is not finite, or whose unscaled value comes near
-# float32's range, sends the step down the exact path (unscale in place, check again, sum the
-# squares of the unscaled grads), so overflow steps and finite grads past the range keep
-# GradScaler's semantics. The unscaled norm is the scaled one times ``inv_scale``: the clip's sum of
-# squares differs from the exact path's in its last bits. On other devices the decision would be a
-# host read (a sync): the exact path stays.
+# Adagrad) over float32 params and grads, on a CPU (the engine's ``host_skip``, Note [host skip] in
+# torch_ops/skip.py), the check reads the scaled grads once, read-only, for their 2-norm (one
+# ``_foreach_norm``), and leaves them scaled; the update divides them by ``S`` (by ``S / coef`` when
+# clipping, Note [clipping in the step] in protocol/clipping.py), and, as torch's fused ops do,
+# leaves them unscaled. ``found_inf`` is set on device, no host read, when the unscaled norm (the
+# scaled one times ``inv_scale``) is not below ``_FOLD_NORM_LIMIT``: an inf or nan anywhere makes it
+# non-finite, and below the limit no unscaled element can overflow, at a scale below 1 too. One case
+# differs from GradScaler, which checks the elements: finite grads whose norm is past that range (a
+# scaled sum of squares past float32, about 1.8e19 squared) count as an overflow, so the step is
+# skipped and the scale backs off until the norm fits, where GradScaler would step on them. The
+# unscaled norm is the scaled one times ``inv_scale``: with a scale that is a power of 2, the same
+# float as the norm of the unscaled grads. Other devices and the sync-free form keep the unscale in
+# place.
 _FOLD_NORM_LIMIT = 1e37  # an unscaled grad norm below it: no unscaled element can overflow
-# Grads of at least this many elements on average are checked by their norm even without
-# clipping: on a 2-core AMD EPYC, torch's check costs about 1 us per tensor + 0.48 ns per element
-# (it writes), the norms 2.2 us + 0.41 ns and 0.5 us per tensor to add up.
-_NORM_CHECK_MEAN_NUMEL = 32768
 
 
 class _TorchUnscale:
@@ -153,11 +148,6 @@ class _TorchUnscale:
             and bool(updates)
             and all(isinstance(u, TorchUpdate) and u.takes_grad_scale() for u in updates)
         )
-        grads = list(chain.from_iterable(grad_lists))
-        # Note [unscale in the update on a CPU]: which one-pass check costs less
-        self.check_by_norm = bool(grads) and (
-            sum(g.numel() for g in grads) >= _NORM_CHECK_MEAN_NUMEL * len(grads)
-        )
 
     def __call__(
         self,
@@ -170,13 +160,8 @@ class _TorchUnscale:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
-                if (
-                    self.folds
-                    and TORCH_NATIVE.host_reads_free(grads[0].device)
-                    and _checked_in_one_pass(
-                        grads, found_inf, inv_scale, norm_sq, self.check_by_norm
-                    )
-                ):
+                if self.folds and TORCH_NATIVE.host_reads_free(grads[0].device):
+                    _check_by_norm(grads, found_inf, inv_scale, norm_sq)
                     return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
                 unscale_dense_(grads, found_inf, inv_scale)
                 if norm_sq is not None:  # Note [clipping in the step]: of the unscaled grads
@@ -199,29 +184,16 @@ class _TorchUnscale:
         pass  # it holds no grads
 
 
-def _checked_in_one_pass(
-    grads: list[Tensor],
-    found_inf: Tensor,
-    inv_scale: Tensor,
-    norm_sq: Tensor | None,
-    by_norm: bool,
-) -> bool:
-    """Checks the scaled ``grads`` in one pass, leaving them scaled, where that decides the step
-    (Note [unscale in the update on a CPU]), with host reads: torch's check (as GradScaler checks
-    for torch's fused optimizers) at a scale of 1 or more, unless ``by_norm`` or ``norm_sq``;
-    else their 2-norm, finite and finite once unscaled, whose square is added to ``norm_sq``.
-    False changes nothing: the caller takes the exact path."""
-    if norm_sq is None and not by_norm:
-        if not inv_scale.item() <= 1.0:  # below a scale of 1 a finite grad may unscale to inf
-            return False
-        check_non_finite_(grads, found_inf)
-        return True
+def _check_by_norm(
+    grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_sq: Tensor | None
+) -> None:
+    """Sets ``found_inf`` (on device) unless the unscaled 2-norm of the scaled ``grads``, read
+    once, is below ``_FOLD_NORM_LIMIT``, and adds its square to ``norm_sq`` (Note [unscale in
+    the update on a CPU])."""
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) * inv_scale
-    if not norm.item() < _FOLD_NORM_LIMIT:  # a nan compares false too
-        return False
+    torch.maximum(found_inf, (norm < _FOLD_NORM_LIMIT).logical_not().float(), out=found_inf)
     if norm_sq is not None:
         norm_sq.add_(norm.square())
-    return True
 
 
 class TorchUpdate:
