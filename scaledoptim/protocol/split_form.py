@@ -45,15 +45,15 @@ class SplitForm(UnscalePlanner):
 
         Returns:
             ``(found_inf, recommended_scale)``: ``found_inf`` is a 0-dim float32 tensor (1.0 if
-            any grad was inf/nan); ``recommended_scale`` is :attr:`~scaledoptim.Optimizer.scale` (``None`` if
-            ``grads_scaled_by`` was ``None``).
+            any grad was inf/nan); ``recommended_scale`` is
+            :attr:`~scaledoptim.Optimizer.scale` (``None`` if ``grads_scaled_by`` was ``None``).
 
         A plain ``step()`` after it honours ``found_inf`` as :meth:`step_after_unscale` does.
 
         fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
         in place they cannot hold small grads (below fp16's 6e-8 they flush to zero), and a
-        clipped run drifts from fp32. :meth:`~scaledoptim.Optimizer.unscale_and_step` unscales them in fp32 inside the
-        update, and clips them there with ``max_grad_norm``; or keep fp32 params under autocast.
+        clipped run drifts from fp32. :meth:`~scaledoptim.Optimizer.unscale_and_step` unscales
+        them in fp32 inside the update, and clips them there with ``max_grad_norm``; or keep fp32 params under autocast.
         bf16 grads have float32's range and are unscaled in place.
 
         Raises:
@@ -61,7 +61,8 @@ class SplitForm(UnscalePlanner):
                 sparse grads, grads on another device than the scale, a scale tensor that is no
                 longer in use (see "S = opt.scale stays the scale in use" in the concepts
                 guide), ``grads_scaled_by=None`` after a backward
-                scaled by :attr:`~scaledoptim.Optimizer.scale`, or an optimizer a :class:`scaledoptim.GradScaler` steps.
+                scaled by :attr:`~scaledoptim.Optimizer.scale`, or an optimizer a
+                :class:`scaledoptim.GradScaler` steps.
             ValueError: if the scale is not finite and positive, or for fp16 grads.
         """
         self._check_own_protocol("unscale")
