@@ -29,7 +29,8 @@ class MeshSums:
     compute partial sums on, :meth:`reduce_` adds the partials up over the mesh.
 
     Args:
-        tensors: plain tensors and DTensors; a DTensor may not have a ``Partial`` placement.
+        tensors: plain tensors, DTensors and other tensor subclasses (whole tensors, summed as
+            they are); a DTensor may not have a ``Partial`` placement.
 
     Raises:
         ValueError: for a ``Partial`` placement, naming the tensor's index.
@@ -65,7 +66,8 @@ class MeshSums:
         """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
         if not self.sharded:
             return tensors
-        return [t if type(t) in _PLAIN else t.to_local() for t in tensors]  # type: ignore
+        # Other subclasses (a __torch_dispatch__ wrapper) are whole tensors: their ops sum them.
+        return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
 
 
     def reduce_(self, partials: Tensor) -> Tensor:

@@ -5,10 +5,14 @@ prints. No GPU needed."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import multiprocessing
+import os
 import struct
+from concurrent.futures import Future, ProcessPoolExecutor
 
-from scaledoptim.kernels import MultiTensorKernel
+from scaledoptim.kernels import MultiTensorKernel, builtin_kernels
 
 __all__ = ["cubin", "registers_per_thread"]
 
@@ -17,9 +21,39 @@ __all__ = ["cubin", "registers_per_thread"]
 def cubin(kernel: MultiTensorKernel, arch: int) -> bytes:
     """``compile_for_arch(kernel, arch)``, once per session: test_nvrtc.py compiles every kernel
     for sm_80 and sm_90 among others, and test_launch_bounds.py reads the registers of those same
-    cubins (NVRTC takes seconds per kernel and arch, the largest part of the suite's time)."""
+    cubins (NVRTC takes seconds per kernel and arch, the largest part of the suite's time). The
+    first built-in kernel asked for an arch has every built-in kernel compiled for it, on every
+    core (one process each: NVRTC holds the GIL); a compile error is raised for its kernel."""
     from scaledoptim.kernels.nvrtc import compile_for_arch
 
+    if kernel not in builtin_kernels():
+        return compile_for_arch(kernel, arch)
+    return _builtin_compiles(arch)[_key(kernel)].result()
+
+
+def _key(kernel: MultiTensorKernel) -> tuple[str, str]:
+    """What names a built-in kernel in another process: its source file and its name."""
+    return kernel.source.name, kernel.name
+
+
+@functools.cache
+def _builtin_compiles(arch: int) -> dict[tuple[str, str], Future[bytes]]:
+    pool = _pool()
+    return {_key(k): pool.submit(_compile_builtin, _key(k), arch) for k in builtin_kernels()}
+
+
+@functools.cache
+def _pool() -> ProcessPoolExecutor:
+    pool = ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"))
+    atexit.register(pool.shutdown)
+    return pool
+
+
+def _compile_builtin(key: tuple[str, str], arch: int) -> bytes:
+    import scaledoptim  # noqa: F401  # defines every built-in kernel
+    from scaledoptim.kernels.nvrtc import compile_for_arch
+
+    (kernel,) = [k for k in builtin_kernels() if _key(k) == key]
     return compile_for_arch(kernel, arch)
 
 _EIATTR_REGCOUNT = 0x2F

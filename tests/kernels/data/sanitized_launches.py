@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo
 
 import ctypes
 import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -36,7 +38,15 @@ def odd_and_misaligned(dtype: torch.dtype) -> list[torch.Tensor]:
     return tensors
 
 
+def build_every_kernel() -> None:
+    """Builds the sanitized emulator library of every built-in kernel, on every core: the
+    compiles are most of this script's time, and each is a g++ process of its own."""
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(emulator.emulator_library, kernels.builtin_kernels()))
+
+
 def clean() -> None:
+    build_every_kernel()
     dtype_pairs = list(itertools.product(DTYPES, DTYPES))
     for info in rows(fused=True):
         configs = info.configs
