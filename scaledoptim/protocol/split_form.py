@@ -53,8 +53,8 @@ class SplitForm(UnscalePlanner):
         fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
         in place they cannot hold small grads (below fp16's 6e-8 they flush to zero), and a
         clipped run drifts from fp32. :meth:`~scaledoptim.Optimizer.unscale_and_step` unscales
-        them in fp32 inside the update, and clips them there with ``max_grad_norm``; or keep fp32 params under autocast.
-        bf16 grads have float32's range and are unscaled in place.
+        them in fp32 inside the update, and clips them there with ``max_grad_norm``; or keep fp32
+        params under autocast. bf16 grads have float32's range and are unscaled in place.
 
         Raises:
             RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
