@@ -44,13 +44,9 @@ import torch
 from .. import compile_boundary
 from ..scale import (
     LossScale,
-    ScaleUpdate,
     ScalingConfig,
-    agree_on_found_inf,
-    as_scale_tensor,
-    handle_state,
 )
-from ..torch_ops import refuse_during_capture, unscale_in_place_
+from ..torch_ops import refuse_during_capture
 from . import replay
 from .backward_check import GradCheck
 from .clipping import (
@@ -61,31 +57,22 @@ from .clipping import (
     sum_of_squares,
     sums_over_process_group,
 )
-from .gradscaler import asked_by_torch_scaler
-from .outputs import check_grads_scaled_by
 from .ownership import ScalingState
-from .plain_step import PlainStepGuard
 from .plans import (
     GenericStepPlan,
     PendingStep,
     StepOutcome,
     StepPlan,
     StepRequest,
-    UnscalePlan,
 )
 from .replay import ClosureReplayError
-from .validation import check_no_fp16_grads, check_param_grads
+from .split_form import SplitForm
+from .validation import check_param_grads
 
 __all__ = ["ClosureReplayError", "Optimizer", "StepRequest"]
 
 
-#: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
-#: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
-#: Adafactor): their groups may lack them.
-_DEFAULTS_ONLY = frozenset({"differentiable"})
-
-
-class Optimizer(PlainStepGuard):
+class Optimizer(SplitForm):
     r"""A :class:`torch.optim.Optimizer` that owns its dynamic loss scale.
 
     Subclass it exactly as you would subclass :class:`torch.optim.Optimizer`: an ordinary
@@ -181,101 +168,6 @@ class Optimizer(PlainStepGuard):
         return None
 
     # ------------------------------------------------------------------ the protocol
-    # Note [compile boundary]: the protocol's Python (stage, plans, tables, host reads of a
-    # closure replay) is not traceable; torch.compile runs it eagerly and compiles around it.
-    @compile_boundary.disable
-    @torch.no_grad()
-    def unscale(
-        self, grads_scaled_by: torch.Tensor | float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        r"""Divides every grad by ``grads_scaled_by`` in place and checks them for inf/nan.
-
-        Records ``found_inf`` for the next :meth:`step_after_unscale` and moves the scale: back
-        off on overflow, grow after ``growth_interval`` clean steps. No host sync when
-        ``grads_scaled_by`` is ``opt.scale`` or a Python float.
-
-        Args:
-            grads_scaled_by: the scale the loss was multiplied by, or ``None`` when the grads
-                are not scaled (nothing is unscaled, nothing will be skipped).
-
-        Returns:
-            ``(found_inf, recommended_scale)``: ``found_inf`` is a 0-dim float32 tensor (1.0 if
-            any grad was inf/nan); ``recommended_scale`` is :attr:`scale` (``None`` if
-            ``grads_scaled_by`` was ``None``).
-
-        A plain ``step()`` after it honours ``found_inf`` as :meth:`step_after_unscale` does.
-
-        fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
-        in place they cannot hold small grads (below fp16's 6e-8 they flush to zero), and a
-        clipped run drifts from fp32. :meth:`unscale_and_step` unscales them in fp32 inside the
-        update, and clips them there with ``max_grad_norm``; or keep fp32 params under autocast.
-        bf16 grads have float32's range and are unscaled in place.
-
-        Raises:
-            RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
-                sparse grads, grads on another device than the scale, a scale tensor that is no
-                longer in use (see "S = opt.scale stays the scale in use" in the concepts
-                guide), ``grads_scaled_by=None`` after a backward
-                scaled by :attr:`scale`, or an optimizer a :class:`scaledoptim.GradScaler` steps.
-            ValueError: if the scale is not finite and positive, or for fp16 grads.
-        """
-        self._check_own_protocol("unscale")
-        self._check_can_unscale()
-        self._check_told_unscaled(grads_scaled_by)
-        step = self._plan_step()  # the step it prepares must be possible too
-        if grads_scaled_by is not None:
-            check_no_fp16_grads(step.grads, "unscale()")
-        plan = self._plan_unscale(grads_scaled_by, step)
-        if plan.inv_scale is not None:
-            unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
-        found_inf, scale, _ = self._record_unscale(plan)
-        return found_inf, scale
-
-    @compile_boundary.disable  # Note [compile boundary]
-    def step_after_unscale(
-        self,
-        closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,
-        current_grad_scale: torch.Tensor | float | None = None,
-    ) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
-        r"""Steps with the grads :meth:`unscale` left, skipping the step if it found inf/nan.
-
-        Without a closure: consumes the ``found_inf`` recorded by :meth:`unscale` and returns
-        ``None``. Fused optimizers skip on device; a generic ``step()`` costs one host read.
-
-        With a closure: ``closure(S)`` must zero the grads, run the forward and a backward
-        scaled by ``S``, call ``opt.unscale(grads_scaled_by=S)`` itself (so it can clip or
-        inspect the grads) and return ``(loss, found_inf, S)`` as :meth:`unscale` gave them. It
-        is replayed with the backed-off ``S`` until its grads are finite (one host read per
-        call), and ``self.step`` only ever sees finite grads.
-
-        Args:
-            closure: optional, see above.
-            current_grad_scale: the scale passed to the closure's first call.
-
-        Returns:
-            ``None`` without a closure; ``(loss, found_inf, S)`` with one.
-
-        Raises:
-            RuntimeError: without a closure, if :meth:`unscale` was not called first.
-            ClosureReplayError: if the closure's grads stay non-finite; nothing is changed.
-        """
-        self._check_own_protocol("step_after_unscale")
-        if closure is not None:
-            replay.check_callable(closure, "step_after_unscale", "current_grad_scale")
-            replay.check_takes_scale(closure, "step_after_unscale")
-            return replay.step_replaying(
-                self, lambda scale: replay.checked_result(self, closure(scale)), current_grad_scale
-            )
-        state = self._scaling()
-        if state.found_inf is None:
-            raise RuntimeError(
-                "step_after_unscale() needs the grads unscaled first: call "
-                "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
-            )
-        self._check_can_step_without_closure("step_after_unscale")
-        self._run_step(StepRequest(unscale=False, found_inf=state.found_inf))
-        return None
-
     @compile_boundary.disable  # Note [compile boundary]
     def unscale_and_step(
         self,
@@ -493,56 +385,6 @@ class Optimizer(PlainStepGuard):
         norm_sq = sum_of_squares(grads, self._scaling().loss_scale.device)
         clip_in_place_(grads, self._clip_coefficient(norm_sq, max_grad_norm))
 
-    def _plan_unscale(
-        self,
-        grads_scaled_by: torch.Tensor | float | None,
-        step: StepPlan,
-        *,
-        own: bool = True,
-        found_inf: torch.Tensor | None = None,
-    ) -> UnscalePlan:
-        """Every check an unscale of ``step``'s grads needs (after :meth:`_check_can_unscale`);
-        allocates, but changes nothing.
-
-        ``own``: by this optimizer's scale protocol (the scale is validated and will move);
-        otherwise by a GradScaler's scale, trusted as it is and moved by the scaler, with
-        ``found_inf`` (if given) the flag the check adds to.
-        """
-        loss_scale = self._scaling().loss_scale
-        device = loss_scale.scale.device
-        if grads_scaled_by is None:
-            return UnscalePlan(None, None, torch.zeros((), dtype=torch.float32, device=device))
-        if not own:
-            assert isinstance(grads_scaled_by, torch.Tensor)
-            scale = grads_scaled_by.to(device, torch.float32, non_blocking=True)
-        elif grads_scaled_by is loss_scale.scale:  # valid by construction: nothing to validate
-            scale = grads_scaled_by
-        else:
-            handle = handle_state(grads_scaled_by) if isinstance(grads_scaled_by, torch.Tensor) else None
-            if handle is not None and handle["retired"] is not None:
-                raise RuntimeError(f"grads_scaled_by is a scale no longer in use. {handle['retired']}")
-            scale = as_scale_tensor(grads_scaled_by, device)
-        if own:
-            loss_scale.check_can_report(id(self))
-            check_grads_scaled_by(grads_scaled_by, loss_scale.scale, loss_scale.scaled_for(id(self)))
-        inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
-        backward_check = self._scaledoptim_backward_check
-        if backward_check is None:
-            flag = torch.zeros((), dtype=torch.float32, device=device) if found_inf is None else found_inf.clone()
-            return UnscalePlan(scale, inv_scale, flag)
-        flag, checked = backward_check.take(step.params, device, scale)
-        if found_inf is not None:
-            flag = torch.maximum(flag, found_inf)
-        return UnscalePlan(scale, inv_scale, flag, checked)
-
-    def _check_can_unscale(self) -> None:
-        """Refuses a second unscale before a step, first: planning the step would be wasted."""
-        if self._scaling().found_inf is not None:
-            raise RuntimeError(
-                "unscale() was already called since the last step: the grads are unscaled "
-                "already. Call step_after_unscale() (or zero_grad() and a new backward) first."
-            )
-
     def _plan_step(self) -> StepPlan:
         """Validates everything a step will need (param groups, grads, ...) and returns it,
         ready to run; changes nothing.
@@ -555,127 +397,6 @@ class Optimizer(PlainStepGuard):
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         check_param_grads(params, self._scaling().loss_scale.device)
         return GenericStepPlan(self, params)
-
-    def _check_param_groups(self) -> None:
-        """Rejects a param group that lost an option its optimizer's defaults have (torch would
-        raise a bare ``KeyError`` mid-step)."""
-        for index, group in enumerate(self.param_groups):
-            if not self.defaults.keys() <= group.keys():
-                missing = sorted(key for key in self.defaults.keys() - group.keys() - _DEFAULTS_ONLY)
-                if not missing:
-                    continue
-                raise ValueError(
-                    f"param_groups[{index}] has no {missing}: every param group must hold all of "
-                    f"{type(self).__name__}'s options. Add groups with opt.add_param_group(...) "
-                    "(it fills in the defaults), or restore the key, e.g. "
-                    f"opt.param_groups[{index}][{missing[0]!r}] = opt.defaults[{missing[0]!r}]"
-                )
-
-    def _record_unscale(
-        self, plan: UnscalePlan, defer_scale_update: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, ScaleUpdate | None]:
-        """Agrees on ``found_inf`` across the process group, records it for the step and moves
-        the scale, or returns the move for the step's epilogue to apply (no host sync). Every
-        unscale of the optimizer's own protocol ends here."""
-        state = self._scaling()
-        if plan.scale is None:
-            state.found_inf = plan.found_inf
-            return plan.found_inf, None, None
-        try:
-            self._agree(plan.found_inf)
-        except BaseException:
-            # The grads may already be unscaled in place, so a second unscale() must be
-            # refused; and this rank cannot know whether another overflowed: skip the step.
-            state.found_inf = plan.found_inf
-            raise
-        state.found_inf = plan.found_inf
-        scale_update = state.loss_scale.report(
-            id(self), plan.scale, plan.found_inf,
-            force_backoff=state.replaying, defer=defer_scale_update,
-        )  # fmt: skip
-        return plan.found_inf, state.loss_scale.scale, scale_update
-
-    def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """Agrees on ``found_inf`` across the process group (MAX, on device), before anything
-        uses it; on a failure it is set (this rank cannot know whether another overflowed)."""
-        process_group = self._scaling().process_group
-        if process_group is not None:
-            try:
-                agree_on_found_inf(found_inf, process_group)
-            except BaseException:
-                found_inf.fill_(1.0)
-                raise
-        return found_inf
-
-    def _check_own_protocol(self, method: str) -> None:
-        """Refuses the optimizer's own unscale methods on an optimizer a GradScaler steps: the
-        scaler moves the scale in ``update()``, and this would move it too."""
-        state = self._scaledoptim_scaling
-        if state is not None and state.driver is not None:
-            raise RuntimeError(
-                f"{method}() on an optimizer stepped by a {state.driver}, which owns its scale: "
-                "step it with scaler.step(opt) (scaler.unscale_(opt) first to clip) and end the "
-                "iteration with scaler.update()"
-            )
-
-    def _check_told_unscaled(self, grads_scaled_by: torch.Tensor | float | None) -> None:
-        """Refuses ``grads_scaled_by=None`` (nothing to unscale or skip) after a backward scaled
-        by :attr:`scale`: the step would apply scaled grads."""
-        state = self._scaledoptim_scaling
-        if grads_scaled_by is None and state is not None and state.loss_scale.scaled_for(id(self)):
-            raise RuntimeError(
-                "grads_scaled_by=None says the grads are not scaled, but they come from a "
-                "backward scaled by opt.scale (scaledoptim.scale_outputs(loss, opt.scale)): pass "
-                "grads_scaled_by=opt.scale, or scale the loss by None for unscaled training"
-            )
-
-    def _adopt_scale(self, loss_scale: LossScale, driver: str) -> None:
-        """Makes a GradScaler's ``loss_scale`` this optimizer's scale: ``opt.scale`` is the
-        scaler's from now on, and checkpoints carry it. The optimizer's own scale tensor is
-        retired (Note [scale handles])."""
-        state = self._scaling()
-        if state.loss_scale is not loss_scale:
-            if state.driver is None:  # (another scaler's scale is that scaler's business)
-                state.loss_scale.retire(
-                    f"This was {type(self).__name__}'s own scale, before a {driver} took it "
-                    "over: the scaler's scale is the one in use (opt.scale returns it now)"
-                )
-            state.loss_scale = loss_scale
-        state.driver = driver
-
-    def _unscale_for_scaler(
-        self, scaled_by: torch.Tensor, loss_scale: LossScale, driver: str
-    ) -> torch.Tensor | None:
-        """:meth:`scaledoptim.GradScaler.unscale_` (package-internal): unscales the grads by the
-        scaler's ``scaled_by`` without moving it, after every check, and takes the scaler's
-        ``loss_scale`` as this optimizer's. Returns the agreed ``found_inf``, or ``None`` when
-        no param has a grad (nothing is checked or changed)."""
-        step = self._plan_step()
-        if not step.grads:
-            return None
-        check_no_fp16_grads(step.grads, "GradScaler.unscale_()")
-        plan = self._plan_unscale(scaled_by, step, own=False)
-        assert plan.inv_scale is not None  # a scale was given
-        self._adopt_scale(loss_scale, driver)
-        unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)
-        return self._agree(plan.found_inf)
-
-    @property
-    def _step_supports_amp_scaling(self) -> bool:
-        """torch's flag for "my step() reads ``grad_scale`` and ``found_inf``" (Note [torch
-        GradScaler])."""
-        return asked_by_torch_scaler(self)
-
-    @_step_supports_amp_scaling.setter
-    def _step_supports_amp_scaling(self, value: bool) -> None:
-        vars(self)["_step_supports_amp_scaling"] = value  # torch's fused __init__ sets it
-
-    def _check_can_step_without_closure(self, method: str) -> None:
-        if isinstance(self, torch.optim.LBFGS):
-            raise RuntimeError(
-                f"LBFGS evaluates a closure on every step, so {method}() needs one: "
-                "opt.unscale_and_step(closure, grads_scaled_by=S) with closure(S) -> loss"
-            )
 
     # ------------------------------------------------------------------ torch.optim overrides
     def zero_grad(self, set_to_none: bool = True) -> None:
