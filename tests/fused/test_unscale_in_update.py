@@ -1,8 +1,9 @@
-"""On a CPU, the torch backend leaves fp32 grads scaled for torch's fused Adam(W)/SGD/Adagrad to
-unscale where they read them, after a check that reads them once for their norm, with no host
-read (Note [unscale in the update on a CPU] in scaledoptim/fused/backends/torch_native.py): the
-same steps as GradScaler + torch's fused optimizers and as the unscale-in-place path, except that
-finite grads whose norm is past float32's range count as an overflow.
+"""On a CPU, a clipping step of the torch backend leaves fp32 grads scaled for torch's fused
+Adam(W)/SGD/Adagrad to unscale and clip where they read them, after a check that reads them once
+for their norm, with no host read (Note [unscale in the update on a CPU] in
+scaledoptim/fused/backends/torch_native.py): the same steps as GradScaler + clip_grad_norm_ +
+torch's fused optimizers and as the unscale-in-place path, except that finite grads whose norm is
+past float32's range count as an overflow. A step that does not clip unscales in place.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def test_steps_as_gradscaler_and_torchs_fused_optimizer_without_unscaling_first(
                 # torch's fused ops leave the grads unscaled (and clipped), as GradScaler does
                 assert p.grad is not None and ref_p.grad is not None
                 torch.testing.assert_close(p.grad, ref_p.grad, rtol=1e-6, atol=0)
-    assert exact_path_calls == []  # every check was the one read
+    # a clipping step's check is the one read; a step without clipping unscales in place
+    assert (exact_path_calls == []) == (clip is not None)
 
 
 def _run(
@@ -171,7 +173,8 @@ def test_decides_as_the_exact_path_whatever_the_grads(
     opt, found_inf, params = _run(name, grads, scale, clip, exact=False)
     ref_opt, ref_found_inf, ref_params = _run(name, grads, scale, clip, exact=True)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / scale
-    if ref_found_inf.item() == 0.0 and not norm.item() < torch_native._FOLD_NORM_LIMIT:
+    past_range = not norm.item() < torch_native._FOLD_NORM_LIMIT
+    if clip is not None and ref_found_inf.item() == 0.0 and past_range:
         # finite grads past the range: an overflow here, skipped and backed off
         assert found_inf.item() == 1.0 and opt.scale.item() == scale / 2  # type: ignore[attr-defined]
         assert all(torch.equal(p, q) for p, q in zip(params, _params()))
@@ -188,7 +191,7 @@ def test_decides_as_the_exact_path_whatever_the_grads(
         torch.testing.assert_close(p, ref_p, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
-@pytest.mark.parametrize("clip", [None, 0.1], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("clip", [0.1, 1e30], ids=["clip-bites", "clip-does-not-bite"])
 @pytest.mark.parametrize(
     ("grad", "scale", "skipped"),
     [

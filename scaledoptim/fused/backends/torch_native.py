@@ -110,24 +110,25 @@ class TorchNativeBackend(Backend):
 
 # Note [unscale in the update on a CPU]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Unscaled in a pass of their own, fp32 grads are read and written before the update reads them: on
-# a CPU, where a step is bound by memory traffic, that is most of the difference between
-# ``unscale_and_step`` and GradScaler + torch's fused AdamW, which hands the update the scale
-# (``grad_scale``) and lets it unscale where it reads each grad. So when every update of a step
-# takes a ``grad_scale`` (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and
-# Adagrad) over float32 params and grads, on a CPU (the engine's ``host_skip``, Note [host skip] in
-# torch_ops/skip.py), the check reads the scaled grads once, read-only, for their 2-norm (one
-# ``_foreach_norm``), and leaves them scaled; the update divides them by ``S`` (by ``S / coef`` when
-# clipping, Note [clipping in the step] in protocol/clipping.py), and, as torch's fused ops do,
-# leaves them unscaled. ``found_inf`` is set on device, no host read, when the unscaled norm (the
-# scaled one times ``inv_scale``) is not below ``_FOLD_NORM_LIMIT``: an inf or nan anywhere makes it
+# Unscaled in a pass of their own, then clipped in place, fp32 grads are read and written twice
+# before the update reads them: on a CPU, where a step is bound by memory traffic, that made a
+# clipping step cost more than GradScaler + ``clip_grad_norm_`` + torch's fused AdamW. So when a
+# step clips (``max_grad_norm``) and every update of it takes a ``grad_scale``
+# (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and Adagrad) over float32
+# params and grads, on a CPU (the engine's ``host_skip``, Note [host skip] in torch_ops/skip.py),
+# the check reads the scaled grads once, read-only, for the 2-norm the clip needs (one
+# ``_foreach_norm``), and leaves them scaled; the update divides them by ``S / coef`` (Note
+# [clipping in the step] in protocol/clipping.py) and, as torch's fused ops do, leaves them unscaled
+# and clipped. ``found_inf`` is set on device, no host read, when the unscaled norm (the scaled one
+# times ``inv_scale``) is not below ``_FOLD_NORM_LIMIT``: an inf or nan anywhere makes it
 # non-finite, and below the limit no unscaled element can overflow, at a scale below 1 too. One case
-# differs from GradScaler, which checks the elements: finite grads whose norm is past that range (a
-# scaled sum of squares past float32, about 1.8e19 squared) count as an overflow, so the step is
-# skipped and the scale backs off until the norm fits, where GradScaler would step on them. The
-# unscaled norm is the scaled one times ``inv_scale``: with a scale that is a power of 2, the same
-# float as the norm of the unscaled grads. Other devices and the sync-free form keep the unscale in
-# place.
+# differs from GradScaler, which checks the elements: finite grads whose scaled norm is past
+# float32's range (about 1.8e19) count as an overflow, so the step is skipped and the scale backs
+# off until the norm fits. That is why a step that does not clip keeps the element check (unscale in
+# place): at a large scale, as after a long run of clean steps, the scaled norm of finite grads may
+# pass the range, and a step without clipping must skip exactly where GradScaler does. The unscaled
+# norm is the scaled one times ``inv_scale``: with a scale that is a power of 2, the same float as
+# the norm of the unscaled grads. Other devices and the sync-free form keep the unscale in place.
 _FOLD_NORM_LIMIT = 1e37  # an unscaled grad norm below it: no unscaled element can overflow
 
 
@@ -160,7 +161,12 @@ class _TorchUnscale:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
-                if self.folds and TORCH_NATIVE.host_reads_free(grads[0].device):
+                # Note [unscale in the update on a CPU]: a clipping step only
+                if (
+                    norm_sq is not None
+                    and self.folds
+                    and TORCH_NATIVE.host_reads_free(grads[0].device)
+                ):
                     _check_by_norm(grads, found_inf, inv_scale, norm_sq)
                     return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
                 unscale_dense_(grads, found_inf, inv_scale)
@@ -185,15 +191,14 @@ class _TorchUnscale:
 
 
 def _check_by_norm(
-    grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_sq: Tensor | None
+    grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_sq: Tensor
 ) -> None:
     """Sets ``found_inf`` (on device) unless the unscaled 2-norm of the scaled ``grads``, read
     once, is below ``_FOLD_NORM_LIMIT``, and adds its square to ``norm_sq`` (Note [unscale in
     the update on a CPU])."""
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) * inv_scale
     torch.maximum(found_inf, (norm < _FOLD_NORM_LIMIT).logical_not().float(), out=found_inf)
-    if norm_sq is not None:
-        norm_sq.add_(norm.square())
+    norm_sq.add_(norm.square())
 
 
 class TorchUpdate:
