@@ -26,7 +26,6 @@ from .sharded import MeshSums
 from .skip import (
     PackedSteps,
     advance_steps_,
-    check_non_finite_,
     copy_unless_skipped_,
     skip_on_host,
     unscale_dense_,
@@ -41,7 +40,6 @@ __all__ = [
     "advance_steps_",
     "batches",
     "capturing",
-    "check_non_finite_",
     "copy_unless_skipped_",
     "elementwise_batches",
     "initial_seed",

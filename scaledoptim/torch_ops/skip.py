@@ -13,7 +13,6 @@ from torch import Tensor
 __all__ = [
     "PackedSteps",
     "advance_steps_",
-    "check_non_finite_",
     "copy_unless_skipped_",
     "skip_on_host",
     "unscale_dense_",
@@ -54,17 +53,17 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     for same_dtype in by_dtype.values():
         unscale_dense_(same_dtype, found_inf, inv_scale)
     for grad in sparse_16bit:
-        check_non_finite_([grad.coalesce()._values()], found_inf)
+        _check_non_finite_([grad.coalesce()._values()], found_inf)
 
 
 def unscale_dense_(tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
     """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
     inf/nan before or after the multiply (see :func:`unscale_in_place_`)."""
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-    check_non_finite_(tensors, found_inf)
+    _check_non_finite_(tensors, found_inf)
 
 
-def check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
+def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
     """Sets ``found_inf`` on inf/nan in ``tensors`` (of one dtype), changing none of them (torch's
     op multiplies by one: the same values are written back)."""
     one = torch.ones((), dtype=torch.float32, device=found_inf.device)

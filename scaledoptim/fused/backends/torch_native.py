@@ -196,7 +196,8 @@ def _check_by_norm(
     """Sets ``found_inf`` (on device) unless the unscaled 2-norm of the scaled ``grads``, read
     once, is below ``_FOLD_NORM_LIMIT``, and adds its square to ``norm_sq`` (Note [unscale in
     the update on a CPU])."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) * inv_scale
+    # sqrt(x ** 2) == x exactly (Note [clipping in the step]): the norm clip_grad_norm_ computes
+    norm = sum_of_squares(grads).sqrt() * inv_scale
     torch.maximum(found_inf, (norm < _FOLD_NORM_LIMIT).logical_not().float(), out=found_inf)
     norm_sq.add_(norm.square())
 
