@@ -7,11 +7,12 @@
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
 * :func:`skip_on_host`: a step's skip read on the host where the caller says that is free
   (Note [host skip]).
-* :func:`elementwise_batches`, :func:`batches`, :func:`split_large` and :func:`scalars`: the
-  batches and 0-dim hyper-parameters of the in-place CPU forms.
-* :func:`stochastic_round_` and :func:`initial_seed`: the counter-based hash of stochastic
-  rounding, the same integer arithmetic as ``so_sr_noise`` in ``cuda/dtypes.cuh`` (Note
-  [stochastic rounding]), so both backends round to the same bits.
+* :func:`elementwise_batches`, :func:`batches`, :func:`split_large`, :class:`Pieces` and
+  :func:`scalars`: the batches and 0-dim hyper-parameters of the in-place CPU forms and of the
+  working copies of 16-bit params.
+* :func:`stochastic_round_`, :class:`StochasticRounding` and :func:`initial_seed`: the
+  counter-based hash of stochastic rounding, the same integer arithmetic as ``so_sr_noise`` in
+  ``cuda/dtypes.cuh`` (Note [stochastic rounding]), so both backends round to the same bits.
 * :class:`MeshSums`: per-tensor sums over whole DTensors, each shard's partial summed over the
   mesh (Note [sums over the mesh]).
 * :func:`capturing` and :func:`refuse_during_capture`: CUDA-graph capture guards.
@@ -19,9 +20,17 @@
 
 from __future__ import annotations
 
-from .batches import BATCH, batches, elementwise_batches, scalars, split_large, storage_flat
+from .batches import (
+    BATCH,
+    Pieces,
+    batches,
+    elementwise_batches,
+    scalars,
+    split_large,
+    storage_flat,
+)
 from .capture import capturing, refuse_during_capture
-from .rounding import SR_CHUNK, initial_seed, stochastic_round_
+from .rounding import SR_CHUNK, StochasticRounding, initial_seed, stochastic_round_
 from .sharded import MeshSums
 from .skip import (
     PackedSteps,
@@ -37,6 +46,8 @@ __all__ = [
     "SR_CHUNK",
     "MeshSums",
     "PackedSteps",
+    "Pieces",
+    "StochasticRounding",
     "advance_steps_",
     "batches",
     "capturing",

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["BATCH", "batches", "elementwise_batches", "scalars", "split_large", "storage_flat"]
+__all__ = [
+    "BATCH",
+    "Pieces",
+    "batches",
+    "elementwise_batches",
+    "scalars",
+    "split_large",
+    "storage_flat",
+]
 
 _NUMEL = Tensor.numel
 _DTYPE = operator.attrgetter("dtype")
@@ -21,14 +29,7 @@ BATCH = 1 << 18
 
 def batches(tensors: Sequence[Tensor], limit: int = BATCH) -> list[slice]:
     """Consecutive runs of ``tensors`` of at most ``limit`` elements (a larger tensor alone)."""
-    runs, start, total = [], 0, 0
-    for i, size in enumerate(map(_NUMEL, tensors)):  # (map: ~1 ms a step less at 2000 tensors)
-        if total and total + size > limit:
-            runs.append(slice(start, i))
-            start, total = i, 0
-        total += size
-    runs.append(slice(start, len(tensors)))
-    return runs
+    return _runs(map(_NUMEL, tensors), limit)  # (map: ~1 ms a step less at 2000 tensors)
 
 
 def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
@@ -74,3 +75,69 @@ def elementwise_batches(lists: list[list[Tensor]]) -> Iterator[list[list[Tensor]
 def storage_flat(t: Tensor) -> Tensor:
     """A dense tensor's elements in storage order, as the kernels walk them."""
     return t.as_strided((t.numel(),), (1,), t.storage_offset())
+
+
+class Pieces:
+    """Tensors of one layout cut into pieces of at most ``limit`` elements and grouped into
+    :func:`batches`: each tensor of more than ``limit`` elements becomes views of its storage in
+    storage order (as :func:`split_large` cuts it), the others stay as they are.
+
+    Args:
+        like: the tensors (dense: no gaps or overlaps in their storage) whose layout every
+            list :meth:`cut` cuts has.
+        limit: the most elements of a piece; a multiple of ``SR_CHUNK`` (a piece's first
+            element is then where a chunk of stochastic rounding starts in its tensor).
+
+    Attributes:
+        runs: the batches, as slices of the pieces.
+        owners, starts: per piece, the index of its tensor and the index of its first element
+            in that tensor's storage order.
+        owner_index, start_index: ``owners`` and ``starts`` as int64 tensors on the tensors'
+            device, or ``None`` when no tensor is cut (each piece is its tensor, from 0).
+    """
+
+    def __init__(self, like: Sequence[Tensor], limit: int = BATCH) -> None:
+        self.limit = limit
+        self.cut_any = any(t.numel() > limit for t in like)
+        sizes = [t.numel() for t in like]
+        self.owners: list[int] = []
+        self.starts: list[int] = []
+        piece_sizes: list[int] = []
+        for i, size in enumerate(sizes):
+            starts = range(0, size, limit) if size > limit else range(1)
+            self.owners += [i] * len(starts)
+            self.starts += starts
+            piece_sizes += [min(limit, size - start) for start in starts]
+        self.sizes = piece_sizes
+        self.runs = _runs(piece_sizes, limit)
+        self.owner_index: Tensor | None = None
+        self.start_index: Tensor | None = None
+        if self.cut_any:
+            device = like[0].device
+            self.owner_index = torch.tensor(self.owners, dtype=torch.int64, device=device)
+            self.start_index = torch.tensor(self.starts, dtype=torch.int64, device=device)
+
+    def cut(self, tensors: Sequence[Tensor]) -> list[Tensor]:
+        """``tensors`` (of the layout of ``like``) as the pieces."""
+        if not self.cut_any:
+            return list(tensors)
+        limit = self.limit
+        out: list[Tensor] = []
+        for t in tensors:
+            if t.numel() > limit:
+                out += storage_flat(t).split(limit)
+            else:
+                out.append(t)
+        return out
+
+
+def _runs(sizes: Iterable[int], limit: int) -> list[slice]:
+    """:func:`batches` over tensors of ``sizes``."""
+    runs, start, total, count = [], 0, 0, 0
+    for count, size in enumerate(sizes, 1):
+        if total and total + size > limit:
+            runs.append(slice(start, count - 1))
+            start, total = count - 1, 0
+        total += size
+    runs.append(slice(start, count))
+    return runs

@@ -9,12 +9,13 @@ import math
 import torch
 from torch import Tensor
 
-from .batches import batches, storage_flat
+from .batches import Pieces, batches, storage_flat
 from .skip import PackedSteps
 
-__all__ = ["SR_CHUNK", "initial_seed", "stochastic_round_"]
+__all__ = ["SR_CHUNK", "StochasticRounding", "initial_seed", "stochastic_round_"]
 
 _MASK32 = 0xFFFFFFFF
+_ALL = slice(None)
 
 
 def initial_seed(index: int) -> Tensor:
@@ -43,27 +44,74 @@ def stochastic_round_(
     arithmetic (Note [stochastic rounding in int32]), the keys of all tensors at once, over
     chunks of at most :data:`SR_CHUNK` elements (a run of small tensors concatenated, or a
     slice of a large one) in buffers allocated once per call. So the transient memory is a few
-    chunks whatever the params' size, and small tensors cost no op each (issue 22, item 2).
+    chunks whatever the params' size, and small tensors cost no op each.
     It syncs with no device: only where the caller says the tensors are on the host,
     ``on_host``, does it read one (whether a chunk holds a NaN) or make one from Python values
     (a run's sizes).
     """
     if not params:
         return
-    keys = _sr_key(
-        torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
-        (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
-        & _MASK32,
-    )
-    small_keys = _chunk_key(keys, 0)
-    buffers = _SrBuffers(
-        min(SR_CHUNK, sum(v.numel() for v in values)), values[0].device, on_host
-    )
-    for run in batches(values, SR_CHUNK):
-        if values[run.start].numel() > SR_CHUNK:  # alone in its run
-            _round_large_(params[run.start], values[run.start], keys[run.start], buffers)
-        else:
-            _round_run_(params[run], values[run], small_keys[run], buffers)
+    size = sum(v.numel() for v in values)
+    StochasticRounding(seeds, steps, size, on_host=on_host).round_(params, values)
+
+
+class StochasticRounding:
+    r"""One step's stochastic rounding of bf16 params, by runs of tensors or pieces of them:
+    the keys of every tensor hashed once, and the chunk buffers allocated once, for
+    :meth:`round_` to round any run of them.
+
+    Args:
+        seeds, steps: every param's seed and taken-step count including this step, as
+            :func:`stochastic_round_` takes them.
+        size: the most elements one :meth:`round_` rounds (its buffers hold
+            ``min(size, SR_CHUNK)``).
+        on_host: as :func:`stochastic_round_`'s.
+        pieces: the params cut into pieces (:class:`~scaledoptim.torch_ops.Pieces`): each
+            piece then rounds with its tensor's key and its elements' indices in that tensor,
+            so the same bits as the whole tensor's rounding; ``None``: whole tensors.
+    """
+
+    def __init__(
+        self,
+        seeds: list[Tensor],
+        steps: list[Tensor],
+        size: int,
+        *,
+        on_host: bool = False,
+        pieces: Pieces | None = None,
+    ) -> None:
+        keys = _sr_key(
+            torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
+            (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
+            & _MASK32,
+        )
+        self.starts: list[int] | None = None
+        if pieces is not None and pieces.limit % SR_CHUNK:
+            raise ValueError(
+                f"pieces of {pieces.limit} elements do not start where chunks of {SR_CHUNK} do "
+                "(Note [stochastic rounding in int32]); cut them at a multiple of SR_CHUNK"
+            )
+        if pieces is not None and pieces.owner_index is not None:
+            keys = keys[pieces.owner_index]
+            self.starts = pieces.starts
+        self.keys = keys
+        starts = 0 if pieces is None or pieces.start_index is None else pieces.start_index
+        self.small_keys = _chunk_key(keys, starts)
+        self.buffers = _SrBuffers(min(SR_CHUNK, size), keys.device, on_host)
+
+    def round_(self, params: list[Tensor], values: list[Tensor], run: slice = _ALL) -> None:
+        """``params[i] = round_stochastic(values[i])``, where ``params`` and ``values`` are the
+        tensors (or pieces) ``run`` of those the keys were made for."""
+        keys, small_keys = self.keys[run], self.small_keys[run]
+        offset = run.start or 0
+        for chunk_run in batches(values, SR_CHUNK):
+            i = chunk_run.start
+            if values[i].numel() > SR_CHUNK:  # alone in its run
+                start = 0 if self.starts is None else self.starts[offset + i]
+                _round_large_(params[i], values[i], keys[i], self.buffers, start)
+            else:
+                run_keys = small_keys[chunk_run]
+                _round_run_(params[chunk_run], values[chunk_run], run_keys, self.buffers)
 
 
 # Note [stochastic rounding in int32]
@@ -78,7 +126,9 @@ def stochastic_round_(
 #   (c ^ i) ^ ((c ^ i) >> 16) = (c ^ (c >> 16)) ^ i. A tensor of at most SR_CHUNK elements has
 #   indices i < 2**16 (c = key); a chunk of a larger one starts at a multiple of SR_CHUNK, a
 #   power of two of at most 2**16, so its element i has the index start ^ i (c = key ^ start).
-#   `_chunk_key` mixes c once per tensor or chunk.
+#   So does a piece of a tensor cut by `Pieces` (its start a multiple of the batch, itself a
+#   multiple of SR_CHUNK), and a piece of at most SR_CHUNK elements is one such chunk.
+#   `_chunk_key` mixes c once per tensor, piece or chunk.
 # * For a non-NaN x, b + noise (noise in [0, 2**16)) does not overflow int32: b <= 0x7F800000
 #   (+inf), or, for a negative x, -2**31 <= b <= -2**23 (-inf), so the sum stays negative. Its
 #   arithmetic >> 16 is then the uint32 (b + noise) >> 16 less 2**16 when negative: the bf16
@@ -160,12 +210,16 @@ def _index_xor_keys(h: Tensor, sizes: list[int], keys: Tensor, buffers: _SrBuffe
         h ^= torch.cat(pieces, out=buffers.scratch[: h.numel()])
 
 
-def _round_large_(param: Tensor, value: Tensor, key: Tensor, buffers: _SrBuffers) -> None:
+def _round_large_(
+    param: Tensor, value: Tensor, key: Tensor, buffers: _SrBuffers, start: int = 0
+) -> None:
     """One tensor of more than :data:`SR_CHUNK` elements, a chunk at a time (``key``: its
-    own, unmixed, uint32 in int64)."""
+    own, unmixed, uint32 in int64), or a piece of one that starts at its element ``start`` (a
+    multiple of :data:`SR_CHUNK`, Note [stochastic rounding in int32])."""
     bits = _flat(value).view(torch.int32).split(SR_CHUNK)
     out = _flat(param).view(torch.int16).split(SR_CHUNK)
-    starts = torch.arange(0, value.numel(), SR_CHUNK, dtype=torch.int64, device=key.device)
+    end = start + value.numel()
+    starts = torch.arange(start, end, SR_CHUNK, dtype=torch.int64, device=key.device)
     chunk_keys = _chunk_key(key, starts)
     for chunk_bits, chunk_out, chunk_key in zip(bits, out, chunk_keys.unbind()):
         m = chunk_bits.numel()

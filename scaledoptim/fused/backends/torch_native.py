@@ -32,6 +32,7 @@ from ...scale import ScaleUpdate
 from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
 from ..update import GradReduction, Group, ScaledTorchUpdate, TensorLists, Update
 from .base import Backend, PreparedUpdate
+from .working_copies import UnscaledCheck, WorkingCopies
 
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate", "decide_skips_on_device"]
 
@@ -149,6 +150,18 @@ class _TorchUnscale:
             and bool(updates)
             and all(isinstance(u, TorchUpdate) and u.takes_grad_scale() for u in updates)
         )
+        # Note [working copies by batch] in working_copies.py: 16-bit grads checked by batches
+        # and left scaled, for updates that copy them into fp32 by batches and unscale there.
+        self.check: UnscaledCheck | None = None
+        if (
+            not self.float32
+            and bool(updates)
+            and all(
+                isinstance(u, TorchUpdate) and u.copies is not None and u.copies.convert_grads
+                for u in updates
+            )
+        ):
+            self.check = UnscaledCheck(list(chain.from_iterable(grad_lists)))
 
     def __call__(
         self,
@@ -173,6 +186,9 @@ class _TorchUnscale:
                 if norm_sq is not None:  # Note [clipping in the step]: of the unscaled grads
                     norm_sq.add_(sum_of_squares(grads))
             return None
+        if self.check is not None and norm_sq is None:
+            self.check(list(chain.from_iterable(grad_lists)), found_inf, inv_scale)
+            return inv_scale  # the updates unscale (Note [working copies by batch])
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
         # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
@@ -203,7 +219,12 @@ def _check_by_norm(
 
 
 class TorchUpdate:
-    """One group's torch form, on fp32 working copies of 16-bit params."""
+    """One group's torch form, on fp32 working copies of 16-bit params (by batches for an
+    elementwise update: Note [working copies by batch] in working_copies.py)."""
+
+    #: Whether an elementwise update's working copies may run by batches (torch.optim's
+    #: implementations, which keep counters their own way, take whole tensors).
+    batches_copies = True
 
     def __init__(self, update: Update, group: Group, lists: TensorLists) -> None:
         self.update = update
@@ -224,6 +245,18 @@ class TorchUpdate:
         self.in_place = not self.masters and all(
             p.dtype not in _LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
         )
+        # Note [working copies by batch] in working_copies.py
+        self.copies: WorkingCopies | None = None
+        if (
+            self.batches_copies
+            and update.elementwise
+            and not self.in_place
+            and not self.on_shards
+            and WorkingCopies.fits(params, lists[1], self.masters, state_lists)
+        ):
+            self.copies = WorkingCopies(
+                params, lists[1], self.masters, state_lists, self.seeds, steps
+            )
 
     def takes_grad_scale(self) -> bool:
         """Whether it can take grads still scaled (Note [unscale in the update on a CPU]): an
@@ -235,6 +268,10 @@ class TorchUpdate:
     ) -> None:
         params, masters, state_lists = self.params, self.masters, self.state_lists
         steps = self.steps
+        if self.copies is not None:  # grads left scaled by UnscaledCheck where inv_scale is set
+            host_reads = TORCH_NATIVE.host_reads_free(params[0].device)
+            self.copies(self.run, found_inf, grads, inv_scale, host_reads)
+            return
         if inv_scale is not None:  # grads left scaled for it: Note [unscale in the update on a CPU]
             scaled = cast(ScaledTorchUpdate, self.update)
             lists = [params, grads, *state_lists, steps]
@@ -283,7 +320,8 @@ class _TorchReduction:
     ) -> None:
         self.reduction.out.zero_()
         grads = list(chain.from_iterable(grad_lists))
-        if inv_scale is not None:  # left scaled for updates that take a grad_scale
+        if inv_scale is not None:  # left scaled for updates that unscale in their own read
+            grads = [g.float() if g.dtype in _LOW_PRECISION else g for g in grads]
             grads = list(torch._foreach_mul(grads, inv_scale))
         self.reduction.torch_form(grads)
 

@@ -163,6 +163,8 @@ class TorchOptimUpdate(TorchUpdate):
         with torch.set_grad_enabled(self.grad_enabled):
             super().__call__(found_inf, inv_scale, grads)
 
+    batches_copies = False  # torch.optim's implementations keep their counters their way
+
     def takes_grad_scale(self) -> bool:
         return False  # torch.optim's implementations read unscaled grads
 

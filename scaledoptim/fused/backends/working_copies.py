@@ -1,0 +1,244 @@
+"""fp32 working copies of 16-bit params a batch at a time, for the elementwise torch forms of
+the torch-native backend (Note [working copies by batch])."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ...torch_ops import (
+    PackedSteps,
+    Pieces,
+    StochasticRounding,
+    advance_steps_,
+    skip_on_host,
+    unscale_dense_,
+)
+from ..update import TensorLists
+
+__all__ = ["UnscaledCheck", "WorkingCopies"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+# Note [working copies by batch]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The torch forms compute 16-bit params in fp32 (Note [param rounding] in cuda/). Made whole
+# (``p.float()``, ``g.float()``), the working copies are fresh allocations of 4 bytes a param,
+# page-faulted in at every step once they pass the allocator's cached sizes, each written to
+# memory and read back: a bf16 AdamW step on a CPU cost 1.4-6.2x GradScaler + torch's fused
+# AdamW on fp32 params, which move twice the bytes. An elementwise update (``Update.elementwise``)
+# needs no whole tensor, so its group's tensors are cut into pieces of at most ``BATCH`` elements
+# (a larger tensor into views of its storage, in storage order: ``torch_ops.Pieces``) and run in
+# batches of about ``BATCH`` elements. Per batch: the params copied into one fp32 buffer (or the
+# fp32 masters updated in place), 16-bit grads copied into another (and unscaled there when the
+# unscale left them scaled: ``UnscaledCheck``), the torch form over the batch, then the batch
+# rounded back: to nearest, or stochastically with each piece's tensor's key and its elements'
+# indices in that tensor (``torch_ops.StochasticRounding``), so the bits are those of a
+# whole-tensor rounding and of the kernels. The buffers (BATCH floats each) are allocated once per
+# plan and stay in cache from the copy to the rounding.
+#
+# The forms advance the counters they are given (once per call), and a cut tensor's pieces fall
+# in several batches: so each piece gets its own copy of its tensor's counter (one op over all of
+# them, before the batches), which the form reads and advances, and the state's counters are
+# advanced once, as the form would, before the batches (the rounding's keys read them). A step
+# skipped on the host (Note [host skip] in torch_ops/skip.py) changes nothing; skipped on device,
+# each batch's form leaves its working copies as they were, which round back to the same bits
+# (a value exactly representable in the param's dtype, or a master rounded with the same key).
+# LAMB (not elementwise), DTensor shards, torch.optim's implementations, layouts with gaps and
+# working copies of float64 keep whole tensors.
+
+
+def is_dense(t: Tensor) -> bool:
+    """Whether ``t``'s elements fill one block of its storage, with no gap and no overlap."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _same_layout(rows: Sequence[Sequence[Tensor]], like: Sequence[Tensor]) -> bool:
+    return all(
+        not row or all(t.stride() == p.stride() and t.shape == p.shape for t, p in zip(row, like))
+        for row in rows
+    )
+
+
+def _buffer_views(buffer: Tensor, like: list[Tensor], pieces: Pieces) -> list[list[Tensor]]:
+    """Per batch of ``pieces``, views of ``buffer`` with the layout of ``like`` (the pieces),
+    one after the other from its start."""
+    views = []
+    for run in pieces.runs:
+        offset, batch = 0, []
+        for piece in like[run]:
+            batch.append(buffer.as_strided(piece.shape, piece.stride(), offset))
+            offset += piece.numel()
+        views.append(batch)
+    return views
+
+
+def _buffer(pieces: Pieces, device: torch.device) -> Tensor:
+    """An fp32 buffer for the largest batch of ``pieces``."""
+    size = max(sum(pieces.sizes[run]) for run in pieces.runs)
+    return torch.empty(size, dtype=torch.float32, device=device)
+
+
+class WorkingCopies:
+    """A group's fp32 working copies by batches (Note [working copies by batch]).
+
+    Args:
+        params, grads, masters, state_lists, seeds, steps: the group's lists, as the plan gave
+            them (``masters`` and ``seeds`` empty when the group keeps none).
+    """
+
+    def __init__(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        masters: list[Tensor],
+        state_lists: TensorLists,
+        seeds: list[Tensor],
+        steps: list[Tensor],
+    ) -> None:
+        self.pieces = pieces = Pieces(params)
+        self.params = pieces.cut(params)
+        self.masters = pieces.cut(masters) if masters else None
+        self.state_lists = [pieces.cut(state) for state in state_lists]
+        self.seeds, self.steps = seeds, steps
+        self.convert_grads = grads[0].dtype in _LOW_PRECISION
+        self.batch_size = max(sum(pieces.sizes[run]) for run in pieces.runs)
+        # With masters, an fp32 param is its own master: only the others are rounded back.
+        kept = {i for i, (p, m) in enumerate(zip(params, masters)) if p is m}
+        self.rounded = [
+            ([self.params[j] for j in run_pieces], [self.masters[j] for j in run_pieces])
+            for run_pieces in (
+                [j for j in range(run.start, run.stop) if pieces.owners[j] not in kept]
+                for run in pieces.runs
+            )
+        ] if self.masters is not None else []  # fmt: skip
+        self.work_views: list[list[Tensor]] | None = None
+        self.grad_views: list[list[Tensor]] | None = None
+        self.counters: Tensor | None = None
+        self.batch_steps: list[PackedSteps] = []
+
+    @staticmethod
+    def fits(
+        params: list[Tensor],
+        grads: list[Tensor],
+        masters: list[Tensor],
+        state_lists: TensorLists,
+    ) -> bool:
+        """Whether a group's lists can take working copies by batches: dense params, state,
+        masters and grads of one layout; 16-bit params (or float32 masters); grads all 16-bit
+        or all float32."""
+        if not params or not all(map(is_dense, params)):
+            return False
+        if masters:
+            if any(m.dtype != torch.float32 for m in masters):
+                return False
+        elif any(p.dtype not in _LOW_PRECISION for p in params):
+            return False
+        if not (
+            all(g.dtype in _LOW_PRECISION for g in grads)
+            or all(g.dtype == torch.float32 for g in grads)
+        ):
+            return False
+        return all(g.layout == torch.strided for g in grads) and _same_layout(
+            [grads, masters, *state_lists], params
+        )
+
+    def _allocate(self) -> None:
+        """The buffers and the pieces' counters, at the first step (not for a plan never run)."""
+        pieces, device = self.pieces, self.params[0].device
+        if self.masters is None:
+            self.work_views = _buffer_views(_buffer(pieces, device), self.params, pieces)
+        if self.convert_grads:
+            self.grad_views = _buffer_views(_buffer(pieces, device), self.params, pieces)
+        step = self.steps[0]
+        self.counters = torch.empty(len(pieces.sizes), dtype=step.dtype, device=step.device)
+        self.batch_steps = [PackedSteps(self.counters[run]) for run in pieces.runs]
+
+    def __call__(
+        self,
+        form: Callable[[TensorLists, Tensor | None], None],
+        found_inf: Tensor | None,
+        grads: list[Tensor],
+        inv_scale: Tensor | None,
+        host_reads: bool,
+    ) -> None:
+        """The step: ``form(lists, found_inf)`` over each batch's working lists.
+
+        Args:
+            grads: the group's grads, scaled by ``1 / inv_scale`` unless ``inv_scale`` is None.
+            host_reads: whether ``found_inf`` may be read on the host (Note [host skip]).
+        """
+        skip = skip_on_host(found_inf, host_reads)
+        if skip:
+            return
+        if skip is not None:
+            found_inf = None  # known to be taken
+        if self.counters is None:
+            self._allocate()
+            assert self.counters is not None
+        pieces, steps = self.pieces, self.steps
+        counters = steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)
+        if pieces.owner_index is None:
+            self.counters.copy_(counters)
+        else:
+            torch.index_select(counters, 0, pieces.owner_index, out=self.counters)
+        advance_steps_(steps, found_inf)  # the rounding's keys read them
+        sr = None
+        if self.seeds:
+            sr = StochasticRounding(
+                self.seeds, steps, self.batch_size, on_host=host_reads, pieces=pieces
+            )
+        grads = pieces.cut(grads)
+        for b, run in enumerate(pieces.runs):
+            params = self.params[run]
+            if self.masters is None:
+                assert self.work_views is not None
+                work = self.work_views[b]
+                torch._foreach_copy_(work, params)
+            else:
+                work = self.masters[run]
+            batch_grads = grads[run]
+            if self.grad_views is not None:
+                torch._foreach_copy_(self.grad_views[b], batch_grads)
+                batch_grads = self.grad_views[b]
+                if inv_scale is not None:
+                    torch._foreach_mul_(batch_grads, inv_scale)
+            elif inv_scale is not None:
+                batch_grads = list(torch._foreach_mul(batch_grads, inv_scale))
+            states = [state[run] for state in self.state_lists]
+            form([work, batch_grads, *states, self.batch_steps[b]], found_inf)
+            if sr is not None:
+                sr.round_(params, work, run)
+            elif self.masters is None:
+                torch._foreach_copy_(params, work)
+            elif self.rounded[b][0]:
+                torch._foreach_copy_(*self.rounded[b])
+
+
+class UnscaledCheck:
+    """``found_inf`` set where the unscaled 16-bit ``grads`` have an inf or nan, as
+    ``unscale_in_place_`` of fp32 copies of them sets it, a batch at a time in one fp32 buffer;
+    the grads are left as they are, for :class:`WorkingCopies` to unscale where it copies them
+    (Note [working copies by batch])."""
+
+    def __init__(self, grads: list[Tensor]) -> None:
+        self.pieces = Pieces(grads)
+        self.views: list[list[Tensor]] | None = None
+
+    def __call__(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+        pieces = self.pieces.cut(grads)
+        if not pieces:
+            return
+        if self.views is None:
+            buffer = _buffer(self.pieces, pieces[0].device)
+            self.views = _buffer_views(buffer, pieces, self.pieces)
+        for run, views in zip(self.pieces.runs, self.views):
+            torch._foreach_copy_(views, pieces[run])
+            unscale_dense_(views, found_inf, inv_scale)
