@@ -1,7 +1,8 @@
 """16-bit params of an elementwise update run through fp32 working copies a batch at a time
 (Note [working copies by batch]): the same bits as whole-tensor working copies, for tensors cut
 into pieces too (stochastic rounding keyed by each element's index in its whole tensor), skipped
-steps included, on the host's form and the sync-free one; and no whole-tensor fp32 copy."""
+steps included, on the host's form and the sync-free one (no host read); and no whole-tensor fp32
+copy."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import torch
 
 import scaledoptim
+from scaledoptim.doctor.sync_free import no_host_reads
 from scaledoptim.fused.backends import working_copies
-from scaledoptim.fused.backends.torch_native import decide_skips_on_device
 from scaledoptim.torch_ops import BATCH, SR_CHUNK, storage_flat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,8 +68,8 @@ def _run(case: str, grad_dtype: torch.dtype | None, on_device: bool) -> list[tor
                 p.grad = p.grad.t().contiguous().t()  # the param's layout
         if step == 2:
             params[2].grad[-1] = float("inf")
-        if on_device:
-            with decide_skips_on_device():
+        if on_device:  # the form of every other device: a host read raises
+            with no_host_reads():
                 opt.unscale_and_step(grads_scaled_by=S)
         else:
             opt.unscale_and_step(grads_scaled_by=S)

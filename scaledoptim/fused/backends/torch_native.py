@@ -6,14 +6,16 @@ update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they n
 grads and state of one dtype and they do not advance step counters. So this backend runs 16-bit
 params through fp32 working copies (state and math are fp32, the param is rounded once), which
 also routes around torch 2.13's CPU ``_fused_sgd_`` leaving bf16/fp16 params of 16 or more
-elements unchanged (``tests/fused/test_torch_kernels.py`` shows it). Counters are each torch form's
-business.
+elements unchanged (``tests/fused/test_torch_kernels.py`` shows it); an elementwise update's
+copies are made a batch of about ``BATCH`` elements at a time (Note [working copies by batch] in
+working_copies.py). Counters are each torch form's business.
 
 Grads are unscaled in place in a pass of their own, which serves every group and the fp32
 copies of 16-bit grads at once, and which the torch forms without a ``grad_scale`` argument
 (RMSprop, Lion, LAMB) need; except on a CPU, where the forms that take one (torch's fused
 Adam(W), SGD and Adagrad) unscale in their own read of the grads (Note [unscale in the update
-on a CPU]).
+on a CPU]), and for 16-bit grads of updates whose copies are made by batches, which are checked
+by batches and unscaled where they are copied.
 """
 
 from __future__ import annotations
