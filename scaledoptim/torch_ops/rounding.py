@@ -99,19 +99,30 @@ class StochasticRounding:
         self.small_keys = _chunk_key(keys, starts)
         self.buffers = _SrBuffers(min(SR_CHUNK, size), keys.device, on_host)
 
-    def round_(self, params: list[Tensor], values: list[Tensor], run: slice = _ALL) -> None:
+    def round_(
+        self,
+        params: list[Tensor],
+        values: list[Tensor],
+        run: slice = _ALL,
+        flat: Tensor | None = None,
+    ) -> None:
         """``params[i] = round_stochastic(values[i])``, where ``params`` and ``values`` are the
-        tensors (or pieces) ``run`` of those the keys were made for."""
+        tensors (or pieces) ``run`` of those the keys were made for; ``flat``: a 1-D float32
+        tensor that holds the ``values``, dense, one after the other (then they need no
+        concatenating)."""
         keys, small_keys = self.keys[run], self.small_keys[run]
-        offset = run.start or 0
+        first, at = run.start or 0, 0
         for chunk_run in batches(values, SR_CHUNK):
             i = chunk_run.start
+            size = sum(v.numel() for v in values[chunk_run])
             if values[i].numel() > SR_CHUNK:  # alone in its run
-                start = 0 if self.starts is None else self.starts[offset + i]
+                start = 0 if self.starts is None else self.starts[first + i]
                 _round_large_(params[i], values[i], keys[i], self.buffers, start)
             else:
+                bits = None if flat is None else flat[at : at + size]
                 run_keys = small_keys[chunk_run]
-                _round_run_(params[chunk_run], values[chunk_run], run_keys, self.buffers)
+                _round_run_(params[chunk_run], values[chunk_run], run_keys, self.buffers, bits)
+            at += size
 
 
 # Note [stochastic rounding in int32]
@@ -170,10 +181,14 @@ def _flat(t: Tensor) -> Tensor:
 
 
 def _round_run_(
-    params: list[Tensor], values: list[Tensor], keys: Tensor, buffers: _SrBuffers
+    params: list[Tensor],
+    values: list[Tensor],
+    keys: Tensor,
+    buffers: _SrBuffers,
+    flat: Tensor | None = None,
 ) -> None:
     """A run of tensors of at most :data:`SR_CHUNK` elements in all, as one chunk (``keys``:
-    theirs, by :func:`_chunk_key`)."""
+    theirs, by :func:`_chunk_key`; ``flat``: the values one after the other, or ``None``)."""
     flats = [_flat(v) for v in values]
     sizes = [f.numel() for f in flats]
     total = sum(sizes)
@@ -185,7 +200,9 @@ def _round_run_(
         _round_bits_(h, flats[0].view(torch.int32), buffers)
         _flat(params[0]).view(torch.int16).copy_(h)
         return
-    bits = torch.cat(flats, out=buffers.values[:total]).view(torch.int32)
+    if flat is None:
+        flat = torch.cat(flats, out=buffers.values[:total])
+    bits = flat.view(torch.int32)
     _round_bits_(h, bits, buffers)
     # One dtype view for the run, none per param: a bf16 copy is a copy of the bits.
     rounded = buffers.out[:total].copy_(h).view(torch.bfloat16)

@@ -67,23 +67,22 @@ def _same_layout(rows: Sequence[Sequence[Tensor]], like: Sequence[Tensor]) -> bo
     )
 
 
-def _buffer_views(buffer: Tensor, like: list[Tensor], pieces: Pieces) -> list[list[Tensor]]:
-    """Per batch of ``pieces``, views of ``buffer`` with the layout of ``like`` (the pieces),
-    one after the other from its start."""
-    views = []
-    for run in pieces.runs:
-        offset, batch = 0, []
-        for piece in like[run]:
-            batch.append(buffer.as_strided(piece.shape, piece.stride(), offset))
-            offset += piece.numel()
-        views.append(batch)
-    return views
+class _Buffer:
+    """An fp32 buffer for the largest batch of ``pieces``, and per batch, views of it with the
+    layout of ``like`` (the pieces), one after the other from its start (``views``), and the
+    1-D view of all of them (``flats``: an op over a batch's elements is one op there)."""
 
-
-def _buffer(pieces: Pieces, device: torch.device) -> Tensor:
-    """An fp32 buffer for the largest batch of ``pieces``."""
-    size = max(sum(pieces.sizes[run]) for run in pieces.runs)
-    return torch.empty(size, dtype=torch.float32, device=device)
+    def __init__(self, like: list[Tensor], pieces: Pieces) -> None:
+        sizes = [sum(pieces.sizes[run]) for run in pieces.runs]
+        buffer = torch.empty(max(sizes), dtype=torch.float32, device=like[0].device)
+        self.flats = [buffer[:size] for size in sizes]
+        self.views: list[list[Tensor]] = []
+        for run in pieces.runs:
+            offset, batch = 0, []
+            for piece in like[run]:
+                batch.append(buffer.as_strided(piece.shape, piece.stride(), offset))
+                offset += piece.numel()
+            self.views.append(batch)
 
 
 class WorkingCopies:
@@ -119,8 +118,8 @@ class WorkingCopies:
                 for run in pieces.runs
             )
         ] if self.masters is not None else []  # fmt: skip
-        self.work_views: list[list[Tensor]] | None = None
-        self.grad_views: list[list[Tensor]] | None = None
+        self.work: _Buffer | None = None
+        self.grad_buffer: _Buffer | None = None
         self.counters: Tensor | None = None
         self.batch_steps: list[PackedSteps] = []
 
@@ -152,11 +151,11 @@ class WorkingCopies:
 
     def _allocate(self) -> None:
         """The buffers and the pieces' counters, at the first step (not for a plan never run)."""
-        pieces, device = self.pieces, self.params[0].device
+        pieces = self.pieces
         if self.masters is None:
-            self.work_views = _buffer_views(_buffer(pieces, device), self.params, pieces)
+            self.work = _Buffer(self.params, pieces)
         if self.convert_grads:
-            self.grad_views = _buffer_views(_buffer(pieces, device), self.params, pieces)
+            self.grad_buffer = _Buffer(self.params, pieces)
         step = self.steps[0]
         self.counters = torch.empty(len(pieces.sizes), dtype=step.dtype, device=step.device)
         self.batch_steps = [PackedSteps(self.counters[run]) for run in pieces.runs]
@@ -199,23 +198,24 @@ class WorkingCopies:
         for b, run in enumerate(pieces.runs):
             params = self.params[run]
             if self.masters is None:
-                assert self.work_views is not None
-                work = self.work_views[b]
+                assert self.work is not None
+                work = self.work.views[b]
                 torch._foreach_copy_(work, params)
             else:
                 work = self.masters[run]
             batch_grads = grads[run]
-            if self.grad_views is not None:
-                torch._foreach_copy_(self.grad_views[b], batch_grads)
-                batch_grads = self.grad_views[b]
-                if inv_scale is not None:
-                    torch._foreach_mul_(batch_grads, inv_scale)
+            if self.grad_buffer is not None:
+                torch._foreach_copy_(self.grad_buffer.views[b], batch_grads)
+                batch_grads = self.grad_buffer.views[b]
+                if inv_scale is not None:  # one op over the batch, not one per tensor
+                    self.grad_buffer.flats[b].mul_(inv_scale)
             elif inv_scale is not None:
                 batch_grads = list(torch._foreach_mul(batch_grads, inv_scale))
             states = [state[run] for state in self.state_lists]
             form([work, batch_grads, *states, self.batch_steps[b]], found_inf)
             if sr is not None:
-                sr.round_(params, work, run)
+                assert self.work is not None
+                sr.round_(params, work, run, self.work.flats[b])
             elif self.masters is None:
                 torch._foreach_copy_(params, work)
             elif self.rounded[b][0]:
@@ -230,15 +230,14 @@ class UnscaledCheck:
 
     def __init__(self, grads: list[Tensor]) -> None:
         self.pieces = Pieces(grads)
-        self.views: list[list[Tensor]] | None = None
+        self.buffer: _Buffer | None = None
 
     def __call__(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
         pieces = self.pieces.cut(grads)
         if not pieces:
             return
-        if self.views is None:
-            buffer = _buffer(self.pieces, pieces[0].device)
-            self.views = _buffer_views(buffer, pieces, self.pieces)
-        for run, views in zip(self.pieces.runs, self.views):
+        if self.buffer is None:
+            self.buffer = _Buffer(pieces, self.pieces)
+        for run, views, flat in zip(self.pieces.runs, self.buffer.views, self.buffer.flats):
             torch._foreach_copy_(views, pieces[run])
-            unscale_dense_(views, found_inf, inv_scale)
+            unscale_dense_([flat], found_inf, inv_scale)  # one tensor: no op per grad
