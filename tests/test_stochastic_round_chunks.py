@@ -135,6 +135,6 @@ def test_a_chunk_rounds_to_the_kernels_bits(
     buffers = rounding._SrBuffers(SR_CHUNK, torch.device("cpu"), on_host)
     h = buffers.index[first : first + n] ^ rounding._chunk_key(torch.tensor(key), start)
     signed = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32)
-    rounding._round_bits_(h, signed, buffers)
+    rounded = rounding._round_bits_(h, signed, buffers)
     expected = [_kernel_bits(b, start + first + i, key) for i, b in enumerate(bits)]
-    assert h.tolist() == expected
+    assert rounded.tolist() == expected

@@ -5,6 +5,7 @@ round to the same bits."""
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import Tensor
@@ -15,6 +16,8 @@ from .skip import PackedSteps
 __all__ = ["SR_CHUNK", "StochasticRounding", "initial_seed", "stochastic_round_"]
 
 _MASK32 = 0xFFFFFFFF
+#: Which int16 of an int32 in memory holds its top 16 bits.
+_HIGH_HALF = 1 if sys.byteorder == "little" else 0
 _ALL = slice(None)
 
 
@@ -143,8 +146,8 @@ class StochasticRounding:
 # * For a non-NaN x, b + noise (noise in [0, 2**16)) does not overflow int32: b <= 0x7F800000
 #   (+inf), or, for a negative x, -2**31 <= b <= -2**23 (-inf), so the sum stays negative. Its
 #   arithmetic >> 16 is then the uint32 (b + noise) >> 16 less 2**16 when negative: the bf16
-#   pattern as a sign-extended int16, which a copy to int16 keeps as it is (no masking to 16
-#   bits and back).
+#   pattern as a sign-extended int16, which is the top int16 of the sum in memory, read as it
+#   is (no shift, no masking to 16 bits and back).
 # * A NaN's b + noise can carry out of the mantissa (into inf's pattern, or past it into the
 #   sign), so it is replaced before the shift by b | 0x400000, which shifts to (b >> 16) | 0x40.
 
@@ -164,7 +167,6 @@ class _SrBuffers:
         self.values = torch.empty(size, dtype=torch.float32, device=device)
         self.h = torch.empty(size, dtype=torch.int32, device=device)
         self.scratch = torch.empty(size, dtype=torch.int32, device=device)
-        self.out = torch.empty(size, dtype=torch.int16, device=device)
         self.c1, self.c2, self.shift13, self.low19, self.shift16, self.low16 = (
             torch.full((), value, dtype=torch.int32, device=device)  # no copy to the device
             for value in (_C1, _C2, 13, 0x7FFFF, 16, 0xFFFF)
@@ -197,15 +199,13 @@ def _round_run_(
     h = buffers.h[:total]
     _index_xor_keys(h, sizes, keys, buffers)
     if len(flats) == 1:  # nothing to concatenate: rounded from the value into the param
-        _round_bits_(h, flats[0].view(torch.int32), buffers)
-        _flat(params[0]).view(torch.int16).copy_(h)
+        rounded = _round_bits_(h, flats[0].view(torch.int32), buffers)
+        _flat(params[0]).view(torch.int16).copy_(rounded)
         return
     if flat is None:
         flat = torch.cat(flats, out=buffers.values[:total])
-    bits = flat.view(torch.int32)
-    _round_bits_(h, bits, buffers)
     # One dtype view for the run, none per param: a bf16 copy is a copy of the bits.
-    rounded = buffers.out[:total].copy_(h).view(torch.bfloat16)
+    rounded = _round_bits_(h, flat.view(torch.int32), buffers).view(torch.bfloat16)
     torch._foreach_copy_([_flat(p) for p in params], list(rounded.split(sizes)))
 
 
@@ -241,18 +241,18 @@ def _round_large_(
     for chunk_bits, chunk_out, chunk_key in zip(bits, out, chunk_keys.unbind()):
         m = chunk_bits.numel()
         h = torch.bitwise_xor(buffers.index[:m], chunk_key, out=buffers.h[:m])
-        _round_bits_(h, chunk_bits, buffers)
-        chunk_out.copy_(h)
+        chunk_out.copy_(_round_bits_(h, chunk_bits, buffers))
 
 
-def _round_bits_(h: Tensor, bits: Tensor, buffers: _SrBuffers) -> None:
-    """``h`` (int32, index ^ mixed key) becomes the bf16 patterns, as int16 values, of the
-    float32 ``bits`` (int32) rounded with its noise: ``bfloat16_bits_from_float_sr`` of
-    cuda/dtypes.cuh (Note [stochastic rounding in int32])."""
+def _round_bits_(h: Tensor, bits: Tensor, buffers: _SrBuffers) -> Tensor:
+    """The bf16 patterns, as int16 values, of the float32 ``bits`` (int32) rounded with the
+    noise of ``h`` (int32, index ^ mixed key; overwritten): ``bfloat16_bits_from_float_sr`` of
+    cuda/dtypes.cuh (Note [stochastic rounding in int32]). A view of ``h``'s storage: the top
+    16 bits of each of its int32, which is its arithmetic ``>> 16`` with no pass over it."""
     _noise_(h, buffers)
     h += bits
     _quiet_nans_(h, bits, buffers.on_host)
-    h >>= buffers.shift16
+    return h.view(torch.int16)[_HIGH_HALF::2]
 
 
 def _noise_(h: Tensor, buffers: _SrBuffers) -> None:
