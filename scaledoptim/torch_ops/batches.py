@@ -113,9 +113,20 @@ class Pieces:
         self.owner_index: Tensor | None = None
         self.start_index: Tensor | None = None
         if self.cut_any:
-            device = like[0].device
-            self.owner_index = torch.tensor(self.owners, dtype=torch.int64, device=device)
-            self.start_index = torch.tensor(self.starts, dtype=torch.int64, device=device)
+            # Made on the device from Python ints (kernel arguments), not copied from the host:
+            # a copy from pageable memory would sync a GPU. Ops per cut tensor only.
+            device, count = like[0].device, len(piece_sizes)
+            owners = torch.arange(count, dtype=torch.int64, device=device)
+            starts = torch.zeros(count, dtype=torch.int64, device=device)
+            first = 0
+            for i, size in enumerate(sizes):
+                pieces = -(-size // limit) if size > limit else 1
+                if pieces > 1:
+                    owners[first : first + pieces] = i
+                    owners[first + pieces :] -= pieces - 1
+                    torch.arange(0, size, limit, out=starts[first : first + pieces])
+                first += pieces
+            self.owner_index, self.start_index = owners, starts
 
     def cut(self, tensors: Sequence[Tensor]) -> list[Tensor]:
         """``tensors`` (of the layout of ``like``) as the pieces."""
