@@ -122,3 +122,23 @@ def test_a_large_16bit_param_takes_no_whole_tensor_fp32_copy(kwargs: dict) -> No
 
     # A whole fp32 copy of the param or of its grad would be 4 * n bytes.
     assert _peak_transient_bytes()(step) <= 4 * 4 * BATCH  # a few batches' worth
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host skip", "sync-free"])
+def test_a_grad_that_overflows_when_unscaled_skips_the_step(on_device: bool) -> None:
+    """At a scale below 1 a finite 16-bit grad can unscale past float32's range: the batched
+    check finds it (the 16-bit grads' own check would not), as the whole-tensor unscale does."""
+    param = torch.nn.Parameter(torch.randn(1000).bfloat16())
+    before = param.detach().clone()
+    opt = scaledoptim.AdamW([param], lr=1e-2)
+    opt.configure_scaling(init_scale=2.0**-10)
+    grad = torch.randn(1000).bfloat16()
+    grad[7] = 1e36  # finite in bf16; times 2**10 past float32's range
+    param.grad = grad
+    if on_device:
+        with no_host_reads():
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
+    else:
+        _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
+    assert found_inf.item() == 1.0
+    assert torch.equal(param.detach(), before)

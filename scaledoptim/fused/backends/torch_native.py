@@ -189,7 +189,9 @@ class _TorchUnscale:
                     norm_sq.add_(sum_of_squares(grads))
             return None
         if self.check is not None and norm_sq is None:
-            self.check(list(chain.from_iterable(grad_lists)), found_inf, inv_scale)
+            grads = list(chain.from_iterable(grad_lists))
+            host_reads = bool(grads) and TORCH_NATIVE.host_reads_free(grads[0].device)
+            self.check(grads, found_inf, inv_scale, host_reads)
             return inv_scale  # the updates unscale (Note [working copies by batch])
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one

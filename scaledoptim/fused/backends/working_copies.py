@@ -232,10 +232,23 @@ class UnscaledCheck:
         self.pieces = Pieces(grads)
         self.buffer: _Buffer | None = None
 
-    def __call__(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
-        pieces = self.pieces.cut(grads)
-        if not pieces:
+    def __call__(
+        self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor, host_reads: bool
+    ) -> None:
+        """Sets ``found_inf``; reads ``inv_scale`` on the host where ``host_reads``."""
+        if not grads:
             return
+        if host_reads and inv_scale.item() <= 1.0:
+            # At a scale of at least 1, a finite grad unscales to a finite fp32 value (no
+            # larger), and an inf or nan stays one: the 16-bit grads' own check is the same.
+            one = torch.ones((), dtype=torch.float32, device=found_inf.device)
+            by_dtype: dict[torch.dtype, list[Tensor]] = {}
+            for grad in grads:
+                by_dtype.setdefault(grad.dtype, []).append(grad)
+            for same_dtype in by_dtype.values():  # (times one: the same values written back)
+                torch._amp_foreach_non_finite_check_and_unscale_(same_dtype, found_inf, one)
+            return
+        pieces = self.pieces.cut(grads)
         if self.buffer is None:
             self.buffer = _Buffer(pieces, self.pieces)
         for run, views, flat in zip(self.pieces.runs, self.buffer.views, self.buffer.flats):
