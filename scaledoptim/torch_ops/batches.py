@@ -104,10 +104,10 @@ class Pieces:
         self.starts: list[int] = []
         piece_sizes: list[int] = []
         for i, size in enumerate(sizes):
-            starts = range(0, size, limit) if size > limit else range(1)
-            self.owners += [i] * len(starts)
-            self.starts += starts
-            piece_sizes += [min(limit, size - start) for start in starts]
+            firsts = range(0, size, limit) if size > limit else range(1)
+            self.owners += [i] * len(firsts)
+            self.starts += firsts
+            piece_sizes += [min(limit, size - first) for first in firsts]
         self.sizes = piece_sizes
         self.runs = _runs(piece_sizes, limit)
         self.owner_index: Tensor | None = None
@@ -118,14 +118,16 @@ class Pieces:
             device, count = like[0].device, len(piece_sizes)
             owners = torch.arange(count, dtype=torch.int64, device=device)
             starts = torch.zeros(count, dtype=torch.int64, device=device)
-            first = 0
+            at = 0
             for i, size in enumerate(sizes):
-                pieces = -(-size // limit) if size > limit else 1
-                if pieces > 1:
-                    owners[first : first + pieces] = i
-                    owners[first + pieces :] -= pieces - 1
-                    torch.arange(0, size, limit, out=starts[first : first + pieces])
-                first += pieces
+                cut = -(-size // limit) if size > limit else 1
+                if cut > 1:
+                    owners[at : at + cut] = i
+                    owners[at + cut :] -= cut - 1
+                    starts[at : at + cut] = torch.arange(
+                        0, size, limit, dtype=torch.int64, device=device
+                    )
+                at += cut
             self.owner_index, self.start_index = owners, starts
 
     def cut(self, tensors: Sequence[Tensor]) -> list[Tensor]:
