@@ -152,8 +152,8 @@ class _TorchUnscale:
             and bool(updates)
             and all(isinstance(u, TorchUpdate) and u.takes_grad_scale() for u in updates)
         )
-        # Note [working copies by batch] in working_copies.py: 16-bit grads checked by batches
-        # and left scaled, for updates that copy them into fp32 by batches and unscale there.
+        # 16-bit grads checked by batches and left scaled, for updates that copy them into fp32
+        # by batches and unscale there (see Note [working copies by batch] in working_copies.py).
         self.check: UnscaledCheck | None = None
         if (
             not self.float32
@@ -192,7 +192,7 @@ class _TorchUnscale:
             grads = list(chain.from_iterable(grad_lists))
             host_reads = bool(grads) and TORCH_NATIVE.host_reads_free(grads[0].device)
             self.check(grads, found_inf, inv_scale, host_reads)
-            return inv_scale  # the updates unscale (Note [working copies by batch])
+            return inv_scale  # the updates unscale (see Note [working copies by batch])
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
         # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
         # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
@@ -223,8 +223,10 @@ def _check_by_norm(
 
 
 class TorchUpdate:
-    """One group's torch form, on fp32 working copies of 16-bit params (by batches for an
-    elementwise update: Note [working copies by batch] in working_copies.py)."""
+    """One group's torch form, on fp32 working copies of 16-bit params (made a batch of about
+    ``BATCH`` elements at a time for an elementwise update)."""
+
+    # See Note [working copies by batch] in working_copies.py.
 
     #: Whether an elementwise update's working copies may run by batches (torch.optim's
     #: implementations, which keep counters their own way, take whole tensors).
@@ -249,7 +251,7 @@ class TorchUpdate:
         self.in_place = not self.masters and all(
             p.dtype not in _LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
         )
-        # Note [working copies by batch] in working_copies.py
+        # See Note [working copies by batch] in working_copies.py.
         self.copies: WorkingCopies | None = None
         if (
             self.batches_copies

@@ -86,7 +86,7 @@ class _Buffer:
 
 
 class WorkingCopies:
-    """A group's fp32 working copies by batches (Note [working copies by batch]).
+    """A group's fp32 working copies, made a batch of about ``BATCH`` elements at a time.
 
     Args:
         params, grads, masters, state_lists, seeds, steps: the group's lists, as the plan gave
@@ -172,7 +172,7 @@ class WorkingCopies:
 
         Args:
             grads: the group's grads, scaled by ``1 / inv_scale`` unless ``inv_scale`` is None.
-            host_reads: whether ``found_inf`` may be read on the host (Note [host skip]).
+            host_reads: whether ``found_inf`` may be read on the host (the engine's ``host_skip``).
         """
         skip = skip_on_host(found_inf, host_reads)
         if skip:
@@ -225,8 +225,8 @@ class WorkingCopies:
 class UnscaledCheck:
     """``found_inf`` set where the unscaled 16-bit ``grads`` have an inf or nan, as
     ``unscale_in_place_`` of fp32 copies of them sets it, a batch at a time in one fp32 buffer;
-    the grads are left as they are, for :class:`WorkingCopies` to unscale where it copies them
-    (Note [working copies by batch])."""
+    the grads are left as they are, for :class:`WorkingCopies` to unscale where it copies
+    them."""
 
     def __init__(self, grads: list[Tensor]) -> None:
         self.pieces = Pieces(grads)
