@@ -52,25 +52,18 @@ from .update import Update
 __all__ = ["MeshAgreement", "kernels_take_shards", "local_tensors"]
 
 
-def _dtensor_type() -> type | None:
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.tensor import DTensor
-
-    return DTensor
-
-
 def kernels_take_shards(update: Update, params: list[Tensor]) -> bool:
     """Whether our kernels can step ``params``, some of them tensor subclasses, on their local
     shards (Note [DTensor steps on our kernels]): an elementwise update, and every subclass a
     DTensor without a ``Partial`` placement whose local tensor is a plain tensor."""
-    dtensor = _dtensor_type()
-    if not update.elementwise or dtensor is None:
+    if not update.elementwise or not torch.distributed.is_available():
         return False
+    from torch.distributed.tensor import DTensor
+
     for param in params:
         if type(param) in PLAIN_TENSOR_TYPES:
             continue
-        if not isinstance(param, dtensor) or type(param.to_local()) not in PLAIN_TENSOR_TYPES:
+        if not isinstance(param, DTensor) or type(_local(param)) not in PLAIN_TENSOR_TYPES:
             return False
         if any(placement.is_partial() for placement in param.placements):
             return False
@@ -79,7 +72,12 @@ def kernels_take_shards(update: Update, params: list[Tensor]) -> bool:
 
 def local_tensors(tensors: list[Tensor]) -> list[Tensor]:
     """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
-    return [t if type(t) in PLAIN_TENSOR_TYPES else t.to_local() for t in tensors]
+    return [t if type(t) in PLAIN_TENSOR_TYPES else _local(t) for t in tensors]
+
+
+def _local(tensor: Any) -> Tensor:
+    local: Tensor = tensor.to_local()
+    return local
 
 
 class MeshAgreement:
