@@ -10,6 +10,10 @@
 * tensor parallel (``ColwiseParallel`` / ``RowwiseParallel``) for every fused optimizer, clean
   and with an overflow on one rank, against torch.optim and GradScaler (Lion and LAMB, which
   torch lacks: our own on the unsharded model);
+* FSDP2 for every elementwise fused optimizer, clean steps and an overflow in one rank's shard,
+  against torch.optim and ``ShardedGradScaler`` on the same sharded model (Lion: our own on the
+  unsharded model); on the emulated backend, FSDP2 and tensor parallel steps launch our kernels
+  over the local shards (Note [DTensor steps on our kernels]; LAMB keeps torch's ops);
 * LAMB on FSDP2's uneven Shard(0), its global grad norm clipping and its trust ratio on: its
   norms over the whole sharded tensors (Note [sums over the mesh]), so it follows the same LAMB
   on the unsharded model; its state DTensors, saved and resumed through DCP bit for bit;
@@ -30,6 +34,7 @@ from dist_harness import run_world
 
 import scaledoptim
 from scaledoptim.doctor.sync_free import no_host_reads
+from tests.support.launches import recorded_launches
 from tests.support.references import kernels_mode
 from tests.support.training import assert_bit_identical, loss_of, make_model
 
@@ -258,12 +263,13 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
     def inf_in_row_8(grad):  # rank 1's first row, in the whole tensor
         grad[8, 0] = float("inf")
 
-    with kernels_mode(backend):
+    with kernels_mode(backend), recorded_launches() as launched:
         model = parallelize_module(
             _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
         )
         opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **_options(name))
         found, scales = train(model, opt, inf_in_rank_1)
+    _assert_ran_on(backend, name, launched)
 
     reference_model = _MLP()
     reference_cls = getattr(torch.optim, name, None)
@@ -293,6 +299,60 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
     assert _gathered((found, scales))[1] == (found, scales)
     for param, twin in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- FSDP2, every elementwise optimizer
+def _assert_ran_on(backend: str, name: str, launched: list[str]) -> None:
+    """Note [DTensor steps on our kernels]: on the emulated kernels an elementwise optimizer's
+    DTensor step is the check, its kernel and the epilogue over the local shards; LAMB's, and
+    every step on the torch backend, launch none of ours."""
+    kernel = getattr(scaledoptim, name).kernel.name
+    if backend == "emulate" and name != "LAMB":
+        assert {"non_finite_check_kernel", kernel, "step_epilogue_kernel"} <= set(launched)
+    else:
+        assert launched == []
+
+
+def _fsdp2_against_sharded_gradscaler(name: str, backend: str, rank: int, world_size: int, tmp):
+    """``name`` on FSDP2 params (no ``process_group``), clean steps and an inf in one rank's
+    shard (``INJECTED``): every rank skips the same steps, skipped steps change nothing, and the
+    skips, the scale and the params follow ``torch.optim`` + ``ShardedGradScaler`` on the same
+    sharded model (Lion, which torch lacks: our own on the unsharded model)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.distributed.tensor import Shard
+
+    expected = [float(step in INJECTED) for step in range(STEPS)]
+    if name == "Lion":
+        with recorded_launches() as launched:
+            _follows_unsharded(name, backend, INJECTED, rank, (Shard(0),))
+        _assert_ran_on(backend, name, launched)
+        return
+    options = _options(name)
+    with kernels_mode(backend), recorded_launches() as launched:
+        model = _fsdp2_model()
+        opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options)
+        opt.configure_scaling(init_scale=2.0**10, growth_interval=3)
+        found = _train(model, opt, rank, range(STEPS))
+    _assert_ran_on(backend, name, launched)
+
+    reference = _fsdp2_model()
+    ref_opt = getattr(torch.optim, name)(reference.parameters(), lr=1e-2, **options)
+    scaler = ShardedGradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    ref_found = []
+    for step in range(STEPS):
+        ref_opt.zero_grad()
+        scaler.scale(loss_of(reference, step)).backward()
+        if INJECTED.get(step) == rank:
+            _local(next(reference.parameters()).grad).view(-1)[0] = float("inf")
+        scale = scaler.get_scale()
+        scaler.step(ref_opt)
+        scaler.update()
+        ref_found.append(float(scaler.get_scale() < scale))
+    assert found == ref_found == expected
+    assert opt.scale.item() == scaler.get_scale()
+    assert _gathered(found)[1] == found
+    for param, twin in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(_local(param), _local(twin), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- LAMB on FSDP2
@@ -459,6 +519,14 @@ SCENARIOS = {
         for backend in BACKENDS
     },
     **{f"fsdp2-LAMB-{b}": functools.partial(_fsdp2_lamb_against_unsharded, b) for b in BACKENDS},
+    **{
+        f"fsdp2-{name}-{backend}": functools.partial(
+            _fsdp2_against_sharded_gradscaler, name, backend
+        )
+        for name in OPTIMIZERS
+        if name != "LAMB"
+        for backend in BACKENDS
+    },
     **{
         f"dcp-sharded-LAMB-{backend}": functools.partial(_dcp_resume, backend, False, name="LAMB")
         for backend in BACKENDS
