@@ -114,9 +114,11 @@ def _fsdp2_overflow_on_one_shard(backend: str, rank: int, world_size: int, tmp) 
         model = _fsdp2_model()
         opt = _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
         found = _train(model, opt, rank, range(STEPS))
-    assert found == [float(step in INJECTED) for step in range(STEPS)]
+    # Gathered before any assert, one verdict on both ranks: a rank that failed alone would
+    # leave the other waiting in the next collective.
     seen = _gathered((found, [t.item() for t in _scale_state(opt)]))
     assert seen[0] == seen[1]
+    assert found == [float(step in INJECTED) for step in range(STEPS)]
 
 
 # ---------------------------------------------------------------- the scale through DCP
@@ -143,7 +145,8 @@ def _dcp_resume(backend: str, full: bool, rank: int, world_size: int, tmp, name=
         model, opt = fresh()
         _train(model, opt, rank, range(5))
         scale, growth_tracker, _ = (t.item() for t in _scale_state(opt))
-        assert scale < 2.0**10 and growth_tracker == 1, "a resume that reset the scale shows"
+        seen = _gathered((scale, growth_tracker))  # before the assert: both ranks get here
+        assert all(s < 2.0**10 and g == 1 for s, g in seen), "a reset scale would show"
         saved_full = _everything(opt, _full)
         optim_state = get_optimizer_state_dict(model, opt, options=options)
         model_state = get_model_state_dict(model, options=options)
@@ -294,9 +297,10 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
             scaler.update()
             ref_found.append(float(scaler.get_scale() < scale))
             ref_scales.append(scaler.get_scale())
+    seen = _gathered((found, scales))  # first, and the same verdict on both ranks
+    assert seen[0] == seen[1]
     assert found == ref_found == [float(step in overflow_steps) for step in range(5)]
     assert scales == ref_scales
-    assert _gathered((found, scales))[1] == (found, scales)
     for param, twin in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
 
@@ -348,9 +352,10 @@ def _fsdp2_against_sharded_gradscaler(name: str, backend: str, rank: int, world_
         scaler.step(ref_opt)
         scaler.update()
         ref_found.append(float(scaler.get_scale() < scale))
+    seen = _gathered(found)  # first, and the same verdict on both ranks
+    assert seen[0] == seen[1]
     assert found == ref_found == expected
     assert opt.scale.item() == scaler.get_scale()
-    assert _gathered(found)[1] == found
     for param, twin in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(_local(param), _local(twin), rtol=1e-5, atol=1e-6)
 
@@ -468,13 +473,14 @@ def _fsdp2_fp16_params_with_masters(backend: str, rank: int, world_size: int, tm
                 _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
             _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
             found.append(found_inf.item())
+    seen = _gathered(found)  # first, and the same verdict on both ranks
+    assert seen[0] == seen[1]
     assert found == [float(step in overflow) for step in range(5)]
     for param in model.parameters():
         assert param.dtype == torch.float16
         for value in opt.state[param].values():
             if value.dim():
                 assert isinstance(value, DTensor) and value.placements == param.placements
-    assert _gathered(found)[1] == found
 
 
 # ---------------------------------------------------------------- HSDP: a 2-D mesh, world 4
