@@ -16,7 +16,7 @@ from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ..protocol.clipping import clip_in_place_
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
-from ..torch_ops import MeshSums, PackedSteps, refuse_during_capture
+from ..torch_ops import PackedSteps, refuse_during_capture
 from .backends import (
     TORCH_NATIVE,
     TORCH_OPTIM,
@@ -37,7 +37,7 @@ from .rounding import (
     resync_masters_,
     stage_rounding_state,
 )
-from .sharded import MeshAgreement, kernels_take_shards, local_tensors
+from .sharded import MeshAgreement, check_dtensor_update, kernels_take_shards, local_tensors
 from .state import stage_state
 from .update import Group, TensorLists, Update
 
@@ -183,7 +183,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
     )
     on_shards = False  # Note [DTensor steps on our kernels] in sharded.py
     if plan.over_subclasses:
-        _check_dtensor_update(optimizer)
+        check_dtensor_update(optimizer, optimizer.param_groups)
         all_params = [p for group in optimizer.param_groups for p in group["params"]]
         on_shards = backend is not TORCH_NATIVE and kernels_take_shards(optimizer, all_params)
         if backend is not TORCH_NATIVE and not on_shards:
@@ -275,20 +275,6 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
     if plan.masters is not None:
         plan.edited_masters = plan.masters.edited(optimizer)
     return plan
-
-
-def _check_dtensor_update(optimizer: Planned) -> None:
-    """Raises for DTensor params of an update that is not elementwise whose placements its sums
-    over whole tensors cannot take (Note [sums over the mesh] in torch_ops/sharded.py)."""
-    if optimizer.elementwise:
-        return
-    for index, group in enumerate(optimizer.param_groups):
-        try:
-            MeshSums(list(group["params"]))
-        except ValueError as error:
-            raise ValueError(
-                f"{type(optimizer).__name__}: param group {index}: {error}; nothing was changed"
-            ) from None
 
 
 def _pack_counters(

@@ -47,9 +47,23 @@ from ..kernels import PLAIN_TENSOR_TYPES
 from ..protocol.clipping import agree_on_sum_of_squares
 from ..scale import agree_on_found_inf
 from ..torch_ops import MeshSums
-from .update import Update
+from .update import Group, Update
 
-__all__ = ["MeshAgreement", "kernels_take_shards", "local_tensors"]
+__all__ = ["MeshAgreement", "check_dtensor_update", "kernels_take_shards", "local_tensors"]
+
+
+def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
+    """Raises for DTensor params of an update that is not elementwise whose placements its sums
+    over whole tensors cannot take (Note [sums over the mesh] in torch_ops/sharded.py)."""
+    if update.elementwise:
+        return
+    for index, group in enumerate(param_groups):
+        try:
+            MeshSums(list(group["params"]))
+        except ValueError as error:
+            raise ValueError(
+                f"{type(update).__name__}: param group {index}: {error}; nothing was changed"
+            ) from None
 
 
 def kernels_take_shards(update: Update, params: list[Tensor]) -> bool:
