@@ -327,9 +327,7 @@ def _fsdp2_against_sharded_gradscaler(name: str, backend: str, rank: int, world_
 
     expected = [float(step in INJECTED) for step in range(STEPS)]
     if name == "Lion":
-        with recorded_launches() as launched:
-            _follows_unsharded(name, backend, INJECTED, rank, (Shard(0),))
-        _assert_ran_on(backend, name, launched)
+        _follows_unsharded(name, backend, INJECTED, rank, (Shard(0),))
         return
     options = _options(name)
     with kernels_mode(backend), recorded_launches() as launched:
@@ -378,10 +376,11 @@ def _follows_unsharded(name, backend, overflow, shard_index, placements, **fully
     from torch.distributed.tensor import DTensor
 
     options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
-    with kernels_mode(backend):
+    with kernels_mode(backend), recorded_launches() as launched:
         model = _fsdp2_model(**fully_shard_options)
         opt = _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
         found = _train(model, opt, shard_index, range(STEPS), overflow)
+    _assert_ran_on(backend, name, launched)
     reference = make_model()
     with kernels_mode("torch"):
         ref_opt = _scaled(getattr(scaledoptim, name)(reference.parameters(), lr=1e-2, **options))
