@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .gradscaler import torch_scaler_request
 from .ownership import ScaleOwner, ScalingState
 from .plans import StepOutcome, StepRequest
+from .torch_scaler_interop import torch_scaler_request
 
 __all__ = ["PlainStepGuard"]
 

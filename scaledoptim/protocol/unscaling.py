@@ -11,10 +11,10 @@ import torch
 
 from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor, handle_state
 from ..torch_ops import unscale_in_place_
-from .gradscaler import asked_by_torch_scaler
 from .outputs import check_grads_scaled_by
 from .plain_step import PlainStepGuard
 from .plans import StepPlan, UnscalePlan
+from .torch_scaler_interop import asked_by_torch_scaler
 from .validation import check_no_fp16_grads
 
 #: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
