@@ -225,7 +225,7 @@ CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Ste
         "GS+fused-fp32": (torch.float32,
                           lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
     },
-}  # fmt: skip
+}
 
 
 class Option:
@@ -278,16 +278,16 @@ def measure(case: str, shape: str, rounds: int, reps: int) -> list[Record]:
         transient = option.transient_bytes_per_param()
         ms = statistics.median(medians[option.name]) * 1e3
         print(f"{case:<7} {shape:<8} {option.name:<20} {ms:9.2f} ms  +{transient:5.1f} B/param",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         records.append(dict(case=case, shape=shape, option=option.name,
-                            seconds=medians[option.name], bytes_per_param=transient))  # fmt: skip
+                            seconds=medians[option.name], bytes_per_param=transient))
     return records
 
 
 def measure_all(args: argparse.Namespace) -> list[Record]:
     """Every case at every shape, in this process."""
     return [record for case in args.cases for shape in args.shapes
-            for record in measure(case, shape, args.rounds, args.reps)]  # fmt: skip
+            for record in measure(case, shape, args.rounds, args.reps)]
 
 
 def run_ratios(records: list[Record]) -> dict[tuple[str, str, str], list[float]]:
@@ -365,7 +365,7 @@ def environment(threads: int) -> list[str]:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]  # fmt: skip
+                 if line.startswith("model name")]
         cpu = names[0] if names else cpu
     versions = [f"torch {torch.__version__}", f"Python {platform.python_version()}"]
     for package in ("scaledoptim", "lion-pytorch", "pytorch-optimizer"):
@@ -391,7 +391,7 @@ def fresh_processes(args: argparse.Namespace) -> list[list[Record]]:
         sys.executable, str(Path(__file__).resolve()), "--one-process", "--cases", *args.cases,
         "--shapes", *args.shapes, "--rounds", str(args.rounds), "--reps", str(args.reps),
         "--threads", str(args.threads),
-    ]  # fmt: skip
+    ]
     runs = []
     for process in range(args.processes):
         print(f"process {process + 1} of {args.processes}; {load_average()}", flush=True)
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"at the end, {load_average()}; {time.perf_counter() - start:.0f} s")
     print(f"\nours / alternative, median [min-max] over {over} of {args.rounds} rotated rounds "
           f"each, {args.threads} thread(s); < 1: ours is faster; a cell whose values disagree "
-          f"by more than {DISAGREEMENT:.0%} is the range with the reason")  # fmt: skip
+          f"by more than {DISAGREEMENT:.0%} is the range with the reason")
     print("\n".join(table(runs, args.shapes)))
 
 

@@ -105,7 +105,7 @@ def test_torch_raw_aten_dispatch_on_meta(benchmark, n, grads) -> None:
             params, grad_list, exp_avgs, exp_avg_sqs, [], steps, lr=1e-3, beta1=0.9,
             beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
             grad_scale=None, found_inf=found_inf,
-        )  # fmt: skip
+        )
 
     step()
 

@@ -113,7 +113,7 @@ def test_torch_baseline_with_gradscaler(benchmark, optimizer, device, shape) -> 
         pytest.skip(f"no foreach {optimizer} written here to compare with")
     foreach_class = FOREACH[optimizer]
     _run(benchmark, optimizer, device, shape,
-         lambda params: with_gradscaler(foreach_class(params, lr=1e-9), device))  # fmt: skip
+         lambda params: with_gradscaler(foreach_class(params, lr=1e-9), device))
 
 
 @cases

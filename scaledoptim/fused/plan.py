@@ -380,7 +380,7 @@ def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
     return (
         optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
         route_key(optimizer, group),
-    )  # fmt: skip
+    )
 
 
 class MasterWatch:

@@ -25,7 +25,7 @@ from .table import PlannedLaunch, plan_launches
 __all__ = [
     "PLAIN_TENSOR_TYPES", "PreparedLaunch", "check_launchable", "chunk_count", "prepare_launch",
     "scalar_pointer",
-]  # fmt: skip
+]
 
 # Tables are rebuilt only when a tensor set's data pointers (or sizes, dtypes, chunk size)
 # change; an optimizer reuses the same few sets every step.
@@ -94,12 +94,12 @@ class PreparedLaunch:
                 cuda_backend.launch(
                     self.kernel, instantiation, params, planned.n_chunks,
                     launch_config.threads_per_block, self.device,
-                )  # fmt: skip
+                )
             else:
                 emulator.launch(
                     self.kernel, instantiation, params, planned.n_chunks,
                     launch_config.emulator_threads_per_block,
-                )  # fmt: skip
+                )
 
 
 def prepare_launch(

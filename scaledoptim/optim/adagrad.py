@@ -129,7 +129,7 @@ class Adagrad(FusedOptimizer):
             initial_accumulator_value=initial_accumulator_value, eps=eps, foreach=foreach,
             maximize=maximize, differentiable=differentiable, fused=fused,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -150,7 +150,7 @@ class Adagrad(FusedOptimizer):
                 "step": counter,
                 "sum": torch.full_like(param, complex(init, init) if param.is_complex() else init,
                                        dtype=state_dtype(param), memory_format=torch.preserve_format),
-            }  # fmt: skip
+            }
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
@@ -210,13 +210,13 @@ class Adagrad(FusedOptimizer):
             differentiable=group["differentiable"], has_complex=any(map(torch.is_complex, params)),
             lr=group["lr"], weight_decay=group["weight_decay"], lr_decay=group["lr_decay"],
             eps=group["eps"], maximize=group["maximize"],
-        )  # fmt: skip
+        )
 
 
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(lr=hyperparameter("lr", group["lr"]), lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
                 weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
-                eps=hyperparameter("eps", group["eps"]), maximize=group["maximize"])  # fmt: skip
+                eps=hyperparameter("eps", group["eps"]), maximize=group["maximize"])
 
 
 def adagrad_(

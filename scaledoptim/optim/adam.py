@@ -133,7 +133,7 @@ class Adam(FusedOptimizer):
     _legacy_options: ClassVar[dict[str, Any]] = {
         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
         "differentiable": False, "decoupled_weight_decay": False, "fused": None,
-    }  # fmt: skip
+    }
 
     @staticmethod
     def update_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +164,7 @@ class Adam(FusedOptimizer):
             differentiable=differentiable, fused=fused,
             decoupled_weight_decay=decoupled_weight_decay,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -227,7 +227,7 @@ class Adam(FusedOptimizer):
             decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
             beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
             eps=group["eps"], maximize=group["maximize"],
-        )  # fmt: skip
+        )
 
 
 class AdamW(Adam):
@@ -266,7 +266,7 @@ class AdamW(Adam):
             foreach=foreach, maximize=maximize, capturable=capturable,
             differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # As torch.optim.AdamW: a checkpoint saved by Adam still steps as AdamW.
@@ -310,7 +310,7 @@ def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
         eps=hyperparameter("eps", group["eps"]),
         weight_decay=hyperparameter("weight_decay", group["weight_decay"]), decoupled_weight_decay=group["decoupled_weight_decay"],
         amsgrad=group["amsgrad"], maximize=group["maximize"],
-    )  # fmt: skip
+    )
 
 
 def adam_(
@@ -349,5 +349,5 @@ def adam_(
     if options["amsgrad"] and len(max_exp_avg_sqs) != len(params):
         raise ValueError("adam_ with amsgrad=True needs one max_exp_avg_sq per param")
     lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if options["amsgrad"] else [],
-             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+             *rounding_lists(master_params, sr_seeds), steps]
     launch_update(ADAM_KERNEL, lists, found_inf, inv_scale, lambda f, i: adam_args(f, i, **options))

@@ -30,7 +30,7 @@ from .lamb_in_place import _lamb_in_place_
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
     "LambNormArgs", "lamb_", "lamb_args",
-]  # fmt: skip
+]
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -84,14 +84,14 @@ _LISTS = (
 _KERNEL_LISTS = dict(dtype_lists=(0, 1), per_chunk_lists=(4, 5), per_tensor_lists=(7, 8))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
-                                **_KERNEL_LISTS)  # fmt: skip
+                                **_KERNEL_LISTS)
 #: The new moments, and per chunk the squared norms of params and updates, on the same lists.
 LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_kernel", _LISTS,
-                                      LambArgs, **_KERNEL_LISTS)  # fmt: skip
+                                      LambArgs, **_KERNEL_LISTS)
 #: The squared global norm of the unscaled grads, through per-chunk partial sums.
 LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
                                           ("grads", "grad_sq_partials"), LambNormArgs,
-                                          dtype_lists=(0,), per_chunk_lists=(1,))  # fmt: skip
+                                          dtype_lists=(0,), per_chunk_lists=(1,))
 
 
 def _log(beta: float) -> float:
@@ -123,7 +123,7 @@ def lamb_args(
         log_beta1=_log(beta1), log_beta2=_log(beta2), bias_correction=bias_correction,
         adam_w_mode=adam_w_mode,
         trust_ratio=use_nvlamb or weight_decay != 0,
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------ the optimizer
@@ -192,7 +192,7 @@ class LAMB(FusedOptimizer):
             max_grad_norm=max_grad_norm, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
             use_nvlamb=use_nvlamb, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -329,7 +329,7 @@ class _GlobalGradNorm:
         return LambNormArgs(
             found_inf, inv_scale, self.out.data_ptr(), partials.partials.data_ptr(),
             partials.arrivals.data_ptr(), partials.partials.numel(),
-        )  # fmt: skip
+        )
 
     def torch_form(self, grads: list[Tensor]) -> None:
         # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
@@ -356,7 +356,7 @@ def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
         bias_correction=group["bias_correction"], max_grad_norm=group["max_grad_norm"],
         adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
         use_nvlamb=group["use_nvlamb"],
-    )  # fmt: skip
+    )
 
 
 def lamb_(

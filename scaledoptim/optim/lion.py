@@ -126,7 +126,7 @@ class Lion(FusedOptimizer):
         defaults = dict(
             lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -193,7 +193,7 @@ def _lion_in_place_(
 def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                maximize=group["maximize"])  # fmt: skip
+                maximize=group["maximize"])
 
 
 def lion_(

@@ -109,7 +109,7 @@ class RMSprop(FusedOptimizer):
     _legacy_options: ClassVar[dict[str, Any]] = {
         "momentum": 0, "centered": False, "foreach": None, "maximize": False,
         "differentiable": False, "capturable": False,
-    }  # fmt: skip
+    }
 
     @staticmethod
     def update_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +137,7 @@ class RMSprop(FusedOptimizer):
             centered=centered, capturable=capturable, foreach=foreach, maximize=maximize,
             differentiable=differentiable, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -217,7 +217,7 @@ class RMSprop(FusedOptimizer):
             lr=group["lr"], alpha=group["alpha"], eps=group["eps"],
             weight_decay=group["weight_decay"], momentum=group["momentum"],
             centered=group["centered"],
-        )  # fmt: skip
+        )
 
 
 def _rmsprop_grads(grads: list[Tensor], params: list[Tensor], o: dict[str, Any]) -> list[Tensor]:
@@ -279,7 +279,7 @@ def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
         **{name: hyperparameter(name, group[name])
            for name in ("lr", "alpha", "eps", "weight_decay", "momentum")},
         centered=group["centered"], maximize=group["maximize"],
-    )  # fmt: skip
+    )
 
 
 def rmsprop_(
@@ -313,7 +313,7 @@ def rmsprop_(
             ``maximize``.
     """
     lists = [params, grads, square_avgs, momentum_buffers, grad_avgs,
-             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+             *rounding_lists(master_params, sr_seeds), steps]
     launch_update(
         RMSPROP_KERNEL, lists, found_inf, inv_scale, lambda f, i: rmsprop_args(f, i, **options)
     )

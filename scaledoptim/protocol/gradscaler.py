@@ -125,7 +125,7 @@ class GradScaler(torch.amp.GradScaler):
             self._config = ScalingConfig(
                 init_scale=init_scale, growth_factor=growth_factor,
                 backoff_factor=backoff_factor, growth_interval=growth_interval,
-            )  # fmt: skip
+            )
         super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
 
     # ------------------------------------------------------------------ one place for the state

@@ -184,7 +184,7 @@ class ScaleOwner(torch.optim.Optimizer):
             init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
             max_scale=max_scale, max_replays=max_replays,
-        )  # fmt: skip
+        )
         current = self._scaledoptim_scaling
         if current is not None and current.loss_scale.sharers > 1:
             raise RuntimeError(

@@ -116,7 +116,7 @@ class UnscalePlanner(PlainStepGuard):
         scale_update = state.loss_scale.report(
             id(self), plan.scale, plan.found_inf,
             force_backoff=state.replaying, defer=defer_scale_update,
-        )  # fmt: skip
+        )
         return plan.found_inf, state.loss_scale.scale, scale_update
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:

@@ -191,7 +191,7 @@ class LossScale:
             torch._amp_update_scale_(
                 self.scale, self.growth_tracker, found_inf,
                 c.growth_factor, c.backoff_factor, c.tracked_growth_interval,
-            )  # fmt: skip
+            )
             self.scale.clamp_(min=c.min_scale)
             return
         overflow = found_inf > 0
@@ -294,7 +294,7 @@ class LossScale:
 #: What each tensor of a loss_scale state holds: a real floating scale, integer trackers (a bool
 #: or complex scale would be read as 1.0 or lose its imaginary part).
 _TENSOR_DTYPES = {"scale": "a real floating", "growth_tracker": "an integer",
-                  "hysteresis_tracker": "an integer"}  # fmt: skip
+                  "hysteresis_tracker": "an integer"}
 _INT32_MAX = torch.iinfo(torch.int32).max
 
 

@@ -24,7 +24,7 @@ CONFIGS = {
         {"maximize": True, "centered": True, "momentum": 0.9},
         {"maximize": True, "weight_decay": 0.1},
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(autouse=True)

@@ -88,7 +88,7 @@ def _bad_tensors(like: torch.Tensor) -> dict[str, Any]:
 _BAD_SCALARS: dict[str, Any] = {
     "None": None, "nan": math.nan, "inf": math.inf, "negative": -1.0, "zero": 0, "two": 2,
     "str": "x", "list": [], "pair": (0.5, 2.0), "bool": True, "tensor": torch.tensor(0.5),
-}  # fmt: skip
+}
 
 
 def _mutations(state_dict: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:

@@ -194,7 +194,7 @@ FAILURES = [
     Failure("integer grad", *_swap_grad(lambda g: g.long(), via_data=True), TypeError, "dtype torch.int64", "Assign p.grad a floating tensor", per_optimizer=False),
     Failure("grad of the wrong shape", *_swap_grad(lambda g: g[:3], via_data=True), ValueError, r"shape \(3, 6\)", "shaped like p", per_optimizer=False),
     Failure("unknown SCALEDOPTIM_KERNELS", *_env("gpu"), ValueError, "SCALEDOPTIM_KERNELS='gpu'", "or leave it unset", per_optimizer=False),
-]  # fmt: skip
+]
 
 
 def _ready(info):

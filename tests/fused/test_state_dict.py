@@ -145,7 +145,7 @@ def _corrupt(mutate):
         (lambda sd: sd.__setitem__("loss_scale", 3), TypeError, "must be a dict"),
         (lambda sd: sd["param_groups"].pop(), ValueError, "parameter groups"),
     ],
-)  # fmt: skip
+)
 def test_corrupt_state_dict_is_rejected_and_changes_nothing(mutate, error, message) -> None:
     opt, state_dict = _corrupt(mutate)
     before = snapshot(opt)

@@ -30,7 +30,7 @@ def _stock_checkpoint(tmp_path) -> str:
     """checkpoint-3 of a stock fp16 Trainer, with the scaler.pt of a GradScaler that scaled by
     ``STOCK_SCALE`` and counted ``STOCK_TRACKER`` clean steps."""
     args = _args(tmp_path / "stock", fp16=True, max_steps=3, per_device_train_batch_size=4,
-                 save_strategy="steps", save_steps=3)  # fmt: skip
+                 save_strategy="steps", save_steps=3)
     transformers.Trainer(model=_model(), args=args, train_dataset=_data(24)).train()
     checkpoint = tmp_path / "stock" / "checkpoint-3"
     scaler = torch.amp.GradScaler("cpu", init_scale=STOCK_SCALE, growth_interval=GROWTH_INTERVAL)

@@ -48,7 +48,7 @@ BAD_CALLS = [
     ("step_after_unscale without unscale", lambda m, o: o.step_after_unscale(), RuntimeError, "call opt.unscale"),
     ("sparse grads with weight decay", lambda m, o: (_sparse_grad(m, o), o.unscale_and_step(grads_scaled_by=o.scale)), RuntimeError, "sparse"),
     ("closure returning the wrong shape", lambda m, o: o.step_after_unscale(lambda S: 1.0, current_grad_scale=o.scale), TypeError, r"\(loss, found_inf, S\)"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("info", rows(closure=False), ids=str)
@@ -101,7 +101,7 @@ def test_every_rows_error_inputs_are_refused(info, error_input) -> None:
     "kwargs, message",
     [(dict(lr=-1.0), "learning rate"), (dict(betas=(1.0, 0.9)), "beta"), (dict(eps=-1.0), "epsilon"),
      (dict(weight_decay=-0.1), "weight_decay")],
-)  # fmt: skip
+)
 def test_bad_hyperparameters_are_rejected(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         scaledoptim.AdamW(make_model().parameters(), **kwargs)

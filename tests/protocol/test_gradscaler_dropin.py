@@ -281,7 +281,7 @@ BAD_STATES = {
     "negative tracker": (dict(scale=8.0, growth_factor=2.0, backoff_factor=0.5,
                               growth_interval=10, _growth_tracker=-1), ValueError, "_growth_tracker"),
     "a GradScaler": (torch.amp.GradScaler("cpu"), TypeError, "state"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("bad", list(BAD_STATES))

@@ -160,7 +160,7 @@ BAD = [
     Bad("state_dict between unscale and step", lambda m, o: o.state_dict(), RuntimeError, "step_after_unscale", prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale)),
     Bad("load_state_dict between unscale and step", lambda m, o: o.load_state_dict(o.state_dict()), RuntimeError, "zero_grad", prepare=lambda m, o: o.zero_grad() or o.unscale(grads_scaled_by=o.scale)),
     Bad("closure step after unscale", lambda m, o: o.unscale_and_step(_closure(m, o), grads_scaled_by=o.scale), RuntimeError, "Drop the unscale", prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("case", OPTIMIZERS)

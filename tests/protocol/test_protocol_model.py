@@ -86,7 +86,7 @@ ACTIONS = st.lists(
         st.tuples(st.just("closure_step"), st.integers(0, 2)),
     ),
     max_size=30,
-)  # fmt: skip
+)
 
 
 def _apply(run: Run, model: ProtocolModel, action: str, arg) -> None:

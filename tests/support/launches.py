@@ -187,7 +187,7 @@ def check_parity(
             )[0]
             if dtype == torch.float64
             else [None] * len(params)
-        )  # fmt: skip
+        )
         update.launch(torch.zeros((), device=device), scale)
         for actual, expected in zip(update.state_dicts(), expected_state, strict=True):
             for key, value in actual.items():
