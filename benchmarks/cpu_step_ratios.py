@@ -166,64 +166,114 @@ CLIP = 1.0
 CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
     "AdamW": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
-        "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
-        "GS+foreach": (torch.float32,
-                       lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True))),
+        "GS+fused": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True)),
+        ),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True)),
+        ),
     },
     "Adagrad": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.Adagrad(p, **ADAGRAD))),
-        "GS+fused": (torch.float32,
-                     lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True))),
-        "GS+foreach": (torch.float32,
-                       lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True))),
+        "GS+fused": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True)),
+        ),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True)),
+        ),
     },
     "SGD": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.SGD(p, **SGD))),
         "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, fused=True))),
-        "GS+foreach": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True))),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True)),
+        ),
     },
     "RMSprop": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.RMSprop(p, **RMSPROP))),
-        "GS+foreach": (torch.float32,
-                       lambda p: gradscaler(torch.optim.RMSprop(p, **RMSPROP, foreach=True))),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.RMSprop(p, **RMSPROP, foreach=True)),
+        ),
     },
     "Lion": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.Lion(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLion(p, lr=1e-9))),
-        **({"GS+lion-pytorch": (torch.float32, third_party("lion_pytorch", "Lion"))}
-           if installed("lion_pytorch") else {}),
-        **({"GS+pytorch-optimizer": (torch.float32,
-                                     third_party("pytorch_optimizer", "Lion", foreach=True))}
-           if installed("pytorch_optimizer") else {}),
+        **(
+            {"GS+lion-pytorch": (torch.float32, third_party("lion_pytorch", "Lion"))}
+            if installed("lion_pytorch")
+            else {}
+        ),
+        **(
+            {
+                "GS+pytorch-optimizer": (
+                    torch.float32,
+                    third_party("pytorch_optimizer", "Lion", foreach=True),
+                )
+            }
+            if installed("pytorch_optimizer")
+            else {}
+        ),
     },
     "LAMB": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLAMB(p, lr=1e-9))),
-        **({"GS+pytorch-optimizer": (torch.float32, third_party(
-                "pytorch_optimizer", "Lamb", foreach=True, weight_decay=0.01, pre_norm=True))}
-           if installed("pytorch_optimizer") else {}),
+        **(
+            {
+                "GS+pytorch-optimizer": (
+                    torch.float32,
+                    third_party(
+                        "pytorch_optimizer", "Lamb", foreach=True, weight_decay=0.01, pre_norm=True
+                    ),
+                )
+            }
+            if installed("pytorch_optimizer")
+            else {}
+        ),
     },
     "LAMB-v3": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9, **LAMB_V3))),
-        **({"GS+pytorch-optimizer": (torch.float32,
-                                     third_party("pytorch_optimizer", "Lamb", foreach=True))}
-           if installed("pytorch_optimizer") else {}),
+        **(
+            {
+                "GS+pytorch-optimizer": (
+                    torch.float32,
+                    third_party("pytorch_optimizer", "Lamb", foreach=True),
+                )
+            }
+            if installed("pytorch_optimizer")
+            else {}
+        ),
     },
     "clip": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW), clip=CLIP)),
-        "GS+clip+fused": (torch.float32, lambda p: gradscaler(
-            torch.optim.AdamW(p, **ADAMW, fused=True), clip=CLIP)),
-        "GS+clip+foreach": (torch.float32, lambda p: gradscaler(
-            torch.optim.AdamW(p, **ADAMW, foreach=True), clip=CLIP)),
-        "ours-split": (torch.float32,
-                       lambda p: ours_split(scaledoptim.AdamW(p, **ADAMW), clip=CLIP)),
+        "GS+clip+fused": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True), clip=CLIP),
+        ),
+        "GS+clip+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True), clip=CLIP),
+        ),
+        "ours-split": (
+            torch.float32,
+            lambda p: ours_split(scaledoptim.AdamW(p, **ADAMW), clip=CLIP),
+        ),
     },
     "SR": {
-        "ours": (torch.bfloat16,
-                 lambda p: ours(scaledoptim.AdamW(p, **ADAMW, stochastic_rounding=True))),
+        "ours": (
+            torch.bfloat16,
+            lambda p: ours(scaledoptim.AdamW(p, **ADAMW, stochastic_rounding=True)),
+        ),
         "ours-nearest": (torch.bfloat16, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
-        "GS+fused-fp32": (torch.float32,
-                          lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
+        "GS+fused-fp32": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True)),
+        ),
     },
 }
 

@@ -56,12 +56,19 @@ def test_scaledoptim_kernel_path(benchmark, launches_off, n, grads) -> None:
     benchmark.group = f"host cost, {n} tensors, grads {grads}"
     benchmark.extra_info["calls"] = n
     benchmark.extra_info["target_s"] = (TARGET_US_PER_TENSOR * n + TARGET_US_FIXED) * 1e-6
-    benchmark.pedantic(lambda: opt.unscale_and_step(grads_scaled_by=opt.scale), setup=setup, rounds=15, warmup_rounds=2)
+    benchmark.pedantic(
+        lambda: opt.unscale_and_step(grads_scaled_by=opt.scale),
+        setup=setup,
+        rounds=15,
+        warmup_rounds=2,
+    )
 
 
 @pytest.mark.parametrize("grads", ["persistent", "reallocated"])
 @pytest.mark.parametrize("n", TENSORS)
-def test_torch_fused_adamw_with_gradscaler_unscale_on_meta(benchmark, monkeypatch, n, grads) -> None:
+def test_torch_fused_adamw_with_gradscaler_unscale_on_meta(
+    benchmark, monkeypatch, n, grads
+) -> None:
     monkeypatch.setattr(torch_adam, "_device_dtype_check_for_fused", lambda *a, **k: None)
     params = [torch.nn.Parameter(torch.empty(NUMEL, device="meta")) for _ in range(n)]
     for p in params:
@@ -70,7 +77,9 @@ def test_torch_fused_adamw_with_gradscaler_unscale_on_meta(benchmark, monkeypatc
     found_inf, inv_scale = torch.zeros((), device="meta"), torch.ones((), device="meta")
 
     def step():
-        torch._amp_foreach_non_finite_check_and_unscale_([p.grad for p in params], found_inf, inv_scale)
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            [p.grad for p in params], found_inf, inv_scale
+        )
         opt.grad_scale, opt.found_inf = None, found_inf
         opt.step()
 

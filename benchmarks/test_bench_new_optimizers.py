@@ -38,7 +38,8 @@ class ForeachLion(torch.optim.Optimizer):
 
 
 class ForeachLAMB(torch.optim.Optimizer):
-    """LAMB (AdamW mode, clipping, trust ratio) with torch's foreach ops, as a user would write it."""
+    """LAMB (AdamW mode, clipping, trust ratio) with torch's foreach ops, as a user would write
+    it."""
 
     def __init__(
         self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0

@@ -75,6 +75,7 @@ def disable(fn: F) -> F:
 
 
 def assume_constant_result(fn: F) -> F:
-    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo: the marker it sets."""
+    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo: the marker it
+    sets."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn

@@ -9,9 +9,9 @@ once a scaledoptim region has been entered in the process, ``torch.autocast`` re
 hooks on ``torch.autocast.__enter__``/``__exit__`` (``_install_torch_autocast_hooks``; they
 call torch's methods unchanged and only record; installed by the first scaledoptim region,
 not on import, so importing scaledoptim changes nothing in torch). Regions opened before the
-hooks cannot be inside a scaledoptim region, so missing them changes nothing. An op on a device is governed by the
-innermost recorded region *of that device*: a region of another device type entered inside
-a scaledoptim region leaves its policies in force, and a plain ``torch.autocast`` region of
+hooks cannot be inside a scaledoptim region, so missing them changes nothing. An op on a device is
+governed by the innermost recorded region *of that device*: a region of another device type entered
+inside a scaledoptim region leaves its policies in force, and a plain ``torch.autocast`` region of
 the same device type gets torch's policies. Each record also keeps torch's nesting level
 after its entry; when the counter has moved past the last record, a region was entered
 without ``torch.autocast`` (``torch.set_autocast_enabled``, TorchScript) and nobody knows

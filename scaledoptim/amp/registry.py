@@ -75,7 +75,9 @@ def _functional_sibling(op: OpOverload) -> str | None:
     wanted = [
         argument.name
         for argument in op._schema.arguments
-        if not (argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write)
+        if not (
+            argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write
+        )
     ]
     namespace, _, base = op._schema.name.partition("::")
     packet = getattr(getattr(torch.ops, namespace), base.rstrip("_"), None)

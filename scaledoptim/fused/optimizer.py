@@ -117,7 +117,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
             if defaults.get("foreach"):
                 raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
-    # ------------------------------------------------------------------ the Update a subclass defines
+    # ------------------------------------------------------------- the Update a subclass defines
     @abc.abstractmethod
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists."""
@@ -266,7 +266,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
 def check_hyperparameter(
     name: str, value: Any, low: float = 0.0, high: float | None = None
 ) -> None:
-    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's style."""
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's
+    style."""
     if isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
     if not (low <= value and (high is None or value < high)):

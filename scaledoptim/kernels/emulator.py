@@ -100,7 +100,8 @@ def _glue_source(kernel: MultiTensorKernel) -> str:
 
 
 def expected_abi_layout(kernel: MultiTensorKernel) -> list[int]:
-    """What ``so_abi_layout`` must report for ``kernel``: the launcher's side of Note [kernel ABI]."""
+    """What ``so_abi_layout`` must report for ``kernel``: the launcher's side of
+    Note [kernel ABI]."""
     table = table_type(kernel.n_lists)
     args = kernel.args_type
     return [

@@ -47,7 +47,12 @@ class PreparedLaunch:
     def detached(self) -> PreparedLaunch:
         """The same launch with tables of its own, for :meth:`repoint`."""
         plans = tuple(
-            (instantiation, dataclasses.replace(planned, table=type(planned.table).from_buffer_copy(planned.table)))
+            (
+                instantiation,
+                dataclasses.replace(
+                    planned, table=type(planned.table).from_buffer_copy(planned.table)
+                ),
+            )
             for instantiation, planned in self.plans
         )
         return PreparedLaunch(self.kernel, self.device, plans, owns_tables=True)
@@ -245,7 +250,9 @@ def _build_plans(
         sizes = [tensor_lists[0][i].numel() for i in indices]
         for planned in plan_launches(pointers, sizes, kernel.n_lists, launch_config.chunk_size):
             in_lists = tuple(indices[slot] for slot in planned.slot_tensors)
-            plans.append((kernel.instantiation(dtypes), dataclasses.replace(planned, slot_tensors=in_lists)))
+            plans.append(
+                (kernel.instantiation(dtypes), dataclasses.replace(planned, slot_tensors=in_lists))
+            )
     return plans
 
 

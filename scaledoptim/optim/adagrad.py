@@ -77,7 +77,8 @@ class Adagrad(FusedOptimizer):
     one-element tensor (a CPU one is read at each step). Complex params, sparse grads, views
     with gaps, ``differentiable=True`` and an ``lr`` tensor on an accelerator take
     :func:`torch.optim.adagrad.adagrad` with the group's flags, in the same step (see
-    the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
+    the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the
+    param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -148,8 +149,12 @@ class Adagrad(FusedOptimizer):
         for param, counter in zip(fresh, counters):
             self.state[param] = {
                 "step": counter,
-                "sum": torch.full_like(param, complex(init, init) if param.is_complex() else init,
-                                       dtype=state_dtype(param), memory_format=torch.preserve_format),
+                "sum": torch.full_like(
+                    param,
+                    complex(init, init) if param.is_complex() else init,
+                    dtype=state_dtype(param),
+                    memory_format=torch.preserve_format,
+                ),
             }
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -214,9 +219,13 @@ class Adagrad(FusedOptimizer):
 
 
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(lr=hyperparameter("lr", group["lr"]), lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
-                weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
-                eps=hyperparameter("eps", group["eps"]), maximize=group["maximize"])
+    return dict(
+        lr=hyperparameter("lr", group["lr"]),
+        lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        eps=hyperparameter("eps", group["eps"]),
+        maximize=group["maximize"],
+    )
 
 
 def adagrad_(

@@ -352,9 +352,15 @@ class _GlobalGradNorm:
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(
-        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-        bias_correction=group["bias_correction"], max_grad_norm=group["max_grad_norm"],
-        adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
+        lr=group["lr"],
+        beta1=beta1,
+        beta2=beta2,
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        bias_correction=group["bias_correction"],
+        max_grad_norm=group["max_grad_norm"],
+        adam_w_mode=group["adam_w_mode"],
+        grad_averaging=group["grad_averaging"],
         use_nvlamb=group["use_nvlamb"],
     )
 

@@ -74,7 +74,8 @@ class RMSprop(FusedOptimizer):
     path. Every hyper-parameter may be a one-element tensor (a CPU one is read at each step).
     Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
     accelerator take :func:`torch.optim.rmsprop.rmsprop` with the group's flags, in the same
-    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
+    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32
+    whatever the param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.

@@ -115,7 +115,11 @@ class SGD(FusedOptimizer):
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.SGD
     _legacy_options: ClassVar[dict[str, Any]] = {
-        "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
+        "nesterov": False,
+        "maximize": False,
+        "foreach": None,
+        "differentiable": False,
+        "fused": False,
     }
     _state_may_lack_step = True
 
@@ -257,9 +261,11 @@ def _start_buffers_(
 
 def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        lr=hyperparameter("lr", group["lr"]), momentum=hyperparameter("momentum", group["momentum"]),
+        lr=hyperparameter("lr", group["lr"]),
+        momentum=hyperparameter("momentum", group["momentum"]),
         dampening=hyperparameter("dampening", group["dampening"]),
-        nesterov=group["nesterov"], weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        nesterov=group["nesterov"],
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
         maximize=group["maximize"],
     )
 

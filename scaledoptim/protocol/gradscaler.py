@@ -126,7 +126,9 @@ class GradScaler(torch.amp.GradScaler):
                 init_scale=init_scale, growth_factor=growth_factor,
                 backoff_factor=backoff_factor, growth_interval=growth_interval,
             )
-        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+        super().__init__(
+            device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
+        )
 
     # ------------------------------------------------------------------ one place for the state
     def _scaling_config(self) -> ScalingConfig:

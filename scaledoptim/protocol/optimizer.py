@@ -261,7 +261,11 @@ class Optimizer(SplitForm):
                         max_grad_norm,
                     )
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
-                return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
+                return (
+                    loss,
+                    torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device),
+                    None,
+                )
             replay.check_takes_scale(closure, "unscale_and_step")
 
             def evaluate(scale: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:

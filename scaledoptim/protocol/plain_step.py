@@ -104,7 +104,9 @@ class PlainStepGuard(ScaleOwner):
         finally:
             vars(self).update(hidden)
 
-    def _checked_closure(self, closure: Callable[[], Any], state: ScalingState) -> Callable[[], Any]:
+    def _checked_closure(
+        self, closure: Callable[[], Any], state: ScalingState
+    ) -> Callable[[], Any]:
         """``closure``, refusing to let ``step`` use grads of a backward scaled by ``opt.scale``."""
 
         def checked() -> Any:

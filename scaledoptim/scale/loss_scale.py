@@ -93,7 +93,8 @@ class LossScale:
         return True
 
     def retire(self, reason: str) -> None:
-        """Marks this scale's tensor as no longer in use; the protocol refuses it with ``reason``."""
+        """Marks this scale's tensor as no longer in use; the protocol refuses it with
+        ``reason``."""
         self.handle["retired"] = reason
 
     def scaled_for(self, reporter: int) -> bool:

@@ -1,5 +1,5 @@
-"""``python -m scaledoptim.doctor``: every check passes on this machine (GPU checks skipped without a
-GPU), and a check whose subject is broken fails, names itself, and makes the exit status 1."""
+"""``python -m scaledoptim.doctor``: every check passes on this machine (GPU checks skipped without
+a GPU), and a check whose subject is broken fails, names itself, and makes the exit status 1."""
 
 from __future__ import annotations
 

@@ -120,7 +120,9 @@ def _mutations(state_dict: dict[str, Any]) -> list[tuple[str, Callable[[dict[str
                 edits.append((where, put(in_group, option, value)))
         edits.append((where, put(in_group, "bogus", 1)))
         edits.append(("param", put(in_group, "params", [*group["params"][:-1], 99])))
-        edits.append(("param", put(in_group, "params", [group["params"][0]] * len(group["params"]))))
+        edits.append(
+            ("param", put(in_group, "params", [group["params"][0]] * len(group["params"])))
+        )
     # per-param state: every entry, the keys
     for param_id, param_state in state_dict["state"].items():
         where = f"state[{param_id!r}]"
@@ -133,7 +135,9 @@ def _mutations(state_dict: dict[str, Any]) -> list[tuple[str, Callable[[dict[str
             for bad in _bad_tensors(value).values():
                 edits.append((where, put(in_state, key, bad)))
         edits.append((where, put(in_state, "bogus", torch.ones(1))))
-        edits.append(("state", lambda sd, i=param_id: sd["state"].__setitem__(str(i), sd["state"].pop(i))))
+        edits.append(
+            ("state", lambda sd, i=param_id: sd["state"].__setitem__(str(i), sd["state"].pop(i)))
+        )
         edits.append(("state", lambda sd, i=param_id: sd["state"].pop(i)))
         edits.append(("state", put(lambda sd: sd["state"], 99, {})))
     # the loss scale: its tensors and config
@@ -182,7 +186,9 @@ def test_a_mutated_state_dict_is_refused_unchanged_or_steps_as_torch(name, data)
     reference_model = _model()
     reference_model.load_state_dict(model_state)
     reference = PAIRS[name][1](reference_model.parameters())
-    reference.load_state_dict({k: v for k, v in copy.deepcopy(mutated).items() if k != "loss_scale"})
+    reference.load_state_dict(
+        {k: v for k, v in copy.deepcopy(mutated).items() if k != "loss_scale"}
+    )
     for m, o in ((model, opt), (reference_model, reference)):
         o.zero_grad()
         _backward(m, 2)

@@ -350,5 +350,8 @@ def test_the_one_reach_past_the_trainer_is_in_place(tmp_path):
 
 
 def test_importing_the_integrations_package_needs_no_transformers():
-    code = "import sys, scaledoptim, scaledoptim.integrations; assert 'transformers' not in sys.modules"
+    code = (
+        "import sys, scaledoptim, scaledoptim.integrations; "
+        "assert 'transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -41,7 +41,9 @@ def _ptx_entries(kernel: MultiTensorKernel, arch: int = 90) -> dict[str, str]:
     try:
         for name in kernel.instantiations():
             nvrtc.addNameExpression(program, name)
-        nvrtc.compileProgram(program, [*compile_options(kernel), f"--gpu-architecture=compute_{arch}"])
+        nvrtc.compileProgram(
+            program, [*compile_options(kernel), f"--gpu-architecture=compute_{arch}"]
+        )
         ptx = nvrtc.getPTX(program)
         ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
         return {

@@ -160,11 +160,12 @@ def check_parity(
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A row without a torch.optim class is held to its own torch form in float64, and each param
     element may match the same torch form in float32 instead. Our kernels compute in fp32 by
-    design (cuda/multi_tensor_apply.cuh); where fp32 and fp64 part by more than one rounding, neither is
-    wrong: Lion takes the sign of ``lerp(m, g, 1 - beta1)``, and where that cancels exactly (16-bit
-    grads make exact ties: m = g / 4 with beta1 = 0.8), the sign is rounding noise in either
-    precision, so the param moves by +lr or -lr (2-8 ulp of fp16, 2 of 400k elements at the GPU
-    tests' sizes). The fp32 torch form is the kernels' spec: on a GPU Lion equals it bit for bit.
+    design (cuda/multi_tensor_apply.cuh); where fp32 and fp64 part by more than one rounding,
+    neither is wrong: Lion takes the sign of ``lerp(m, g, 1 - beta1)``, and where that cancels
+    exactly (16-bit grads make exact ties: m = g / 4 with beta1 = 0.8), the sign is rounding noise
+    in either precision, so the param moves by +lr or -lr (2-8 ulp of fp16, 2 of 400k elements at
+    the GPU tests' sizes). The fp32 torch form is the kernels' spec: on a GPU Lion equals it bit
+    for bit.
     """
     generator = torch.Generator().manual_seed(seed)
     update = row_update(info, params, grads, config, **changes)

@@ -258,7 +258,8 @@ class TorchUpdate:
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
         if not rounded:
             return
-        if torch.is_grad_enabled():  # a differentiable step: autograd records copy_, not the foreach op
+        # A differentiable step: autograd records copy_, not the foreach op.
+        if torch.is_grad_enabled():
             for param, value in rounded:
                 param.copy_(value)
         else:
