@@ -23,7 +23,9 @@ struct StepEpilogueArgs {
 // (a wrapped count would grow the scale early); only an interval above it is ever that far.
 constexpr int kMaxTrackedSteps = 2147483647;
 
-// Note [scale update] (scaledoptim/scale/loss_scale.py, LossScale.update_, holds the same rules): back off
+// Note [scale update]
+// ~~~~~~~~~~~~~~~~~~~
+// LossScale.update_ in scaledoptim/scale/loss_scale.py holds the same rules with torch ops. Back off
 // by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen, or at
 // once when forced; grow by growth_factor (not above max_scale, never to inf) after
 // growth_interval clean steps (compared in 64 bits: an interval of 2**31 or more never comes).

@@ -130,7 +130,7 @@ def test_api_page_has_no_raw_links_undocumented_bases_or_source_notes(api_html):
     # A cross-reference whose target is not rendered anywhere stays "[title][identifier]".
     raw = RAW_LINK.findall(_prose(api_html))
     assert not raw, f"raw markdown links in the API reference: {raw}"
-    # Readers of the site cannot open the sources' Note [...] blocks.
+    # Readers of the site cannot open the sources' Notes.
     notes = re.findall(r"Note \[[^\]]*\]", _text(api_html))
     assert not notes, f"the API reference points at source notes: {notes}"
     # Every base a class names is rendered on the page, or is torch's, a builtin or stdlib's.

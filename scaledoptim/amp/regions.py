@@ -1,6 +1,8 @@
 """Which autocast region governs each device type on this thread, and whether it is ours.
 
-Note [telling regions apart]: torch keeps autocast state per thread in C++: an enabled flag
+Note [telling regions apart]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torch keeps autocast state per thread in C++: an enabled flag
 and a dtype per device type, and one nesting counter shared by all device types. Nothing in
 that state says which region set it, and nothing tells a ``torch.autocast("cuda")`` region
 from a ``torch.autocast("cpu")`` one with the same settings. So every region is recorded
@@ -18,7 +20,9 @@ without ``torch.autocast`` (``torch.set_autocast_enabled``, TorchScript) and nob
 its device, so scaledoptim's policies stand down and torch's apply, as they would in a plain
 region.
 
-Note [regions under torch.compile]: while dynamo or AOTAutograd traces a function, regions
+Note [regions under torch.compile]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+While dynamo or AOTAutograd traces a function, regions
 entered by the traced code are recorded on a copy of the thread's records owned by the
 trace (``TracingContext``), never on the thread's own: a trace that is abandoned halfway
 leaves nothing behind. ``enter_region``/``exit_region`` are placed in the graph

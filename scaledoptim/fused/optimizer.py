@@ -164,7 +164,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         return None
 
     # ------------------------------------------------------------------ the inherited machinery
-    @compile_boundary.disable  # Note [compile boundary] in protocol/optimizer.py
+    @compile_boundary.disable  # See Note [compile boundary] in protocol/split_form.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Performs a single optimization step.

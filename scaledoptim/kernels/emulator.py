@@ -72,7 +72,9 @@ def _compiler_version(compiler: str) -> str:
 
 def _glue_source(kernel: MultiTensorKernel) -> str:
     table, args = f"TensorTable<{kernel.n_lists}>", kernel.args_type.__name__
-    # Note [kernel ABI]: the layout of every field the launcher writes, as the C++ compiler
+    # Note [kernel ABI]
+    # ~~~~~~~~~~~~~~~~~
+    # The layout of every field the launcher writes, as the C++ compiler
     # sees it, so that a ctypes mirror that drifts from its struct fails loudly at load time.
     layout = [
         f"{table}::kMaxTensors",

@@ -109,7 +109,7 @@ class TorchNativeBackend(Backend):
 
 
 # Note [unscale in the update on a CPU]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Unscaled in a pass of their own, then clipped in place, fp32 grads are read and written twice
 # before the update reads them: on a CPU, where a step is bound by memory traffic, that made a
 # clipping step cost more than GradScaler + ``clip_grad_norm_`` + torch's fused AdamW. So when a
