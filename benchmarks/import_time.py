@@ -1,10 +1,10 @@
 """``import scaledoptim`` against ``import torch``: wall time of the import in fresh interpreters.
 
-Each round starts one interpreter per module, interleaved, with ``python -X importtime -c
-"import <module>"`` and reads the cumulative time of the module's own top-level entry (so the
-interpreter's start-up is left out; ``import scaledoptim`` includes ``import torch``). Prints the
-median of the rounds for each module and the ratio of the medians (issue 22, item 4: at most
-1.15). Also says which heavy torch modules ``import scaledoptim`` pulled in.
+Each round starts one interpreter per module, interleaved, with ``python -X importtime -c "import
+<module>"`` and reads the cumulative time of the module's own top-level entry (so the interpreter's
+start-up is left out; ``import scaledoptim`` includes ``import torch``). Prints the median of the
+rounds for each module and the ratio of the medians (the goal: at most 1.15, importing scaledoptim
+costs little beyond torch). Also says which heavy torch modules ``import scaledoptim`` pulled in.
 
     python benchmarks/import_time.py [--rounds 5]
 """

@@ -1,8 +1,9 @@
 """Host cost of a step: the Python and dispatch work around the launches, per param tensor.
 
-scaledoptim's kernel path runs on CPU tensors with ``SCALEDOPTIM_KERNELS=emulate`` and every
-kernel launch replaced by a no-op, so what is timed is exactly what a GPU step would cost the
-host. Three things to compare with in the same run (issue 22, item 6):
+scaledoptim's kernel path runs on CPU tensors with ``SCALEDOPTIM_KERNELS=emulate`` and every kernel
+launch replaced by a no-op, so what is timed is exactly what a GPU step would cost the host. Three
+things to compare with in the same run, so that no ratio rests on a baseline measured under other
+conditions:
 
 * the baseline, the floor: torch's raw aten dispatch of the same work on meta tensors (the
   check-and-unscale op, the step counters' add and ``_fused_adamw_``; no kernel runs, no

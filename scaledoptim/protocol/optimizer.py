@@ -15,11 +15,11 @@ Note [step requests]
 ~~~~~~~~~~~~~~~~~~~~
 Every protocol step goes through ``self.step()``, and ``step()`` itself honours the protocol:
 
-* A protocol method hands the step it wants to ``step()`` as a :class:`StepRequest`. An
-  optimizer whose update we own (:attr:`Optimizer._plans_in_step`: the fused ones) receives it
-  in ``step()`` and plans there, *after* the step pre-hooks ran, so what a hook does to the
-  grads is what the plan validates, checks and uses (issue 20, item 8). Any other optimizer is
-  planned, unscaled and read on the host first, and its ``step()`` runs only when not skipped
+* A protocol method hands the step it wants to ``step()`` as a :class:`StepRequest`. An optimizer
+  whose update we own (:attr:`Optimizer._plans_in_step`: the fused ones) receives it in ``step()``
+  and plans there, *after* the step pre-hooks ran, so what a hook does to the grads (assigned,
+  zeroed in place) is what the plan validates, checks and uses. Any other optimizer is planned,
+  unscaled and read on the host first, and its ``step()`` runs only when not skipped
   (torch.amp.GradScaler's order; the hooks see unscaled grads).
 * A plain ``step()`` call asks :meth:`Optimizer._implicit_request` what the protocol owes it:
   after :meth:`~Optimizer.unscale`, the pending ``found_inf`` (``step_after_unscale``); after a
@@ -146,7 +146,8 @@ class Optimizer(SplitForm):
         return state
 
     # Created eagerly even when first touched inside torch.compile: a scale created while
-    # tracing (issue 20, item 7) could be a different tensor from the one the protocol moves.
+    # tracing could be a different tensor from the one the protocol moves, and then the scale
+    # the next compiled call reads never backs off.
     @compile_boundary.disable
     def _create_scaling(self) -> ScalingState:
         refuse_during_capture("Creating the loss scale")

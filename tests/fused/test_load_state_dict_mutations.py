@@ -1,7 +1,8 @@
-"""``load_state_dict`` is a plan (issue 31): a valid state_dict with one thing changed (any key,
-any field, many kinds of bad value) is either refused with a TypeError/ValueError that names
-where, changing nothing, or accepted, and then the next step is torch.optim's on the same
-loaded state. On both update paths (torch's fused ops, our kernels under the emulator)."""
+"""``load_state_dict`` is a plan (Note [loads are plans]), so bad state never replaces good: a valid
+state_dict with one thing changed (any key, any field, many kinds of bad value) is either refused
+with a TypeError/ValueError that names where, changing nothing, or accepted, and then the next step
+is torch.optim's on the same loaded state. On both update paths (torch's fused ops, our kernels
+under the emulator)."""
 
 from __future__ import annotations
 

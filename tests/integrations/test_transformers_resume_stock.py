@@ -1,5 +1,6 @@
 """ScaledTrainer resumes a stock ``Trainer(fp16=True)`` checkpoint, importing its GradScaler state
-(``scaler.pt``), and takes the scale's settings in one argument, ``scaling_config`` (issue 31).
+(``scaler.pt``), and takes the scale's settings in one argument, ``scaling_config``, so a run
+started with GradScaler moves to scaledoptim without losing its scale.
 
 The checkpoint is written by a stock Trainer on CPU (whose accelerate has no GradScaler there),
 plus the ``scaler.pt`` a CUDA run writes: a real torch.amp.GradScaler's state_dict.

@@ -1,6 +1,7 @@
-"""``scaledoptim.GradScaler`` where torch.amp.GradScaler raises or loads (issue 31): a growth
-tracker past a shortened growth interval loads and grows as torch's; a step with nothing checked
-and a scale of something that is no tensor raise torch's errors, changing nothing."""
+"""``scaledoptim.GradScaler`` raises or loads where torch.amp.GradScaler does, so code written for
+torch's meets the same errors and loads the same checkpoints: a growth tracker past a shortened
+growth interval loads and grows as torch's; a step with nothing checked and a scale of something
+that is no tensor raise torch's errors, changing nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``scaledoptim.GradScaler``: torch.amp.GradScaler's object, with the scale in the optimizers
-(issue 21, item 1).
+"""``scaledoptim.GradScaler``: torch.amp.GradScaler's object, with the scale in the optimizers,
+for the frameworks that pass a scaler object around (Note [GradScaler facade]).
 
 Each run here is compared with ``torch.amp.GradScaler`` driving the matching torch optimizer:
 same scales, same skipped iterations, same params within kernel rounding (bit for bit on torch's

@@ -1,4 +1,4 @@
-"""A scale handle the user holds stays live (issue 20, item 5).
+"""A scale handle the user holds stays live, so a resumed run cannot restart at a stale scale.
 
 ``S = opt.scale`` taken once is the scale in use for the optimizer's lifetime: loads and
 configuration copy into it. Where it cannot stay (another optimizer's scale after

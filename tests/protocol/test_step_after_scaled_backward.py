@@ -1,4 +1,5 @@
-"""A step never consumes scaled grads as if they were unscaled (issue 20, item 6).
+"""A step never consumes scaled grads as if they were unscaled (GradScaler's habit of a plain
+``step()`` after a scaled backward must not step on scaled or overflowed grads).
 
 The GradScaler habit ``scale_outputs(loss, S).backward(); opt.step()``: a plain ``step()``
 after a backward scaled by ``opt.scale`` does exactly what ``unscale_and_step(grads_scaled_by=

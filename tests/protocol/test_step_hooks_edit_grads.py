@@ -1,4 +1,4 @@
-"""Step pre-hooks that edit grads count (issue 20, item 8).
+"""Step pre-hooks that edit grads count (a step used to plan before they ran, ignoring them).
 
 ``unscale_and_step`` and ``step_after_unscale`` commit through ``self.step()``, so step
 pre-hooks run; a fused step now plans (validates, checks, unscales) after they ran, so what a

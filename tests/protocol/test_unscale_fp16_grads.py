@@ -1,4 +1,4 @@
-"""``unscale()`` refuses fp16 grads, as ``torch.amp.GradScaler.unscale_`` does (issue 20, item 10).
+"""``unscale()`` refuses fp16 grads, as ``torch.amp.GradScaler.unscale_`` does.
 
 Unscaled in place, an fp16 grad holds only values above fp16's smallest subnormal (6e-8): small
 true grads flush to zero, and the clipping recipe (``unscale`` + clip + ``step_after_unscale``)
