@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     step_epilogue_kernel(TensorTable<1> table, StepEpilogueArgs args) {
   // One thread moves the scale; no other block reads it or its trackers in this launch.
   if (args.scale_found_inf != nullptr && blockIdx.x == 0 && threadIdx.x == 0) update_scale(args);
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const Chunk c = this_blocks_chunk(table);
   float* steps = chunk_data<float>(table, 0, c);
   for_each_lanes(c.size, is_aligned(steps), [&](const Lanes& l) {

@@ -1,7 +1,9 @@
 """The source Notes (PyTorch's convention, shared by the Python and the CUDA sources): each one
 has a single heading, a line with the Note's name over a ``~`` underline of the same length, in
 a comment or a docstring; every other mention names a Note that has one, and where it says the
-file (``... in fused/plan.py``), that is the file holding the heading.
+file (``... in fused/plan.py``), that is the file holding the heading. A mention that opens a
+comment, a docstring or a sentence reads "See Note [...]", so that it is never taken for the
+definition.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ SUFFIXES = {".py", ".cu", ".cuh", ".h"}
 _PREFIX = re.compile(r'^\s*(?:#:?|//|\*|""")?\s*')
 _NAME = r"\[([^\]]+)\]"
 _HEADING = re.compile(r"^Note " + _NAME + r"$")
+_COMMENT = re.compile(r"\s*(?:#|//)")
 _MENTION = re.compile(r"Note\s+" + _NAME + r"(\)?\s+in\s+(?:``)?([\w./]+\.(?:py|cuh?|h))\b)?")
 
 
@@ -34,6 +37,7 @@ class Notes:
     headings: dict[str, list[Place]]
     mentions: dict[str, list[tuple[Place, str | None]]]  # the file a mention names, if any
     bad_underlines: list[Place]
+    bare: list[Place]  # mentions opening a comment, docstring or sentence without "See"
 
 
 def _name(raw: str) -> str:
@@ -55,6 +59,7 @@ def scan(root: Path = ROOT) -> Notes:
     headings: dict[str, list[Place]] = collections.defaultdict(list)
     mentions: dict[str, list[tuple[Place, str | None]]] = collections.defaultdict(list)
     bad: list[Place] = []
+    bare: list[Place] = []
     for tree in TREES:
         for path in sorted((root / tree).rglob("*")):
             if path.suffix not in SUFFIXES or path == Path(__file__).resolve():
@@ -74,13 +79,35 @@ def scan(root: Path = ROOT) -> Notes:
                     else:
                         bad.append(place)
                     texts[index] = ""  # a heading is not a mention of itself
+                else:
+                    bare.extend(_bare_mentions(relative, index, lines, texts))
                 starts.append(offset)
                 offset += len(texts[index]) + 1
             joined = "\n".join(texts)
             for match in _MENTION.finditer(joined):
                 line = next(i for i in range(len(starts) - 1, -1, -1) if starts[i] <= match.start())
                 mentions[_name(match.group(1))].append((Place(relative, line + 1), match.group(3)))
-    return Notes(dict(headings), dict(mentions), bad)
+    return Notes(dict(headings), dict(mentions), bad, bare)
+
+
+def _bare_mentions(path: str, index: int, lines: list[str], texts: list[str]) -> list[Place]:
+    previous = texts[index - 1] if index else ""
+    after_a_sentence = not previous or previous.endswith(".")
+    in_a_comment = index > 0 and _COMMENT.match(lines[index - 1]) is not None
+    found = []
+    for match in re.finditer(r"Note \[", lines[index]):
+        before = lines[index][: match.start()].rstrip()
+        if before.endswith(("See", "see")):
+            continue
+        if before.endswith(("#", "#:", "//")):
+            code = before.rstrip("#:/").strip()
+            opens = bool(code) or not in_a_comment or after_a_sentence
+        else:
+            opens = before.endswith('"""') or re.search(r"[.!?]$", before) is not None
+            opens = opens or (not before and after_a_sentence)
+        if opens:
+            found.append(Place(path, index + 1))
+    return found
 
 
 def test_every_note_has_one_heading_with_an_underline_of_its_length() -> None:
@@ -89,6 +116,11 @@ def test_every_note_has_one_heading_with_an_underline_of_its_length() -> None:
     assert not bad, f"underline a Note's name with as many '~' as it has characters: {bad}"
     several = {name: places for name, places in notes.headings.items() if len(places) > 1}
     assert not several, f"one heading per Note; keep one and point the others to it: {several}"
+
+
+def test_a_mention_that_opens_a_comment_or_sentence_says_see() -> None:
+    bare = [f"{place.path}:{place.line}" for place in scan().bare]
+    assert not bare, f"write 'See Note [...]' where a mention opens a comment or sentence: {bare}"
 
 
 def test_every_mention_names_a_note_with_a_heading_in_the_file_it_names() -> None:

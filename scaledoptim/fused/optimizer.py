@@ -185,7 +185,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Note [step requests]: what the protocol asks of this step is planned here, after the
+        # See Note [step requests]: what the protocol asks of this step is planned here, after the
         # step pre-hooks, so that what they did to the grads is what is checked and used.
         request, self._scaledoptim_request = self._scaledoptim_request, None
         if request is not None:  # a protocol method's: it reads the outcome

@@ -195,7 +195,7 @@ def _library(kernel: MultiTensorKernel, flags: tuple[str, ...], compiler: str) -
     ).hexdigest()
     directory = private_dir("emulator")
     path = directory / f"{kernel.source.stem}-{key[:24]}.so"
-    content = read_entry(path, key)  # Note [kernel cache]: None when missing or corrupt
+    content = read_entry(path, key)  # See Note [kernel cache]: None when missing or corrupt
     if content is None:
         content = _build(kernel, glue, include_dirs, flags, compiler, directory)
         write_entry(path, key, content)

@@ -72,7 +72,7 @@ class PreparedLaunch:
             operator.itemgetter(*slots)(pointers) if len(slots) > 1 else (pointers[slots[0]],)
             for slots in (planned.slot_tensors for _, planned in self.plans)
         ]
-        # Note [launchable tensors]: an empty tensor, the one kind with a null pointer, gets no
+        # See Note [launchable tensors]: an empty tensor, the one kind with a null pointer, gets no
         # slot. All checked before any table changes.
         if any(0 in picked for picked in picks):
             raise ValueError(

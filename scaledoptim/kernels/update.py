@@ -36,4 +36,4 @@ def launch_update(
     found = scalar_pointer(found_inf, "found_inf", device)
     args = make_args(found, scalar_pointer(inv_scale, "inv_scale", device))
     update.run(args)
-    advance.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update
+    advance.run(StepEpilogueArgs(found_inf=found))  # See Note [step counters]: after the update

@@ -80,7 +80,8 @@ _LISTS = (
     *ROUNDING_LISTS,
     "steps",
 )
-# Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk order.
+# See Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk
+# order.
 _KERNEL_LISTS = dict(dtype_lists=(0, 1), per_chunk_lists=(4, 5), per_tensor_lists=(7, 8))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
@@ -249,16 +250,17 @@ class LAMB(FusedOptimizer):
         global grad norm computed (``_GlobalGradNorm.torch_form``)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         o = _lamb_options(group)
-        # Note [sums over the mesh]: DTensors step on their local shards, their norms summed
+        # See Note [sums over the mesh]: DTensors step on their local shards, their norms summed
         # over the mesh.
         sums = MeshSums(params)
         params, grads, exp_avgs, exp_avg_sqs = map(
             sums.local, (params, grads, exp_avgs, exp_avg_sqs)
         )
-        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        # See Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None and (skip or not sums.sharded):  # Note [host skip]: on a CPU, in place
+        # See Note [host skip]: on a CPU, in place.
+        if skip is not None and (skip or not sums.sharded):
             if not skip:
                 advance_steps_(steps, None)
                 norm_sq = self._grad_norm_sq(params[0].device)
@@ -334,7 +336,7 @@ class _GlobalGradNorm:
     def torch_form(self, grads: list[Tensor]) -> None:
         # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
         # float64 params, and LAMB's torch form in float64 is its test reference) in float64.
-        # Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
+        # See Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
         narrow = [g for g in grads if g.dtype != torch.float64]
         wide = [g for g in grads if g.dtype == torch.float64]
         squares = []
@@ -425,4 +427,4 @@ def lamb_(
     args = lamb_args(found, inv, grad_norm.out.data_ptr(), **options)
     for launch in update:
         launch.run(args)
-    epilogue.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update
+    epilogue.run(StepEpilogueArgs(found_inf=found))  # See Note [step counters]: after the update

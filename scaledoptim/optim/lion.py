@@ -151,10 +151,10 @@ class Lion(FusedOptimizer):
     ) -> None:
         params, grads, exp_avgs, steps = tensor_lists
         o = _lion_options(group)
-        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        # See Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None:  # Note [host skip]: on a CPU, in place
+        if skip is not None:  # See Note [host skip]: on a CPU, in place
             if not skip:
                 _lion_in_place_(params, grads, exp_avgs, o)
                 advance_steps_(steps, None)

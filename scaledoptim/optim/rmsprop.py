@@ -178,7 +178,7 @@ class RMSprop(FusedOptimizer):
         ``found_inf`` is set."""
         params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
         o = _rmsprop_options(group)
-        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        # See Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
         if skip is not None:

@@ -169,7 +169,7 @@ class Optimizer(SplitForm):
         return None
 
     # ------------------------------------------------------------------ the protocol
-    @compile_boundary.disable  # Note [compile boundary]
+    @compile_boundary.disable  # See Note [compile boundary]
     def unscale_and_step(
         self,
         closure: Callable[[Any], Any] | None = None,
@@ -336,9 +336,10 @@ class Optimizer(SplitForm):
             scaled = plan.inv_scale is not None
             clip, norm_sq = request.max_grad_norm, None
             if clip is not None:
-                # Note [clipping in the step] in clipping.py: the check sums the squares of every
-                # grad (those checked during backward too: a plan given norm_sq ignores checked).
-                # Unscaled grads are checked into a flag of their own: nothing skips their step.
+                # See Note [clipping in the step] in clipping.py: the check sums the squares of
+                # every grad (those checked during backward too: a plan given norm_sq ignores
+                # checked). Unscaled grads are checked into a flag of their own: nothing skips
+                # their step.
                 norm_sq = torch.zeros((), dtype=torch.float32, device=plan.found_inf.device)
                 checking = plan.found_inf if scaled else torch.zeros_like(plan.found_inf)
                 inv = plan.inv_scale if plan.inv_scale is not None else torch.ones_like(checking)

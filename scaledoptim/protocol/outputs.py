@@ -58,7 +58,7 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
         # grads it makes (Note [scale handles]): refuse it at its first use.
         raise RuntimeError(f"This scale tensor is no longer in use. {handle['retired']}")
     scaled = _scaled(outputs, scale)
-    if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
+    if handle is not None:  # See Note [scale handles]: a write torch.compile replays, no guard
         handle["scaled"] = True
     return scaled
 

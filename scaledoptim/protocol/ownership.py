@@ -231,7 +231,7 @@ class ScaleOwner(torch.optim.Optimizer):
         state_dict = super().state_dict()
         loss_scale = self._scaling().loss_scale
         state_dict["loss_scale"] = loss_scale.state_dict()
-        # Note [the scale through DCP] in scale_carrying.py
+        # See Note [the scale through DCP] in scale_carrying.py
         for group in state_dict["param_groups"]:
             group[GROUP_SCALE_KEY] = loss_scale.state_dict()
         return state_dict

@@ -79,7 +79,7 @@ class SplitForm(UnscalePlanner):
         found_inf, scale, _ = self._record_unscale(plan)
         return found_inf, scale
 
-    @compile_boundary.disable  # Note [compile boundary]
+    @compile_boundary.disable  # See Note [compile boundary]
     def step_after_unscale(
         self,
         closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,

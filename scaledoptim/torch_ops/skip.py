@@ -139,7 +139,7 @@ def skip_on_host(found_inf: Tensor | None, host_reads: bool) -> bool | None:
     """Whether a step is skipped, read on the host where the caller says that is free
     (``host_reads``: a CPU, as the engine decides) and outside autograd, else ``None``: decide
     on device. Reads ``found_inf`` on the host only when ``host_reads``."""
-    # Note [host skip]: the caller decides; this package keeps no switch.
+    # See Note [host skip]: the caller decides; this package keeps no switch.
     if not host_reads or torch.is_grad_enabled():
         return None
     return found_inf is not None and bool(found_inf.item())

@@ -120,7 +120,7 @@ def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_whether_a_cpu_step_skips_on_the_host_is_the_engines_parameter(name, monkeypatch) -> None:
-    # Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
+    # See Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
     # form that reads found_inf; the leaf torch_ops keeps no switch of its own.
     reads = []
     item = torch.Tensor.item

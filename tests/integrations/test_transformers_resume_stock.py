@@ -80,7 +80,7 @@ def test_scaling_config_must_be_a_scaling_config(tmp_path):
 
 
 def test_the_trainer_still_loads_the_scaler_through_its_private_hook():
-    """Note [ScaledTrainer hooks]: the one private method overridden is still called on resume,
+    """See Note [ScaledTrainer hooks]: the one private method overridden is still called on resume,
     after the optimizer's state is loaded."""
     source = inspect.getsource(transformers.Trainer)
     assert source.index(

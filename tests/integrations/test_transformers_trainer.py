@@ -334,7 +334,7 @@ def test_fp16_refuses_an_optimizer_without_the_protocol(tmp_path):
 
 
 def test_the_one_reach_past_the_trainer_is_in_place(tmp_path):
-    """Note [ScaledTrainer hooks]: the Trainer's Accelerator gets two public overrides by a
+    """See Note [ScaledTrainer hooks]: the Trainer's Accelerator gets two public overrides by a
     class swap; a transformers or accelerate release that changes what they rely on fails
     here (the other tests would fail less clearly)."""
     trainer = ScaledTrainer(

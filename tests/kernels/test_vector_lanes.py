@@ -1,4 +1,4 @@
-"""Note [vector lanes] (cuda/multi_tensor_apply.cuh): the update kernels move every list in
+"""See Note [vector lanes] (cuda/multi_tensor_apply.cuh): the update kernels move every list in
 16-byte accesses where its chunk is aligned (one per 8 lanes of a 16-bit list, two float4 of an
 fp32 one) and fall back to guarded scalars elsewhere, with the same bits either way.
 

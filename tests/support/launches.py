@@ -101,7 +101,7 @@ class RowUpdate:
         args = opt.kernel_args(self.group, found, inv)
         for update in updates:
             update.run(args)
-        epilogue.run(kernels.StepEpilogueArgs(found_inf=found))  # Note [step counters]
+        epilogue.run(kernels.StepEpilogueArgs(found_inf=found))  # See Note [step counters]
 
 
 def row_update(
@@ -135,7 +135,7 @@ def row_update(
     scratch = opt.scratch_lists(group, list(params))
     rounding = (
         kernels.rounding_lists(master_params, sr_seeds) if info.rounding else []
-    )  # Note [param rounding]
+    )  # See Note [param rounding]
     lists = [list(params), list(grads), *state, *scratch, *rounding, steps]
     assert len(lists) == opt.kernel.n_lists, (info.name, [len(ts) for ts in lists])
     return RowUpdate(opt, group, lists, keys, len(scratch))
