@@ -25,9 +25,9 @@ constexpr int kMaxTrackedSteps = 2147483647;
 
 // Note [scale update]
 // ~~~~~~~~~~~~~~~~~~~
-// LossScale.update_ in scaledoptim/scale/loss_scale.py holds the same rules with torch ops. Back off
-// by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen, or at
-// once when forced; grow by growth_factor (not above max_scale, never to inf) after
+// LossScale.update_ in scaledoptim/scale/loss_scale.py holds the same rules with torch ops.
+// Back off by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen,
+// or at once when forced; grow by growth_factor (not above max_scale, never to inf) after
 // growth_interval clean steps (compared in 64 bits: an interval of 2**31 or more never comes).
 // `scaled_by * factor` is computed in double and rounded once, as torch._amp_update_scale_
 // does. With hysteresis 1 the hysteresis tracker is left alone.
