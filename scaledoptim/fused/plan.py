@@ -102,12 +102,12 @@ class FusedStepPlan:
         self.groups: list[_GroupLists] = []
         self.grads_copied = False  # a grad was copied into its param's layout
         self.over_subclasses = False  # a param is a tensor subclass (a DTensor, ...)
-        # DTensors stepped on their local shards by our kernels (Note [DTensor steps on our
-        # kernels] in sharded.py): what the ranks of their meshes agree on.
+        # DTensors stepped on their local shards by our kernels: what the ranks of their meshes
+        # agree on (Note [DTensor steps on our kernels] in fused/sharded.py).
         self.mesh: MeshAgreement | None = None
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, Tensor | None] = {}
-        # Note [param edits under master weights]: the masters, and those to resync first.
+        # See Note [param edits under master weights]: the masters, and those to resync first.
         self.masters: MasterWatch | None = None
         self.edited_masters: list[int] = []
 
@@ -135,7 +135,7 @@ class FusedStepPlan:
         return inv_scale
 
     def clip_grads_(self, coef: Tensor) -> None:
-        # Note [clipping in the step] in protocol/clipping.py: in the inv_scale an update
+        # See Note [clipping in the step] in protocol/clipping.py: in the inv_scale an update
         # applies in registers, else in the grads the unscale left (the torch forms read those).
         for backend, part in self.parts.items():
             left = self.left.get(backend)
@@ -181,13 +181,13 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         for group in optimizer.param_groups
         for p in group["params"]
     )
-    on_shards = False  # Note [DTensor steps on our kernels] in sharded.py
+    on_shards = False  # See Note [DTensor steps on our kernels] in fused/sharded.py
     if plan.over_subclasses:
         check_dtensor_update(optimizer, optimizer.param_groups)
         all_params = [p for group in optimizer.param_groups for p in group["params"]]
         on_shards = backend is not TORCH_NATIVE and kernels_take_shards(optimizer, all_params)
         if backend is not TORCH_NATIVE and not on_shards:
-            # Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
+            # See Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
             # only; torch's ops take a DTensor (or another subclass) as torch.optim gives it them.
             plan = FusedStepPlan(optimizer, TORCH_NATIVE)
             plan.over_subclasses = True
@@ -383,7 +383,7 @@ def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
     return (
         optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
         route_key(optimizer, group),
-    )  # fmt: skip
+    )
 
 
 class MasterWatch:

@@ -54,7 +54,8 @@ __all__ = ["MeshAgreement", "check_dtensor_update", "kernels_take_shards", "loca
 
 def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
     """Raises for DTensor params of an update that is not elementwise whose placements its sums
-    over whole tensors cannot take (Note [sums over the mesh] in torch_ops/sharded.py)."""
+    over whole tensors cannot take (a ``Partial`` one), naming the param group."""
+    # See Note [sums over the mesh] in torch_ops/sharded.py.
     if update.elementwise:
         return
     for index, group in enumerate(param_groups):
@@ -68,8 +69,9 @@ def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
 
 def kernels_take_shards(update: Update, params: list[Tensor]) -> bool:
     """Whether our kernels can step ``params``, some of them tensor subclasses, on their local
-    shards (Note [DTensor steps on our kernels]): an elementwise update, and every subclass a
-    DTensor without a ``Partial`` placement whose local tensor is a plain tensor."""
+    shards: an elementwise update, and every subclass a DTensor without a ``Partial`` placement
+    whose local tensor is a plain tensor."""
+    # See Note [DTensor steps on our kernels] for what the rest takes instead.
     if not update.elementwise or not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor
@@ -96,8 +98,7 @@ def _local(tensor: Any) -> Tensor:
 
 class MeshAgreement:
     """What a step over the local shards of ``params`` (those with a grad) agrees on over their
-    meshes: ``found_inf`` and the clip's sum of squares (Note [DTensor steps on our
-    kernels]).
+    meshes: ``found_inf`` and the clip's sum of squares.
 
     Args:
         params: the step's params with a grad, plain tensors and DTensors (no ``Partial``).

@@ -93,7 +93,7 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
                 ),
                 inf_in_rank_1,
             )
-        # Note [DTensor steps on our kernels]: the emulated kernels step the local shards
+        # See Note [DTensor steps on our kernels]: the emulated kernels step the local shards
         assert (opt.kernel.name in launched) == (backend == "emulate")
         with kernels_mode(backend):  # the same backend on the whole tensors
             plain = [torch.nn.Parameter(w.clone()) for w in weights]

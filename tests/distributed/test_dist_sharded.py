@@ -185,7 +185,7 @@ def _dcp_old_format_loads(rank: int, world_size: int, tmp) -> None:
         for group in optim_state["param_groups"]:
             group.pop("loss_scale", None)  # as an older release wrote it
         return {"model": model_state, "optim": optim_state,
-                "loss_scale": opt.state_dict()["loss_scale"]}  # fmt: skip
+                "loss_scale": opt.state_dict()["loss_scale"]}
 
     model, opt = fresh()
     _train(model, opt, rank, range(5))
@@ -305,9 +305,9 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
         torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
 
 
-# ---------------------------------------------------------------- FSDP2, every elementwise optimizer
+# ------------------------------------------------------------ FSDP2, every elementwise optimizer
 def _assert_ran_on(backend: str, name: str, launched: list[str]) -> None:
-    """Note [DTensor steps on our kernels]: on the emulated kernels an elementwise optimizer's
+    """See Note [DTensor steps on our kernels]: on the emulated kernels an elementwise optimizer's
     DTensor step is the check, its kernel and the epilogue over the local shards; LAMB's, and
     every step on the torch backend, launch none of ours."""
     kernel = getattr(scaledoptim, name).kernel.name
