@@ -317,6 +317,18 @@ def _assert_ran_on(backend: str, name: str, launched: list[str]) -> None:
         assert launched == []
 
 
+def _scaler_step(scaler, model, opt, step: int, overflow: bool) -> float:
+    """torch's loop, one iteration (an inf in this rank's shard of the first grad if
+    ``overflow``); returns 1.0 when the scaler backed off (the step was skipped)."""
+    scaler.scale(loss_of(model, step)).backward()
+    if overflow:
+        _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    return float(scaler.get_scale() < scale)
+
+
 def _fsdp2_against_sharded_gradscaler(name: str, backend: str, rank: int, world_size: int, tmp):
     """``name`` on FSDP2 params (no ``process_group``), clean steps and an inf in one rank's
     shard (``INJECTED``): every rank skips the same steps, skipped steps change nothing, and the
@@ -343,13 +355,7 @@ def _fsdp2_against_sharded_gradscaler(name: str, backend: str, rank: int, world_
     ref_found = []
     for step in range(STEPS):
         ref_opt.zero_grad()
-        scaler.scale(loss_of(reference, step)).backward()
-        if INJECTED.get(step) == rank:
-            _local(next(reference.parameters()).grad).view(-1)[0] = float("inf")
-        scale = scaler.get_scale()
-        scaler.step(ref_opt)
-        scaler.update()
-        ref_found.append(float(scaler.get_scale() < scale))
+        ref_found.append(_scaler_step(scaler, reference, ref_opt, step, INJECTED.get(step) == rank))
     seen = _gathered(found)  # first, and the same verdict on both ranks
     assert seen[0] == seen[1]
     assert found == ref_found == expected
@@ -429,13 +435,8 @@ def _fsdp2_policy_against_sharded_gradscaler(
     scaler = ShardedGradScaler("cpu", init_scale=2.0**10, growth_interval=2)
 
     def torchs(model, opt, step):
-        scaler.scale(loss_of(model, step)).backward()
-        if overflow.get(step) == rank:
-            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
-        scale = scaler.get_scale()
-        scaler.step(opt)
-        scaler.update()
-        return float(scaler.get_scale() < scale), scaler.get_scale()
+        skipped = _scaler_step(scaler, model, opt, step, overflow.get(step) == rank)
+        return skipped, scaler.get_scale()
 
     with kernels_mode(backend):
         model, found = run(
