@@ -603,3 +603,47 @@ def test_steady_state_steps_keep_the_plan(monkeypatch) -> None:
         assert _step("new grads", twin, uncached=False)[1] is None
     # The first step creates the state, the second keeps its plan, the new entry is one change.
     assert len(builds) == 3
+
+
+# Between unscale() and step_after_unscale() user code runs (clip_grad_norm_, logging, edits):
+# the step re-verifies the plan unscale() checked, and steps as a plan from scratch would. (Not
+# "overflow": an inf written after unscale() is past the check whose found_inf the step uses.)
+BETWEEN_SPLIT_CALLS: dict[str, tuple[Mutate, Mutate | None]] = {
+    **{name: kept for name, kept in KINDS.items() if name not in ("new grads", "overflow")},
+    **{
+        name: (
+            lambda twin, values, f=f: f(
+                twin.opt.state[twin.params[0]]["exp_avg"], twin.params[0].grad
+            ),
+            None,
+        )
+        for name, f in GRAD_REINTERPRETATIONS.items()
+    },
+}
+
+
+@pytest.mark.parametrize("name", BETWEEN_SPLIT_CALLS)
+def test_mutations_between_unscale_and_step_after_unscale_are_seen(name) -> None:
+    mutate, heal = BETWEEN_SPLIT_CALLS[name]
+    cached, plain = _twins(row("AdamW"), channels_last=False, master_weights=True)
+    errors = []
+    for uncached, twin in enumerate((cached, plain)):
+        for step in range(3):
+            _fresh(twin, _grad_values(twin.params, seed=step))
+            _step("unscale + step_after_unscale", twin, bool(uncached))
+        _fresh(twin, _grad_values(twin.params, seed=3))
+        opt = twin.opt
+        try:
+            opt.unscale(grads_scaled_by=opt.scale)
+            mutate(twin, _grad_values(twin.params, seed=4))
+            if uncached:
+                opt._step_cache = None
+            opt.step_after_unscale()
+            errors.append(None)
+        except (RuntimeError, ValueError, TypeError) as error:
+            opt.zero_grad()
+            errors.append(f"{type(error).__name__}: {error}")
+        if heal is not None:
+            heal(twin, _grad_values(twin.params, seed=5))
+    assert errors[0] == errors[1], name
+    _assert_identical(cached, plain, name)
