@@ -540,13 +540,18 @@ GRAD_REINTERPRETATIONS = {
 }
 
 
+def _past_the_first_steps(twin: Twin, name: str, uncached: bool) -> None:
+    """Three steps of kind ``name`` on new grads: the state exists and the plan is kept."""
+    for step in range(3):
+        _fresh(twin, _grad_values(twin.params, seed=step))
+        _step(name, twin, uncached)
+
+
 def _reinterpreted_step_errors(mutate) -> None:
     cached, plain = _twins(row("AdamW"), channels_last=False, master_weights=False)
     errors = []
     for uncached, twin in enumerate((cached, plain)):
-        for step in range(3):
-            _fresh(twin, _grad_values(twin.params, seed=step))
-            _step("new grads", twin, bool(uncached))
+        _past_the_first_steps(twin, "new grads", bool(uncached))
         KINDS["the same grads written in place"][0](twin, _grad_values(twin.params, seed=3))
         mutate(twin.opt.state[twin.params[0]]["exp_avg"], twin.params[0].grad)
         errors.append(_step("new grads", twin, bool(uncached))[1])
@@ -628,9 +633,7 @@ def test_mutations_between_unscale_and_step_after_unscale_are_seen(name) -> None
     cached, plain = _twins(row("AdamW"), channels_last=False, master_weights=True)
     errors = []
     for uncached, twin in enumerate((cached, plain)):
-        for step in range(3):
-            _fresh(twin, _grad_values(twin.params, seed=step))
-            _step("unscale + step_after_unscale", twin, bool(uncached))
+        _past_the_first_steps(twin, "unscale + step_after_unscale", bool(uncached))
         _fresh(twin, _grad_values(twin.params, seed=3))
         opt = twin.opt
         try:
