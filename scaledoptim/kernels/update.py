@@ -29,8 +29,11 @@ def launch_update(
     if not tensor_lists[0]:
         return
     device = tensor_lists[0][0].device
-    update, advance = prepare_launch(kernel, tensor_lists), prepare_launch(STEP_EPILOGUE, [tensor_lists[-1]])
+    update, advance = (
+        prepare_launch(kernel, tensor_lists),
+        prepare_launch(STEP_EPILOGUE, [tensor_lists[-1]]),
+    )
     found = scalar_pointer(found_inf, "found_inf", device)
     args = make_args(found, scalar_pointer(inv_scale, "inv_scale", device))
     update.run(args)
-    advance.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update
+    advance.run(StepEpilogueArgs(found_inf=found))  # See Note [step counters]: after the update

@@ -30,7 +30,7 @@ from .lamb_in_place import _lamb_in_place_
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
     "LambNormArgs", "lamb_", "lamb_args",
-]  # fmt: skip
+]
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -80,18 +80,19 @@ _LISTS = (
     *ROUNDING_LISTS,
     "steps",
 )
-# Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk order.
+# See Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk
+# order.
 _KERNEL_LISTS = dict(dtype_lists=(0, 1), per_chunk_lists=(4, 5), per_tensor_lists=(7, 8))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
-                                **_KERNEL_LISTS)  # fmt: skip
+                                **_KERNEL_LISTS)
 #: The new moments, and per chunk the squared norms of params and updates, on the same lists.
 LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_kernel", _LISTS,
-                                      LambArgs, **_KERNEL_LISTS)  # fmt: skip
+                                      LambArgs, **_KERNEL_LISTS)
 #: The squared global norm of the unscaled grads, through per-chunk partial sums.
 LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
                                           ("grads", "grad_sq_partials"), LambNormArgs,
-                                          dtype_lists=(0,), per_chunk_lists=(1,))  # fmt: skip
+                                          dtype_lists=(0,), per_chunk_lists=(1,))
 
 
 def _log(beta: float) -> float:
@@ -123,7 +124,7 @@ def lamb_args(
         log_beta1=_log(beta1), log_beta2=_log(beta2), bias_correction=bias_correction,
         adam_w_mode=adam_w_mode,
         trust_ratio=use_nvlamb or weight_decay != 0,
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------ the optimizer
@@ -192,7 +193,7 @@ class LAMB(FusedOptimizer):
             max_grad_norm=max_grad_norm, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
             use_nvlamb=use_nvlamb, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -249,16 +250,17 @@ class LAMB(FusedOptimizer):
         global grad norm computed (``_GlobalGradNorm.torch_form``)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         o = _lamb_options(group)
-        # Note [sums over the mesh]: DTensors step on their local shards, their norms summed
+        # See Note [sums over the mesh]: DTensors step on their local shards, their norms summed
         # over the mesh.
         sums = MeshSums(params)
         params, grads, exp_avgs, exp_avg_sqs = map(
             sums.local, (params, grads, exp_avgs, exp_avg_sqs)
         )
-        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        # See Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None and (skip or not sums.sharded):  # Note [host skip]: on a CPU, in place
+        # See Note [host skip]: on a CPU, in place.
+        if skip is not None and (skip or not sums.sharded):
             if not skip:
                 advance_steps_(steps, None)
                 norm_sq = self._grad_norm_sq(params[0].device)
@@ -329,12 +331,12 @@ class _GlobalGradNorm:
         return LambNormArgs(
             found_inf, inv_scale, self.out.data_ptr(), partials.partials.data_ptr(),
             partials.arrivals.data_ptr(), partials.partials.numel(),
-        )  # fmt: skip
+        )
 
     def torch_form(self, grads: list[Tensor]) -> None:
         # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
         # float64 params, and LAMB's torch form in float64 is its test reference) in float64.
-        # Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
+        # See Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
         narrow = [g for g in grads if g.dtype != torch.float64]
         wide = [g for g in grads if g.dtype == torch.float64]
         squares = []
@@ -352,11 +354,17 @@ class _GlobalGradNorm:
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(
-        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-        bias_correction=group["bias_correction"], max_grad_norm=group["max_grad_norm"],
-        adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
+        lr=group["lr"],
+        beta1=beta1,
+        beta2=beta2,
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        bias_correction=group["bias_correction"],
+        max_grad_norm=group["max_grad_norm"],
+        adam_w_mode=group["adam_w_mode"],
+        grad_averaging=group["grad_averaging"],
         use_nvlamb=group["use_nvlamb"],
-    )  # fmt: skip
+    )
 
 
 def lamb_(
@@ -419,4 +427,4 @@ def lamb_(
     args = lamb_args(found, inv, grad_norm.out.data_ptr(), **options)
     for launch in update:
         launch.run(args)
-    epilogue.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update
+    epilogue.run(StepEpilogueArgs(found_inf=found))  # See Note [step counters]: after the update

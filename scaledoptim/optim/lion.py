@@ -126,7 +126,7 @@ class Lion(FusedOptimizer):
         defaults = dict(
             lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -151,10 +151,10 @@ class Lion(FusedOptimizer):
     ) -> None:
         params, grads, exp_avgs, steps = tensor_lists
         o = _lion_options(group)
-        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        # See Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None:  # Note [host skip]: on a CPU, in place
+        if skip is not None:  # See Note [host skip]: on a CPU, in place
             if not skip:
                 _lion_in_place_(params, grads, exp_avgs, o)
                 advance_steps_(steps, None)
@@ -193,7 +193,7 @@ def _lion_in_place_(
 def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                maximize=group["maximize"])  # fmt: skip
+                maximize=group["maximize"])
 
 
 def lion_(

@@ -74,7 +74,8 @@ class RMSprop(FusedOptimizer):
     path. Every hyper-parameter may be a one-element tensor (a CPU one is read at each step).
     Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
     accelerator take :func:`torch.optim.rmsprop.rmsprop` with the group's flags, in the same
-    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
+    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32
+    whatever the param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -109,7 +110,7 @@ class RMSprop(FusedOptimizer):
     _legacy_options: ClassVar[dict[str, Any]] = {
         "momentum": 0, "centered": False, "foreach": None, "maximize": False,
         "differentiable": False, "capturable": False,
-    }  # fmt: skip
+    }
 
     @staticmethod
     def update_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +138,7 @@ class RMSprop(FusedOptimizer):
             centered=centered, capturable=capturable, foreach=foreach, maximize=maximize,
             differentiable=differentiable, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -177,7 +178,7 @@ class RMSprop(FusedOptimizer):
         ``found_inf`` is set."""
         params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
         o = _rmsprop_options(group)
-        # Note [host skip]: the engine's parameter says whether a host read is free here.
+        # See Note [host skip]: the engine's parameter says whether a host read is free here.
         host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
         skip = skip_on_host(found_inf, host_reads) if params else None
         if skip is not None:
@@ -217,7 +218,7 @@ class RMSprop(FusedOptimizer):
             lr=group["lr"], alpha=group["alpha"], eps=group["eps"],
             weight_decay=group["weight_decay"], momentum=group["momentum"],
             centered=group["centered"],
-        )  # fmt: skip
+        )
 
 
 def _rmsprop_grads(grads: list[Tensor], params: list[Tensor], o: dict[str, Any]) -> list[Tensor]:
@@ -279,7 +280,7 @@ def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
         **{name: hyperparameter(name, group[name])
            for name in ("lr", "alpha", "eps", "weight_decay", "momentum")},
         centered=group["centered"], maximize=group["maximize"],
-    )  # fmt: skip
+    )
 
 
 def rmsprop_(
@@ -313,7 +314,7 @@ def rmsprop_(
             ``maximize``.
     """
     lists = [params, grads, square_avgs, momentum_buffers, grad_avgs,
-             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+             *rounding_lists(master_params, sr_seeds), steps]
     launch_update(
         RMSPROP_KERNEL, lists, found_inf, inv_scale, lambda f, i: rmsprop_args(f, i, **options)
     )

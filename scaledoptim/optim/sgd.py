@@ -115,8 +115,12 @@ class SGD(FusedOptimizer):
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.SGD
     _legacy_options: ClassVar[dict[str, Any]] = {
-        "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
-    }  # fmt: skip
+        "nesterov": False,
+        "maximize": False,
+        "foreach": None,
+        "differentiable": False,
+        "fused": False,
+    }
     _state_may_lack_step = True
 
     @staticmethod
@@ -144,7 +148,7 @@ class SGD(FusedOptimizer):
             nesterov=nesterov, maximize=maximize, foreach=foreach,
             differentiable=differentiable, fused=fused,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -229,7 +233,7 @@ class SGD(FusedOptimizer):
             foreach=group["foreach"], fused=group["fused"], found_inf=found_inf,
             weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
             dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
-        )  # fmt: skip
+        )
         for buffer, created, is_first in zip(buffers, momentum_buffers, first):
             if is_first:  # ours stays dense where torch's starts as a sparse grad's clone
                 created = cast(Tensor, created)  # the implementation created it
@@ -257,11 +261,13 @@ def _start_buffers_(
 
 def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        lr=hyperparameter("lr", group["lr"]), momentum=hyperparameter("momentum", group["momentum"]),
+        lr=hyperparameter("lr", group["lr"]),
+        momentum=hyperparameter("momentum", group["momentum"]),
         dampening=hyperparameter("dampening", group["dampening"]),
-        nesterov=group["nesterov"], weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        nesterov=group["nesterov"],
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
         maximize=group["maximize"],
-    )  # fmt: skip
+    )
 
 
 def sgd_(
@@ -297,5 +303,5 @@ def sgd_(
     if options["momentum"] != 0 and len(momentum_buffers) != len(params):
         raise ValueError("sgd_ with momentum != 0 needs one momentum buffer per param")
     lists = [params, grads, momentum_buffers if options["momentum"] != 0 else [],
-             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
+             *rounding_lists(master_params, sr_seeds), steps]
     launch_update(SGD_KERNEL, lists, found_inf, inv_scale, lambda f, i: sgd_args(f, i, **options))

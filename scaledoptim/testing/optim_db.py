@@ -77,7 +77,7 @@ from .optim_inputs import (
 __all__ = [
     "Config", "ErrorInput", "Functional", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
     "rows", "sweep",
-]  # fmt: skip
+]
 
 #: The param dtypes of mixed-precision training; the fused kernels take each of them.
 LOW_AND_FULL = (torch.float32, torch.float16, torch.bfloat16)
@@ -170,10 +170,10 @@ class OptimInfo:
         def call(
             group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
             inv_scale: Tensor | None,
-        ) -> None:  # fmt: skip
+        ) -> None:
             *tensors, masters, seeds, steps = lists
             entry(*tensors, steps, found_inf=found_inf, inv_scale=inv_scale,
-                  master_params=masters, sr_seeds=seeds, **options(group))  # fmt: skip
+                  master_params=masters, sr_seeds=seeds, **options(group))
 
         return call
 
@@ -246,10 +246,10 @@ def _lamb_entry(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
     param_norms_sq: list[Tensor], update_norms_sq: list[Tensor], steps: list[Tensor],
     **options: Any,
-) -> None:  # fmt: skip
+) -> None:
     """``lamb.lamb_`` taking its kernel's norm lists in place, as every other entry point."""
     lamb.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps,
-               norms_sq=(param_norms_sq, update_norms_sq), **options)  # fmt: skip
+               norms_sq=(param_norms_sq, update_norms_sq), **options)
 
 
 _ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps": (1e-10, 1e-3)}

@@ -79,8 +79,8 @@ class PackedSteps(list[Tensor]):
     Every param of a fused optimizer has a 0-dim float32 ``state["step"]`` (torch's state name;
     the kernels read it, a skipped first step must not count). Advanced with a foreach op over
     2000 0-dim CPU tensors, they cost 3 ms a step, as much as torch's whole fused SGD step over
-    2000x1k params (issue 22, item 3): torch's CPU foreach ops loop over the tensors. So the
-    full plan (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
+    2000x1k params: torch's CPU foreach ops loop over the tensors. So the full plan
+    (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
     and hands the update a ``PackedSteps``, which :func:`advance_steps_` advances with one
     ``add_`` of ``flat``. A list sliced or copied from it is a plain list and takes the foreach
     op: only the plan builds one, and the step cache replans when any state value moves (a
@@ -139,7 +139,7 @@ def skip_on_host(found_inf: Tensor | None, host_reads: bool) -> bool | None:
     """Whether a step is skipped, read on the host where the caller says that is free
     (``host_reads``: a CPU, as the engine decides) and outside autograd, else ``None``: decide
     on device. Reads ``found_inf`` on the host only when ``host_reads``."""
-    # Note [host skip]: the caller decides; this package keeps no switch.
+    # See Note [host skip]: the caller decides; this package keeps no switch.
     if not host_reads or torch.is_grad_enabled():
         return None
     return found_inf is not None and bool(found_inf.item())

@@ -156,7 +156,9 @@ def test_a_repointed_launch_has_the_tables_of_one_prepared_for_the_new_tensors(l
 
     old, new = lists(), lists()
     new[1 - list_index] = old[1 - list_index]
-    kernel = kernels.MultiTensorKernel(SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1))
+    kernel = kernels.MultiTensorKernel(
+        SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1)
+    )
     repointed = launcher.prepare_launch(kernel, old).detached()
     repointed.repoint(list_index, [t.data_ptr() for t in new[list_index]])
     fresh = launcher.prepare_launch(kernel, new)

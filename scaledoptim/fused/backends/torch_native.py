@@ -40,7 +40,9 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Note [tensor subclasses]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
 # Params that are tensor subclasses (DTensor under FSDP2 or tensor parallel, ...) take this
-# backend (Note [launchable tensors] in kernels/launcher.py). An elementwise update
+# backend (Note [launchable tensors] in kernels/launcher.py), but for DTensors of an elementwise
+# update on the kernel backend (Note [DTensor steps on our kernels] in fused/sharded.py). An
+# elementwise update
 # (``Update.elementwise``) runs on a DTensor's local shard: each element's update reads only that
 # element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
 # strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
@@ -75,13 +77,13 @@ class TorchNativeBackend(Backend):
     applies_scale_update = False
 
     def __init__(self, host_skip: bool = True) -> None:
-        # Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
+        # See Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
         self.host_skip = host_skip
 
     def host_reads_free(self, device: torch.device) -> bool:
         """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, when
         :attr:`host_skip`."""
-        # Note [host skip] in torch_ops/skip.py.
+        # See Note [host skip] in torch_ops/skip.py.
         return self.host_skip and device.type == "cpu"
 
     def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
@@ -109,7 +111,7 @@ class TorchNativeBackend(Backend):
 
 
 # Note [unscale in the update on a CPU]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Unscaled in a pass of their own, then clipped in place, fp32 grads are read and written twice
 # before the update reads them: on a CPU, where a step is bound by memory traffic, that made a
 # clipping step cost more than GradScaler + ``clip_grad_norm_`` + torch's fused AdamW. So when a
@@ -161,7 +163,7 @@ class _TorchUnscale:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
-                # Note [unscale in the update on a CPU]: a clipping step only
+                # See Note [unscale in the update on a CPU]: a clipping step only
                 if (
                     norm_sq is not None
                     and self.folds
@@ -170,7 +172,7 @@ class _TorchUnscale:
                     _check_by_norm(grads, found_inf, inv_scale, norm_sq)
                     return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
                 unscale_dense_(grads, found_inf, inv_scale)
-                if norm_sq is not None:  # Note [clipping in the step]: of the unscaled grads
+                if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
                     norm_sq.add_(sum_of_squares(grads))
             return None
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
@@ -212,10 +214,10 @@ class TorchUpdate:
         self.params, self.steps = params, steps
         self.masters: list[Tensor] = []
         self.seeds: list[Tensor] = []
-        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # Note [param rounding]
+        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # See Note [param rounding]
             *state_lists, self.masters, self.seeds = state_lists
         self.state_lists = state_lists
-        # Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
+        # See Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
         self.on_shards = update.elementwise and any(
             type(p) not in PLAIN_TENSOR_TYPES for p in params
         )
@@ -246,7 +248,7 @@ class TorchUpdate:
         if self.in_place:
             self.run([params, grads, *state_lists, steps], found_inf)
             return
-        # Note [param rounding]: with masters the update runs on them in place.
+        # See Note [param rounding]: with masters the update runs on them in place.
         work = masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
         self.run([work, work_grads, *state_lists, steps], found_inf)
@@ -258,7 +260,8 @@ class TorchUpdate:
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
         if not rounded:
             return
-        if torch.is_grad_enabled():  # a differentiable step: autograd records copy_, not the foreach op
+        # A differentiable step: autograd records copy_, not the foreach op.
+        if torch.is_grad_enabled():
             for param, value in rounded:
                 param.copy_(value)
         else:
@@ -306,7 +309,7 @@ TORCH_NATIVE = TorchNativeBackend()
 def decide_skips_on_device() -> Iterator[None]:
     """Inside the block the torch forms take their sync-free forms on a CPU too: the torch-native
     engine's ``host_skip`` is off."""
-    # Note [host skip] in torch_ops/skip.py: how the suite and the doctor check the GPU's form.
+    # See Note [host skip] in torch_ops/skip.py: how the suite and the doctor check the GPU's form.
     saved = TORCH_NATIVE.host_skip
     TORCH_NATIVE.host_skip = False
     try:
