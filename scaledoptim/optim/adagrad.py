@@ -188,7 +188,9 @@ class Adagrad(FusedOptimizer):
         grad_scale: torch.Tensor | None = None,
     ) -> None:
         """torch's fused Adagrad (checked against torch.optim.Adagrad's single-tensor math on
-        CPU, skips included), which reads the advanced counter."""
+        CPU, skips included), which reads the advanced counter and takes ``found_inf`` itself:
+        Adagrad's single torch form, on every device (Note [one torch form] in
+        fused/backends/torch_native.py)."""
         params, grads, sums, steps = tensor_lists
         advance_steps_(steps, found_inf)
         torch._fused_adagrad_(

@@ -204,6 +204,9 @@ class Adam(FusedOptimizer):
         found_inf: torch.Tensor | None,
         grad_scale: torch.Tensor | None = None,
     ) -> None:
+        """torch's fused Adam(W), which takes ``found_inf`` (and ``grad_scale``) itself: Adam's
+        single torch form, on every device (Note [one torch form] in
+        fused/backends/torch_native.py)."""
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
         options = _adam_options(group)

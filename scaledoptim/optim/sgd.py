@@ -182,7 +182,9 @@ class SGD(FusedOptimizer):
         found_inf: torch.Tensor | None,
         grad_scale: torch.Tensor | None = None,
     ) -> None:
-        """torch's fused SGD, with the first step decided on device.
+        """torch's fused SGD, with the first step decided on device; it takes ``found_inf`` (and
+        ``grad_scale``) itself: SGD's single torch form, on every device (Note [one torch form]
+        in fused/backends/torch_native.py).
 
         The momentum buffers start at zero, so ``momentum * 0 + (1 - dampening) * d_p`` is
         torch's first-step ``buf = d_p`` whenever ``dampening == 0``; with dampening they are

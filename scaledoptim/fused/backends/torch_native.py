@@ -1,5 +1,7 @@
-"""The torch-native backend: each optimizer's torch form (``Update.torch_update``), sync-free on
-any device.
+"""The torch-native backend: each optimizer's torch form, sync-free on any device: its
+``Update.torch_update`` over torch's fused ops, or its ``Update.torch_form_`` through one of the
+two drivers here (on a CPU, the skip read on the host; or working copies copied back unless
+skipped: Note [one torch form]).
 
 torch's ``_fused_adam(w)_`` / ``_fused_sgd_`` read ``found_inf`` on device and skip the whole
 update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they need params,
@@ -340,7 +342,8 @@ def update_on_working_copies_(
     steps = lists[-1]
     advance_steps_(steps, found_inf)  # first: the form reads the new count (unused if skipped)
     # Not the grads (1), nor the kernels' per-chunk scratch, which the form leaves alone.
-    written = [i for i in range(len(lists) - 1) if i != 1 and i not in update.kernel.per_chunk_lists]
+    scratch = update.kernel.per_chunk_lists
+    written = [i for i in range(len(lists) - 1) if i != 1 and i not in scratch]
     work = list(lists)
     for i in written:
         work[i] = [t.clone() for t in lists[i]]
