@@ -172,14 +172,6 @@ class FusedOptimizer(Optimizer, abc.ABC):
         """Per-param scratch lists of the kernel after the state lists (none by default)."""
         return []
 
-    @staticmethod
-    def update_options(group: Group) -> dict[str, Any]:
-        """The options of ``group`` as keyword arguments of the update's functional form
-        (``scaledoptim.optim.adam.adam_``, ...): hyper-parameters checked and split as the
-        kernel args take them (``betas`` as ``beta1``, ``beta2``). The optimizer table's
-        functional tests call it; an optimizer without a functional form need not define it."""
-        raise NotImplementedError("this optimizer has no functional form")
-
     def grad_reduction(self, grads: list[torch.Tensor]) -> GradReduction | None:
         """A reduction over every grad of the step before the updates (none by default)."""
         return None

@@ -34,7 +34,6 @@ from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
 from .sources import CUDA_SOURCE_DIR
 from .spec import CUDA_TYPE_NAMES, MultiTensorKernel, registered_kernels
-from .update import launch_update
 
 __all__ = [
     "CUDA_SOURCE_DIR",
@@ -59,7 +58,6 @@ __all__ = [
     "launch",
     "launch_config",
     "launch_op",
-    "launch_update",
     "non_finite_check_",
     "prepare_launch",
     "registered_kernels",

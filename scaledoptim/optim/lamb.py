@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,20 +14,15 @@ from ..fused import FusedOptimizer, check_hyperparameter
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
-    STEP_EPILOGUE,
     ChunkPartials,
     MultiTensorKernel,
-    StepEpilogueArgs,
     chunk_count,
-    prepare_launch,
-    rounding_lists,
-    scalar_pointer,
 )
 from ..torch_ops import BATCH, MeshSums, PackedSteps, batches, scalars, storage_flat
 
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
-    "LambNormArgs", "lamb_", "lamb_args",
+    "LambNormArgs", "lamb_args",
 ]  # fmt: skip
 
 
@@ -165,10 +160,6 @@ class LAMB(FusedOptimizer):
     _grad_norms_sq: dict[torch.device, Tensor] | None = None
     _grad_partials: dict[torch.device, ChunkPartials] | None = None
     _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
-
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _lamb_options(group)
 
     def __init__(
         self,
@@ -438,66 +429,3 @@ def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
         adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
         use_nvlamb=group["use_nvlamb"],
     )  # fmt: skip
-
-
-def lamb_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    exp_avg_sqs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    norms_sq: tuple[Sequence[Tensor], Sequence[Tensor]] | None = None,
-    **options: Any,
-) -> None:
-    r"""One fused LAMB step over all tensors (Apex FusedLAMB's semantics), with no host sync.
-
-    The global norm of the unscaled grads (all of ``grads``) clips them by
-    ``max(norm / max_grad_norm, 1)``; Adam moments; the update
-    ``m_hat / (sqrt(v_hat) + eps) (+ weight_decay * p in adam_w_mode)``; per tensor the trust
-    ratio ``||p|| / ||update||`` (when ``use_nvlamb`` or ``weight_decay != 0``, and both norms
-    are non-zero); ``p -= lr * ratio * update``. Nothing changes when ``found_inf`` is set.
-
-    Args:
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        norms_sq: two lists of float32 scratch tensors (one per param each, of one element
-            per chunk of the param: :func:`~scaledoptim.kernels.chunk_count`) receiving the
-            partial squared norms of params and updates, or ``None`` to allocate them.
-        options: the keyword arguments of :func:`lamb_args` but the pointers.
-    """
-    if not params:
-        return
-    device = params[0].device
-    norms = norms_sq or [
-        [torch.zeros(chunk_count(p.numel()), device=device) for p in params] for _ in range(2)
-    ]
-    lists = [
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        *norms,
-        *rounding_lists(master_params, sr_seeds),
-        steps,
-    ]
-    grad_norm = _GlobalGradNorm(
-        torch.zeros((), device=device),
-        ChunkPartials(sum(chunk_count(g.numel()) for g in grads), device),
-    )
-    grad_norm_launch = prepare_launch(LAMB_GRAD_NORM_KERNEL, grad_norm.tensor_lists(list(grads)))
-    update = [prepare_launch(kernel, lists) for kernel in (LAMB_NORMS_KERNEL, LAMB_KERNEL)]
-    epilogue = prepare_launch(STEP_EPILOGUE, [steps])
-    found = scalar_pointer(found_inf, "found_inf", device)
-    inv = scalar_pointer(inv_scale, "inv_scale", device)
-    grad_norm_launch.run(grad_norm.kernel_args(found, inv))
-    args = lamb_args(found, inv, grad_norm.out.data_ptr(), **options)
-    for launch in update:
-        launch.run(args)
-    epilogue.run(StepEpilogueArgs(found_inf=found))  # Note [step counters]: after the update

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,12 +14,10 @@ from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
 from ..torch_ops import scalars
 
-__all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_", "lion_args"]
+__all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -102,10 +100,6 @@ class Lion(FusedOptimizer):
     elementwise = True
     torch_form_in_place = True
 
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _lion_options(group)
-
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -167,36 +161,3 @@ def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
                 maximize=group["maximize"])  # fmt: skip
-
-
-def lion_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused Lion step over all tensors, in fp32 whatever the param and grad dtypes.
-
-    ``c = beta1 * m + (1 - beta1) * g``; ``p = p * (1 - lr * weight_decay) - lr * sign(c)``;
-    ``m = beta2 * m + (1 - beta2) * g`` (``g`` unscaled by ``inv_scale`` in registers, negated
-    if ``maximize``). If ``found_inf`` is given and non-zero, nothing is modified; otherwise each
-    ``steps[i]`` advances by one.
-
-    Args:
-        params, grads, exp_avgs, steps: one tensor per parameter; exp_avgs float32, steps 0-dim
-            float32 counters of taken steps.
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: the keyword arguments of :func:`lion_args` (``lr``, ``beta1``, ``beta2``,
-            ``weight_decay``, ``maximize``).
-    """
-    lists = [params, grads, exp_avgs, *rounding_lists(master_params, sr_seeds), steps]
-    launch_update(LION_KERNEL, lists, found_inf, inv_scale, lambda f, i: lion_args(f, i, **options))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -15,12 +15,10 @@ from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
 from ..torch_ops import scalars
 
-__all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_", "rmsprop_args"]
+__all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -52,7 +50,8 @@ RMSPROP_KERNEL = MultiTensorKernel(
 
 
 def rmsprop_args(found_inf: int | None, inv_scale: int | None, **options: Any) -> RmspropArgs:
-    """The kernel's arguments: device scalar pointers, and the options of :func:`rmsprop_`."""
+    """The kernel's arguments: device scalar pointers, and a group's options (``lr``, ``alpha``,
+    ``eps``, ``weight_decay``, ``momentum``, ``centered``, ``maximize``)."""
     return RmspropArgs(
         found_inf=found_inf, inv_scale=inv_scale, one_minus_alpha=1 - options["alpha"], **options
     )
@@ -104,10 +103,6 @@ class RMSprop(FusedOptimizer):
         "momentum": 0, "centered": False, "foreach": None, "maximize": False,
         "differentiable": False, "capturable": False,
     }  # fmt: skip
-
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _rmsprop_options(group)
 
     def __init__(
         self,
@@ -245,40 +240,3 @@ def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
            for name in ("lr", "alpha", "eps", "weight_decay", "momentum")},
         centered=group["centered"], maximize=group["maximize"],
     )  # fmt: skip
-
-
-def rmsprop_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    square_avgs: Sequence[Tensor],
-    momentum_buffers: Sequence[Tensor],
-    grad_avgs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused RMSprop step over all tensors (``torch.optim.RMSprop``, ``foreach=False`` math).
-
-    fp32 math; params fp32/fp16/bf16 rounded once; grads fp32/fp16/bf16; state float32. If
-    ``found_inf`` is given and non-zero, nothing is modified. Otherwise grads are unscaled in
-    registers by ``inv_scale`` and ``steps[i]`` advances by one.
-
-    Args:
-        momentum_buffers: one float32 tensor per param, or an empty list when ``momentum == 0``.
-        grad_avgs: one float32 tensor per param, or an empty list unless ``centered``.
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: ``lr``, ``alpha``, ``eps``, ``weight_decay``, ``momentum``, ``centered``,
-            ``maximize``.
-    """
-    lists = [params, grads, square_avgs, momentum_buffers, grad_avgs,
-             *rounding_lists(master_params, sr_seeds), steps]  # fmt: skip
-    launch_update(
-        RMSPROP_KERNEL, lists, found_inf, inv_scale, lambda f, i: rmsprop_args(f, i, **options)
-    )
