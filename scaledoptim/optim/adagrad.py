@@ -47,7 +47,6 @@ ADAGRAD_KERNEL = MultiTensorKernel(
     ("params", "grads", "state_sums", *ROUNDING_LISTS, "steps"),
     AdagradArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(4, 5),
 )
 
 

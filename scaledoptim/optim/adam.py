@@ -53,7 +53,6 @@ ADAM_KERNEL = MultiTensorKernel(
     ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", *ROUNDING_LISTS, "steps"),
     AdamArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(6, 7),
 )
 
 

@@ -73,8 +73,9 @@ _LISTS = (
     *ROUNDING_LISTS,
     "steps",
 )
-# Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk order.
-_KERNEL_LISTS = dict(dtype_lists=(0, 1), per_chunk_lists=(4, 5), per_tensor_lists=(7, 8))
+# Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums (the ``_partials``
+# lists), added in chunk order.
+_KERNEL_LISTS = dict(dtype_lists=(0, 1))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
                                 **_KERNEL_LISTS)  # fmt: skip
@@ -84,7 +85,7 @@ LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_k
 #: The squared global norm of the unscaled grads, through per-chunk partial sums.
 LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
                                           ("grads", "grad_sq_partials"), LambNormArgs,
-                                          dtype_lists=(0,), per_chunk_lists=(1,))  # fmt: skip
+                                          dtype_lists=(0,))  # fmt: skip
 
 
 def _log(beta: float) -> float:

@@ -41,7 +41,6 @@ LION_KERNEL = MultiTensorKernel(
     ("params", "grads", "exp_avgs", *ROUNDING_LISTS, "steps"),
     LionArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(4, 5),
 )
 
 

@@ -45,7 +45,6 @@ RMSPROP_KERNEL = MultiTensorKernel(
     ("params", "grads", "square_avgs", "momentum_buffers", "grad_avgs", *ROUNDING_LISTS, "steps"),
     RmspropArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(6, 7),
 )
 
 

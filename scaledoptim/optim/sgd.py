@@ -47,7 +47,6 @@ SGD_KERNEL = MultiTensorKernel(
     ("params", "grads", "momentum_buffers", *ROUNDING_LISTS, "steps"),
     SgdArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(4, 5),
 )
 
 
