@@ -166,66 +166,116 @@ CLIP = 1.0
 CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
     "AdamW": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
-        "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
-        "GS+foreach": (torch.float32,
-                       lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True))),
+        "GS+fused": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True)),
+        ),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True)),
+        ),
     },
     "Adagrad": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.Adagrad(p, **ADAGRAD))),
-        "GS+fused": (torch.float32,
-                     lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True))),
-        "GS+foreach": (torch.float32,
-                       lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True))),
+        "GS+fused": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True)),
+        ),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True)),
+        ),
     },
     "SGD": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.SGD(p, **SGD))),
         "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, fused=True))),
-        "GS+foreach": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True))),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True)),
+        ),
     },
     "RMSprop": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.RMSprop(p, **RMSPROP))),
-        "GS+foreach": (torch.float32,
-                       lambda p: gradscaler(torch.optim.RMSprop(p, **RMSPROP, foreach=True))),
+        "GS+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.RMSprop(p, **RMSPROP, foreach=True)),
+        ),
     },
     "Lion": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.Lion(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLion(p, lr=1e-9))),
-        **({"GS+lion-pytorch": (torch.float32, third_party("lion_pytorch", "Lion"))}
-           if installed("lion_pytorch") else {}),
-        **({"GS+pytorch-optimizer": (torch.float32,
-                                     third_party("pytorch_optimizer", "Lion", foreach=True))}
-           if installed("pytorch_optimizer") else {}),
+        **(
+            {"GS+lion-pytorch": (torch.float32, third_party("lion_pytorch", "Lion"))}
+            if installed("lion_pytorch")
+            else {}
+        ),
+        **(
+            {
+                "GS+pytorch-optimizer": (
+                    torch.float32,
+                    third_party("pytorch_optimizer", "Lion", foreach=True),
+                )
+            }
+            if installed("pytorch_optimizer")
+            else {}
+        ),
     },
     "LAMB": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9))),
         "GS+foreach": (torch.float32, lambda p: gradscaler(ForeachLAMB(p, lr=1e-9))),
-        **({"GS+pytorch-optimizer": (torch.float32, third_party(
-                "pytorch_optimizer", "Lamb", foreach=True, weight_decay=0.01, pre_norm=True))}
-           if installed("pytorch_optimizer") else {}),
+        **(
+            {
+                "GS+pytorch-optimizer": (
+                    torch.float32,
+                    third_party(
+                        "pytorch_optimizer", "Lamb", foreach=True, weight_decay=0.01, pre_norm=True
+                    ),
+                )
+            }
+            if installed("pytorch_optimizer")
+            else {}
+        ),
     },
     "LAMB-v3": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.LAMB(p, lr=1e-9, **LAMB_V3))),
-        **({"GS+pytorch-optimizer": (torch.float32,
-                                     third_party("pytorch_optimizer", "Lamb", foreach=True))}
-           if installed("pytorch_optimizer") else {}),
+        **(
+            {
+                "GS+pytorch-optimizer": (
+                    torch.float32,
+                    third_party("pytorch_optimizer", "Lamb", foreach=True),
+                )
+            }
+            if installed("pytorch_optimizer")
+            else {}
+        ),
     },
     "clip": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW), clip=CLIP)),
-        "GS+clip+fused": (torch.float32, lambda p: gradscaler(
-            torch.optim.AdamW(p, **ADAMW, fused=True), clip=CLIP)),
-        "GS+clip+foreach": (torch.float32, lambda p: gradscaler(
-            torch.optim.AdamW(p, **ADAMW, foreach=True), clip=CLIP)),
-        "ours-split": (torch.float32,
-                       lambda p: ours_split(scaledoptim.AdamW(p, **ADAMW), clip=CLIP)),
+        "GS+clip+fused": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True), clip=CLIP),
+        ),
+        "GS+clip+foreach": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True), clip=CLIP),
+        ),
+        "ours-split": (
+            torch.float32,
+            lambda p: ours_split(scaledoptim.AdamW(p, **ADAMW), clip=CLIP),
+        ),
     },
     "SR": {
-        "ours": (torch.bfloat16,
-                 lambda p: ours(scaledoptim.AdamW(p, **ADAMW, stochastic_rounding=True))),
+        "ours": (
+            torch.bfloat16,
+            lambda p: ours(scaledoptim.AdamW(p, **ADAMW, stochastic_rounding=True)),
+        ),
         "ours-nearest": (torch.bfloat16, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
-        "GS+fused-fp32": (torch.float32,
-                          lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True))),
+        "GS+fused-fp32": (
+            torch.float32,
+            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True)),
+        ),
     },
-}  # fmt: skip
+}
 
 
 class Option:
@@ -278,16 +328,16 @@ def measure(case: str, shape: str, rounds: int, reps: int) -> list[Record]:
         transient = option.transient_bytes_per_param()
         ms = statistics.median(medians[option.name]) * 1e3
         print(f"{case:<7} {shape:<8} {option.name:<20} {ms:9.2f} ms  +{transient:5.1f} B/param",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         records.append(dict(case=case, shape=shape, option=option.name,
-                            seconds=medians[option.name], bytes_per_param=transient))  # fmt: skip
+                            seconds=medians[option.name], bytes_per_param=transient))
     return records
 
 
 def measure_all(args: argparse.Namespace) -> list[Record]:
     """Every case at every shape, in this process."""
     return [record for case in args.cases for shape in args.shapes
-            for record in measure(case, shape, args.rounds, args.reps)]  # fmt: skip
+            for record in measure(case, shape, args.rounds, args.reps)]
 
 
 def run_ratios(records: list[Record]) -> dict[tuple[str, str, str], list[float]]:
@@ -365,7 +415,7 @@ def environment(threads: int) -> list[str]:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]  # fmt: skip
+                 if line.startswith("model name")]
         cpu = names[0] if names else cpu
     versions = [f"torch {torch.__version__}", f"Python {platform.python_version()}"]
     for package in ("scaledoptim", "lion-pytorch", "pytorch-optimizer"):
@@ -391,7 +441,7 @@ def fresh_processes(args: argparse.Namespace) -> list[list[Record]]:
         sys.executable, str(Path(__file__).resolve()), "--one-process", "--cases", *args.cases,
         "--shapes", *args.shapes, "--rounds", str(args.rounds), "--reps", str(args.reps),
         "--threads", str(args.threads),
-    ]  # fmt: skip
+    ]
     runs = []
     for process in range(args.processes):
         print(f"process {process + 1} of {args.processes}; {load_average()}", flush=True)
@@ -452,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"at the end, {load_average()}; {time.perf_counter() - start:.0f} s")
     print(f"\nours / alternative, median [min-max] over {over} of {args.rounds} rotated rounds "
           f"each, {args.threads} thread(s); < 1: ours is faster; a cell whose values disagree "
-          f"by more than {DISAGREEMENT:.0%} is the range with the reason")  # fmt: skip
+          f"by more than {DISAGREEMENT:.0%} is the range with the reason")
     print("\n".join(table(runs, args.shapes)))
 
 

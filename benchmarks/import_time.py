@@ -1,10 +1,10 @@
 """``import scaledoptim`` against ``import torch``: wall time of the import in fresh interpreters.
 
-Each round starts one interpreter per module, interleaved, with ``python -X importtime -c
-"import <module>"`` and reads the cumulative time of the module's own top-level entry (so the
-interpreter's start-up is left out; ``import scaledoptim`` includes ``import torch``). Prints the
-median of the rounds for each module and the ratio of the medians (issue 22, item 4: at most
-1.15). Also says which heavy torch modules ``import scaledoptim`` pulled in.
+Each round starts one interpreter per module, interleaved, with ``python -X importtime -c "import
+<module>"`` and reads the cumulative time of the module's own top-level entry (so the interpreter's
+start-up is left out; ``import scaledoptim`` includes ``import torch``). Prints the median of the
+rounds for each module and the ratio of the medians (the goal: at most 1.15, importing scaledoptim
+costs little beyond torch). Also says which heavy torch modules ``import scaledoptim`` pulled in.
 
     python benchmarks/import_time.py [--rounds 5]
 """
@@ -24,7 +24,7 @@ def import_us(module: str) -> int:
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"import {module}"],
         capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    )
     for line in reversed(done.stderr.splitlines()):
         # "import time:   self [us] | cumulative | imported package"; top level has no indent.
         parts = line.split("|")
@@ -51,7 +51,7 @@ def main() -> None:
     medians = {module: statistics.median(values) for module, values in times.items()}
     for module, values in times.items():
         print(f"import {module:<12} median {medians[module] / 1e3:8.1f} ms  "
-              f"runs {[round(v / 1e3, 1) for v in values]}")  # fmt: skip
+              f"runs {[round(v / 1e3, 1) for v in values]}")
     print(
         f"ratio scaledoptim/torch: {medians['scaledoptim'] / medians['torch']:.3f} (target <= 1.15)"
     )

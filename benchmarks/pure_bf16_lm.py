@@ -1,7 +1,8 @@
 """The example language model trained with pure bf16 params (no autocast, no fp32 copy in the
 model) under each param rounding option, against fp32 params; prints the held-out losses.
 
-    PYTHONPATH=. python benchmarks/pure_bf16_lm.py [--steps 300] [--lr 2e-3 3e-4] [--optimizer adamw]
+    PYTHONPATH=. python benchmarks/pure_bf16_lm.py [--steps 300] [--lr 2e-3 3e-4] \
+        [--optimizer adamw]
 
 Built from ``scaledoptim.examples`` (the model, the data and the held-out loss of its "lm" task).
 """

@@ -68,7 +68,8 @@ def main() -> None:
             start = time.perf_counter()
             form()
             times.append(time.perf_counter() - start)
-        print(f"  {form.__name__:6s} calls {calls:6d}  median {statistics.median(times) * 1e3:8.2f} ms")
+        median_ms = statistics.median(times) * 1e3
+        print(f"  {form.__name__:6s} calls {calls:6d}  median {median_ms:8.2f} ms")
 
 
 if __name__ == "__main__":

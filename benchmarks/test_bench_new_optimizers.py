@@ -38,7 +38,8 @@ class ForeachLion(torch.optim.Optimizer):
 
 
 class ForeachLAMB(torch.optim.Optimizer):
-    """LAMB (AdamW mode, clipping, trust ratio) with torch's foreach ops, as a user would write it."""
+    """LAMB (AdamW mode, clipping, trust ratio) with torch's foreach ops, as a user would write
+    it."""
 
     def __init__(
         self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0
@@ -113,7 +114,7 @@ def test_torch_baseline_with_gradscaler(benchmark, optimizer, device, shape) -> 
         pytest.skip(f"no foreach {optimizer} written here to compare with")
     foreach_class = FOREACH[optimizer]
     _run(benchmark, optimizer, device, shape,
-         lambda params: with_gradscaler(foreach_class(params, lr=1e-9), device))  # fmt: skip
+         lambda params: with_gradscaler(foreach_class(params, lr=1e-9), device))
 
 
 @cases

@@ -70,7 +70,7 @@ def test_torch_gradscaler_fused(benchmark, optimizer, device, shape) -> None:
     benchmark.extra_info["baseline"] = True
     info = OPTIMIZERS[optimizer]
     _run(benchmark, optimizer, device, shape,
-         lambda params: _fused_or_skip(with_gradscaler(_torch(info, params, fused=True), device)))  # fmt: skip
+         lambda params: _fused_or_skip(with_gradscaler(_torch(info, params, fused=True), device)))
 
 
 @cases
@@ -78,7 +78,7 @@ def test_torch_gradscaler_foreach(benchmark, optimizer, device, shape) -> None:
     """torch's default implementation: GradScaler unscales, then the foreach step."""
     info = OPTIMIZERS[optimizer]
     _run(benchmark, optimizer, device, shape,
-         lambda params: with_gradscaler(_torch(info, params, foreach=True), device))  # fmt: skip
+         lambda params: with_gradscaler(_torch(info, params, foreach=True), device))
 
 
 @cases
@@ -98,4 +98,4 @@ def test_unscaled_torch_fused_for_reference(benchmark, optimizer, device, shape)
     """The floor: torch's fused step with no scaling at all."""
     info = OPTIMIZERS[optimizer]
     _run(benchmark, optimizer, device, shape,
-         lambda params: _fused_or_skip(_torch(info, params, fused=True).step))  # fmt: skip
+         lambda params: _fused_or_skip(_torch(info, params, fused=True).step))

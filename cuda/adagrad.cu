@@ -4,7 +4,7 @@
 
 // Mirrored by AdagradArgs in scaledoptim/optim/adagrad.py.
 struct AdagradArgs {
-  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* found_inf;  // See Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
   float lr_decay;

@@ -6,7 +6,7 @@
 // Mirrored by AdamArgs in scaledoptim/optim/adam.py. The host precomputes every scalar
 // that does not depend on the (device-side) step.
 struct AdamArgs {
-  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* found_inf;  // See Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
   float beta2;
@@ -23,7 +23,7 @@ struct AdamArgs {
 
 enum AdamList {
   kAdamParam, kAdamGrad, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq,
-  kAdamMaster, kAdamSeed,  // Note [param rounding]
+  kAdamMaster, kAdamSeed,  // See Note [param rounding]
   kAdamStep, kAdamLists
 };
 

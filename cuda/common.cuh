@@ -42,7 +42,7 @@ typedef unsigned long long so_uintptr;
 // registers of every compiled kernel.
 constexpr int kMaxThreadsPerBlock = 1024;
 
-// Note [found_inf contract]: consumers skip the whole step on any non-zero flag.
+// See Note [found_inf contract]: consumers skip the whole step on any non-zero flag.
 __device__ __forceinline__ bool step_is_skipped(const float* found_inf) {
   return found_inf != nullptr && *found_inf != 0.0f;
 }

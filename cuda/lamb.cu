@@ -9,7 +9,7 @@
 
 // Mirrored by LambArgs in scaledoptim/optim/lamb.py.
 struct LambArgs {
-  const float* found_inf;     // Note [found_inf contract]; may be null
+  const float* found_inf;     // See Note [found_inf contract]; may be null
   const float* inv_scale;     // may be null: grads are not scaled
   const float* grad_norm_sq;  // squared global norm of the unscaled grads (lamb_grad_norm_kernel)
   float lr;
@@ -33,7 +33,7 @@ struct LambNormArgs {
   const float* inv_scale;
   float* grad_norm_sq;  // stored by the last block to arrive
   float* partials;      // every chunk's partial sum: the per-chunk list, as one buffer
-  unsigned* arrivals;   // Note [deterministic sums]: 0 between launches
+  unsigned* arrivals;   // See Note [deterministic sums]: 0 between launches
   unsigned n_chunks;    // chunks of every grad of the step, over all launches
 };
 
@@ -42,7 +42,7 @@ enum LambNormList { kLambNormGrad, kLambNormPartial, kLambNormLists };
 enum LambList {
   kLambParam, kLambGrad, kLambExpAvg, kLambExpAvgSq,
   kLambParamNormSq, kLambUpdateNormSq,  // per chunk: partial sums stored by lamb_norms_kernel
-  kLambMaster, kLambSeed,               // Note [param rounding]
+  kLambMaster, kLambSeed,               // See Note [param rounding]
   kLambStep, kLambLists
 };
 
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 #pragma unroll
     for (int k = 0; k < kILP; ++k) sum += (rg[k] * inv_scale) * (rg[k] * inv_scale);
   });
-  // Note [deterministic sums]: the partials of all the step's grads lie in one buffer, in the
+  // See Note [deterministic sums]: the partials of all the step's grads lie in one buffer, in the
   // order of the grads and their chunks, whichever launch stored them.
   finish_chunked_sum(table, kLambNormPartial, c, block_sum(sum, scratch), args.partials,
                      args.arrivals, args.n_chunks, args.grad_norm_sq, scratch);
@@ -106,7 +106,7 @@ template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) {
   __shared__ float scratch[kMaxThreadsPerBlock];
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   const Chunk& c = u.chunk;
   const P* p = chunk_data<const P>(table, kLambParam, c);
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     store(m, rm, l);
     store(v, rv, l);
   });
-  // Note [deterministic sums]: lamb_kernel adds each tensor's partials in chunk order.
+  // See Note [deterministic sums]: lamb_kernel adds each tensor's partials in chunk order.
   const float p_total = block_sum(p_sq, scratch);
   const float u_total = block_sum(u_sq, scratch);
   if (threadIdx.x == 0) {
@@ -146,7 +146,7 @@ template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     lamb_kernel(TensorTable<kLambLists> table, LambArgs args) {
   __shared__ float scratch[kMaxThreadsPerBlock];
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   const Chunk& c = u.chunk;
   P* p = chunk_data<P>(table, kLambParam, c);

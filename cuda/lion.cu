@@ -5,7 +5,7 @@
 
 // Mirrored by LionArgs in scaledoptim/optim/lion.py.
 struct LionArgs {
-  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* found_inf;  // See Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
   float one_minus_beta1;

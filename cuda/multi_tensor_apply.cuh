@@ -263,7 +263,8 @@ __device__ __forceinline__ float torch_lerp(float start, float end, float weight
 constexpr int kParamList = 0;
 constexpr int kGradList = 1;
 
-// Note [step counters]: an update reads its tensor's counter once, before the step advances it.
+// See Note [step counters]: an update reads its tensor's counter once, before the step advances
+// it.
 struct StepCount {
   float taken;   // steps taken before this one: the counter as stored
   float number;  // this step's number, taken + 1: bias corrections and rounding keys count it
@@ -287,7 +288,7 @@ __device__ __forceinline__ UpdateChunk update_chunk(const TensorTable<N>& table,
   UpdateChunk u;
   u.chunk = this_blocks_chunk(table);
   u.inv_scale = read_inv_scale(args.inv_scale);
-  // Note [update kernel lists]: the counters last, the rounding lists just before them.
+  // See Note [update kernel lists]: the counters last, the rounding lists just before them.
   u.step.taken = *tensor_scalar<const float>(table, N - 1, u.chunk);
   u.step.number = u.step.taken + 1.0f;
   u.rounding = param_rounding(table, N - 3, N - 2, u.chunk, u.step.number);
@@ -359,7 +360,7 @@ __device__ __forceinline__ void update_each(const TensorTable<N>& table, const A
                                             const PerChunk& per_chunk) {
   static_assert(((StateLists > kGradList && StateLists < N - 3) && ...),
                 "state lists lie between grads and master_params (Note [update kernel lists])");
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   update_chunk_lanes<P, G>(table, u, per_chunk(u.step),
                            optional_chunk_data<float>(table, StateLists, u.chunk)...);

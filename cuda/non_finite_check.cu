@@ -5,7 +5,7 @@
 
 // Mirrored by NonFiniteCheckArgs in scaledoptim/kernels/builtin.py.
 struct NonFiniteCheckArgs {
-  float* found_inf;        // Note [found_inf contract]: only ever set to 1
+  float* found_inf;        // See Note [found_inf contract]: only ever set to 1
   const float* inv_scale;  // may be null: the values are checked as they are
 };
 
@@ -30,11 +30,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 
 // Mirrored by NonFiniteCheckNormArgs in scaledoptim/kernels/builtin.py.
 struct NonFiniteCheckNormArgs {
-  float* found_inf;        // Note [found_inf contract]: only ever set to 1
+  float* found_inf;        // See Note [found_inf contract]: only ever set to 1
   const float* inv_scale;  // may be null: the values are checked as they are
   float* norm_sq;          // the sum of squares, stored by the last block to arrive
   const float* partials;   // every chunk's partial sum: the per-chunk list, as one buffer
-  unsigned* arrivals;      // Note [deterministic sums]: 0 between launches
+  unsigned* arrivals;      // See Note [deterministic sums]: 0 between launches
   unsigned n_chunks;       // chunks of every tensor, over all launches
 };
 

@@ -5,7 +5,7 @@
 
 // Mirrored by RmspropArgs in scaledoptim/optim/rmsprop.py.
 struct RmspropArgs {
-  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* found_inf;  // See Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
   float alpha;
@@ -19,7 +19,7 @@ struct RmspropArgs {
 
 enum RmspropList {
   kRmspropParam, kRmspropGrad, kRmspropSquareAvg, kRmspropMomentumBuffer, kRmspropGradAvg,
-  kRmspropMaster, kRmspropSeed,  // Note [param rounding]
+  kRmspropMaster, kRmspropSeed,  // See Note [param rounding]
   kRmspropStep, kRmspropLists
 };
 

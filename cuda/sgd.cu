@@ -5,7 +5,7 @@
 
 // Mirrored by SgdArgs in scaledoptim/optim/sgd.py.
 struct SgdArgs {
-  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* found_inf;  // See Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
   float momentum;             // 0: no momentum buffer (its list holds null pointers)
@@ -17,7 +17,7 @@ struct SgdArgs {
 
 enum SgdList {
   kSgdParam, kSgdGrad, kSgdMomentumBuffer,
-  kSgdMaster, kSgdSeed,  // Note [param rounding]
+  kSgdMaster, kSgdSeed,  // See Note [param rounding]
   kSgdStep, kSgdLists
 };
 

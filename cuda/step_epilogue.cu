@@ -23,9 +23,11 @@ struct StepEpilogueArgs {
 // (a wrapped count would grow the scale early); only an interval above it is ever that far.
 constexpr int kMaxTrackedSteps = 2147483647;
 
-// Note [scale update] (scaledoptim/scale/loss_scale.py, LossScale.update_, holds the same rules): back off
-// by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen, or at
-// once when forced; grow by growth_factor (not above max_scale, never to inf) after
+// Note [scale update]
+// ~~~~~~~~~~~~~~~~~~~
+// LossScale.update_ in scaledoptim/scale/loss_scale.py holds the same rules with torch ops.
+// Back off by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen,
+// or at once when forced; grow by growth_factor (not above max_scale, never to inf) after
 // growth_interval clean steps (compared in 64 bits: an interval of 2**31 or more never comes).
 // `scaled_by * factor` is computed in double and rounded once, as torch._amp_update_scale_
 // does. With hysteresis 1 the hysteresis tracker is left alone.
@@ -56,7 +58,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     step_epilogue_kernel(TensorTable<1> table, StepEpilogueArgs args) {
   // One thread moves the scale; no other block reads it or its trackers in this launch.
   if (args.scale_found_inf != nullptr && blockIdx.x == 0 && threadIdx.x == 0) update_scale(args);
-  if (step_is_skipped(args.found_inf)) return;  // Note [found_inf contract]
+  if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const Chunk c = this_blocks_chunk(table);
   float* steps = chunk_data<float>(table, 0, c);
   for_each_lanes(c.size, is_aligned(steps), [&](const Lanes& l) {

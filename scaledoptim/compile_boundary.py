@@ -3,10 +3,10 @@
 Note [lazy compile boundary]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``torch.compiler.disable`` and ``torch.compiler.assume_constant_result`` import ``torch._dynamo``
-(and with it sympy, the fx symbolic shapes and inductor's config) when they decorate, which
-doubled the time of ``import scaledoptim`` (issue 22, item 4). Nothing can trace a function
-before dynamo is imported (``torch.compile`` imports it), so the decorators here only set the
-attributes dynamo reads when it meets the function while tracing, and defer the rest:
+(and with it sympy, the fx symbolic shapes and inductor's config) when they decorate, which doubled
+the time of ``import scaledoptim``. Nothing can trace a function before dynamo is imported
+(``torch.compile`` imports it), so the decorators here only set the attributes dynamo reads when it
+meets the function while tracing, and defer the rest:
 
 - :func:`disable` marks its wrapper as disabled (dynamo reads ``_torchdynamo_disable`` with
   ``inspect.getattr_static`` and graph-breaks around the call, as for ``torch.compiler.disable``)
@@ -75,6 +75,7 @@ def disable(fn: F) -> F:
 
 
 def assume_constant_result(fn: F) -> F:
-    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo: the marker it sets."""
+    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo: the marker it
+    sets."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn

@@ -44,7 +44,7 @@ def test_the_ratio_table_comes_last_with_a_header_and_which_way_is_better(tmp_pa
         [sys.executable, "-m", "pytest", str(tmp_path), "-p", "no:cacheprovider", "-ra",
          "--benchmark-max-time=0.005", "--benchmark-min-rounds=3"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     title = next(i for i, line in enumerate(lines) if "medians from this run" in line)
@@ -93,11 +93,11 @@ def test_the_table_has_one_value_per_process_and_docs_layout() -> None:
             dict(case="AdamW", shape=shape, option=option, seconds=seconds, bytes_per_param=b)
             for shape in ("500x10k", "char-lm")
             for option, seconds, b in (("ours", ours, memory), ("GS+fused", fused, 0.0))
-        ]  # fmt: skip
+        ]
 
     # Three processes of two repetitions: each process counts once, by its median ratio.
     runs = [run([1.0, 1.0], [2.0, 2.0], 0.1), run([1.0, 1.0], [1.0, 1.25], 1.6),
-            run([1.0, 3.0], [2.0, 2.0], 0.0)]  # fmt: skip
+            run([1.0, 3.0], [2.0, 2.0], 0.0)]
     header, rule, row = module.table(runs, ["500x10k", "char-lm"])
     assert header == "| optimizer | alternative | 500x10k | char-lm | ours B/param | alt. B/param |"
     assert rule == "|---|---|---|---|---|---|"

@@ -31,12 +31,12 @@ OPTIMIZER_PAGES = {
     "adagrad": "scaledoptim.Adagrad", "rmsprop": "scaledoptim.RMSprop",
     "lion": "scaledoptim.Lion", "lamb": "scaledoptim.LAMB", "lbfgs": "scaledoptim.LBFGS",
     "with_scaling": "scaledoptim.with_scaling",
-}  # fmt: skip
+}
 # The kernel-author API lives on the kernel-author guide, not in the user's reference.
 KERNEL_AUTHOR_NAMES = (
     "scaledoptim.FusedOptimizer", "scaledoptim.fused.update.Update",
     "scaledoptim.fused.update.GradReduction",
-)  # fmt: skip
+)
 LINK = r'class="autorefs autorefs-internal"[^>]*href="[^"#]*#([^"]+)"'
 
 
@@ -130,7 +130,7 @@ def test_api_page_has_no_raw_links_undocumented_bases_or_source_notes(api_html):
     # A cross-reference whose target is not rendered anywhere stays "[title][identifier]".
     raw = RAW_LINK.findall(_prose(api_html))
     assert not raw, f"raw markdown links in the API reference: {raw}"
-    # Readers of the site cannot open the sources' Note [...] blocks.
+    # Readers of the site cannot open the sources' Notes.
     notes = re.findall(r"Note \[[^\]]*\]", _text(api_html))
     assert not notes, f"the API reference points at source notes: {notes}"
     # Every base a class names is rendered on the page, or is torch's, a builtin or stdlib's.
@@ -202,7 +202,7 @@ def test_protocol_page_is_in_the_order_a_user_calls_it(api_pages):
         "scaledoptim.scale_outputs", "scaledoptim.Optimizer.scale",
         "scaledoptim.Optimizer.unscale_and_step", "scaledoptim.Optimizer.unscale",
         "scaledoptim.Optimizer.step_after_unscale", "scaledoptim.Optimizer.configure_scaling",
-    ]  # fmt: skip
+    ]
     positions = [page.find(f'id="{identifier}"') for identifier in order]
     assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions))
 
@@ -215,7 +215,7 @@ def test_configure_scaling_documents_every_parameter_and_its_default(api_pages):
     heading = re.search(
         r'<h\d id="scaledoptim\.Optimizer\.configure_scaling"[^>]*>(.*?)</h\d>',
         api_pages["protocol"], flags=re.DOTALL,
-    )  # fmt: skip
+    )
     assert heading and "init_scale" not in heading.group(1)
     rows = {
         _text(name): _text(description)
@@ -245,7 +245,7 @@ def test_the_scale_parameters_default_column_shows_the_value(api_pages, identifi
         for cells in (re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.DOTALL)
                       for row in re.findall(r"<tr[^>]*>(.*?)</tr>", doc, flags=re.DOTALL))
         if len(cells) == 4  # name, type, description, default
-    }  # fmt: skip
+    }
     obj = eval(identifier, {"scaledoptim": scaledoptim})
     parameters = dict(inspect.signature(obj).parameters)
     parameters.pop("self", None)
@@ -260,7 +260,7 @@ def test_the_scale_parameters_default_column_shows_the_value(api_pages, identifi
     float32 = torch.finfo(torch.float32)
     assert (parameters["min_scale"].default, parameters["max_scale"].default) == (
         float32.tiny, float32.max,
-    )  # fmt: skip
+    )
     configure = inspect.signature(scaledoptim.Optimizer.configure_scaling).parameters
     config = inspect.signature(scaledoptim.ScalingConfig).parameters
     assert {n: p.default for n, p in config.items()} == {n: configure[n].default for n in config}

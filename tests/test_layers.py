@@ -229,7 +229,9 @@ def _init_with_import_order(order: str) -> str:
     lines = source.splitlines(keepends=True)
     imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
     texts = ["".join(lines[node.lineno - 1 : node.end_lineno]) for node in imports]
-    reordered = texts[::-1] if order == "reversed" else random.Random(order).sample(texts, len(texts))
+    reordered = (
+        texts[::-1] if order == "reversed" else random.Random(order).sample(texts, len(texts))
+    )
     first, last = imports[0].lineno - 1, imports[-1].end_lineno
     return "".join(lines[:first]) + "".join(reordered) + "".join(lines[last:])
 

@@ -123,7 +123,10 @@ def test_wheel_carries_every_kernel_source_and_valid_metadata(clone, wheel):
 
 
 def test_installed_wheel_runs_an_emulated_step_outside_the_checkout(wheel, venv, tmp_path):
-    run(venv, "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall", wheel)
+    run(
+        venv, "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall",
+        wheel,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     script = textwrap.dedent(

@@ -21,7 +21,11 @@ def test_soak_random_overflows_are_exactly_the_skips() -> None:
     model = torch.nn.Linear(4, 4)
     params = list(model.parameters())
     opt = scaledoptim.AdamW(params, lr=1e-3, weight_decay=0.01).configure_scaling(
-        init_scale=2.0**8, growth_interval=20, hysteresis=2, min_scale=MIN_SCALE, max_scale=MAX_SCALE
+        init_scale=2.0**8,
+        growth_interval=20,
+        hysteresis=2,
+        min_scale=MIN_SCALE,
+        max_scale=MAX_SCALE,
     )
     x, y = torch.randn(8, 4), torch.randn(8, 4)
     skipped, backoffs = torch.zeros(()), torch.zeros(())
@@ -35,7 +39,9 @@ def test_soak_random_overflows_are_exactly_the_skips() -> None:
         if rng.random() < 0.05:
             injected += 1
             grad = rng.choice(params).grad.view(-1)
-            grad[rng.randrange(grad.numel())] = rng.choice([float("inf"), -float("inf"), float("nan")])
+            grad[rng.randrange(grad.numel())] = rng.choice(
+                [float("inf"), -float("inf"), float("nan")]
+            )
         before = S.clone()
         _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
         skipped += found_inf

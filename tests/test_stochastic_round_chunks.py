@@ -1,9 +1,9 @@
 """``torch_ops.stochastic_round_`` (int32 hash over chunks and runs of tensors) gives the bits of
-the plain int64 formula, element by element, across chunk and tensor boundaries (issue 22,
-item 2), in the form a CPU runs and in the one of other devices; and one chunk's rounding is the
-kernels' formula, written in Python ints, for any bits, key and index (hypothesis). The
-kernels' own bits are checked against the torch form in tests/kernels/test_emulated_dtypes.py
-and tests/kernels/test_emulated_rounding.py."""
+the plain int64 formula, element by element, across chunk and tensor boundaries (the chunks
+keep the transient memory a few chunks, whatever the params' size), in the form a CPU runs and in
+the one of other devices; and one chunk's rounding is the kernels' formula, written in Python ints,
+for any bits, key and index (hypothesis). The kernels' own bits are checked against the torch form
+in tests/kernels/test_emulated_dtypes.py and tests/kernels/test_emulated_rounding.py."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ EDGES = [
     0x007FFFFF, 0x807FFFFF, 0x7F7F0000, 0xFF7F0000, 0x7F7F0001, 0x7F7F8000, 0x7F7FFFFF,
     0xFF7FFFFF, 0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF, 0xFF800001, 0xFFC00000,
     0xFFFFFFFF, 0x3F80FFFF, 0xBF80FFFF,
-]  # fmt: skip
+]
 
 
 def _fmix32(h: int) -> int:

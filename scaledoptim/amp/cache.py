@@ -1,6 +1,8 @@
 """The cast cache of scaledoptim's autocast kernels.
 
-Note [cast cache]: like ATen's ``cached_cast``, a cast of an fp32 leaf tensor that requires
+Note [cast cache]
+~~~~~~~~~~~~~~~~~
+Like ATen's ``cached_cast``, a cast of an fp32 leaf tensor that requires
 grad and is not a view (a parameter, in practice) to the region's lower precision dtype is
 made once per outermost region and reused, so a weight used three times is cast once and
 autograd sees one cast node. The cache is thread-local (autocast state is thread-local),

@@ -1,7 +1,9 @@
 """The version of the edited policies, the slot a kernel reads its edit from, and frozen copies
 of the edits.
 
-Note [policy version]: every change of an op's edit bumps one process-wide counter. Compiled
+Note [policy version]
+~~~~~~~~~~~~~~~~~~~~~
+Every change of an op's edit bumps one process-wide counter. Compiled
 code traced through scaledoptim's kernels is guarded on it (Note [regions under
 torch.compile]), and a ``Snapshot`` taken for an activation checkpoint keeps the edits its
 forward ran with, so the recomputation in backward applies them even if policies were

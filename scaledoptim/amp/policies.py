@@ -12,7 +12,9 @@ The policy names are the ones ATen uses for ``at::autocast::CastPolicy``:
 
 ``None`` means the op has no autocast kernel: it falls through the autocast key.
 
-Note [default tables]: the tables below are the op lists of ATen's ``autocast_mode.cpp``
+Note [default tables]
+~~~~~~~~~~~~~~~~~~~~~
+The tables below are the op lists of ATen's ``autocast_mode.cpp``
 for torch 2.13, keyed by dispatcher name (``"aten::mm"`` is the default overload,
 ``"aten::softmax.int"`` a named one). ``tests/amp/test_policies.py`` checks that the set of
 ops in each table is exactly the set the installed torch has an Autocast kernel for, and

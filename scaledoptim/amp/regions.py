@@ -1,6 +1,8 @@
 """Which autocast region governs each device type on this thread, and whether it is ours.
 
-Note [telling regions apart]: torch keeps autocast state per thread in C++: an enabled flag
+Note [telling regions apart]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torch keeps autocast state per thread in C++: an enabled flag
 and a dtype per device type, and one nesting counter shared by all device types. Nothing in
 that state says which region set it, and nothing tells a ``torch.autocast("cuda")`` region
 from a ``torch.autocast("cpu")`` one with the same settings. So every region is recorded
@@ -9,16 +11,18 @@ once a scaledoptim region has been entered in the process, ``torch.autocast`` re
 hooks on ``torch.autocast.__enter__``/``__exit__`` (``_install_torch_autocast_hooks``; they
 call torch's methods unchanged and only record; installed by the first scaledoptim region,
 not on import, so importing scaledoptim changes nothing in torch). Regions opened before the
-hooks cannot be inside a scaledoptim region, so missing them changes nothing. An op on a device is governed by the
-innermost recorded region *of that device*: a region of another device type entered inside
-a scaledoptim region leaves its policies in force, and a plain ``torch.autocast`` region of
+hooks cannot be inside a scaledoptim region, so missing them changes nothing. An op on a device is
+governed by the innermost recorded region *of that device*: a region of another device type entered
+inside a scaledoptim region leaves its policies in force, and a plain ``torch.autocast`` region of
 the same device type gets torch's policies. Each record also keeps torch's nesting level
 after its entry; when the counter has moved past the last record, a region was entered
 without ``torch.autocast`` (``torch.set_autocast_enabled``, TorchScript) and nobody knows
 its device, so scaledoptim's policies stand down and torch's apply, as they would in a plain
 region.
 
-Note [regions under torch.compile]: while dynamo or AOTAutograd traces a function, regions
+Note [regions under torch.compile]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+While dynamo or AOTAutograd traces a function, regions
 entered by the traced code are recorded on a copy of the thread's records owned by the
 trace (``TracingContext``), never on the thread's own: a trace that is abandoned halfway
 leaves nothing behind. ``enter_region``/``exit_region`` are placed in the graph

@@ -1,6 +1,8 @@
 """Edit the autocast policy of an op: kernels registered once, policies swapped in a table.
 
-Note [policy slots]: the first edit of an op on a device type registers scaledoptim's
+Note [policy slots]
+~~~~~~~~~~~~~~~~~~~
+The first edit of an op on a device type registers scaledoptim's
 Python kernel for it with ``torch.library``; that kernel stays registered for the life of
 the process and reads the op's ``PolicySlot`` on every call. ``set_policy`` and
 ``reset_policy`` only replace the slot's edit, so they are safe while other threads are
@@ -75,7 +77,9 @@ def _functional_sibling(op: OpOverload) -> str | None:
     wanted = [
         argument.name
         for argument in op._schema.arguments
-        if not (argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write)
+        if not (
+            argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write
+        )
     ]
     namespace, _, base = op._schema.name.partition("::")
     packet = getattr(getattr(torch.ops, namespace), base.rstrip("_"), None)

@@ -1,6 +1,8 @@
 """Running statistics: arguments an op writes although its schema does not say so.
 
-Note [running statistics]: ``aten::batch_norm`` (and ``native_batch_norm``,
+Note [running statistics]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+``aten::batch_norm`` (and ``native_batch_norm``,
 ``instance_norm``, ``_batch_norm_impl_index``, ``cudnn_batch_norm``, ...) update
 ``running_mean`` and ``running_var`` in place, but their schemas declare those arguments
 ``Tensor?``, not ``Tensor(a!)``, so ``set_policy`` cannot refuse them as mutating. Casting

@@ -1,6 +1,8 @@
 """Refuse ``torch.utils.checkpoint`` called inside a scaledoptim region on edited ops.
 
-Note [checkpoint recomputation]: torch's checkpoint records torch's autocast state when the
+Note [checkpoint recomputation]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torch's checkpoint records torch's autocast state when the
 checkpointed function runs and restores it when backward recomputes the function, but not
 scaledoptim's region: the recomputation runs the edited ops with torch's policies. With
 ``use_reentrant=False`` backward then fails (``CheckpointError``, the saved tensors' dtypes

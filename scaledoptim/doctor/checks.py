@@ -69,7 +69,7 @@ CHECKS: tuple[Check, ...] = (
     Check("clip-step-time", "unscale_and_step(max_grad_norm=) vs GradScaler unscale_ + clip + step",
           performance.clip_step_time, needs_gpu=True),
     Check("host-cost", "host time of a step, per tensor (launches off)", host_cost.run),
-)  # fmt: skip
+)
 
 
 def run_checks(

@@ -23,17 +23,17 @@ def _parser() -> argparse.ArgumentParser:
         "Exits with status 1 when a check fails.",
     )
     parser.add_argument("--json", type=pathlib.Path, metavar="PATH",
-                        help="also write the environment and results as JSON to PATH")  # fmt: skip
+                        help="also write the environment and results as JSON to PATH")
     parser.add_argument(
         "--only", metavar="NAMES", default="",
         help="comma-separated check names to run; a name before ':' selects all of its kind "
         f"(e.g. 'parity'). Checks: {', '.join(c.name for c in CHECKS)}",
-    )  # fmt: skip
+    )
     parser.add_argument("--all-archs", action="store_true",
                         help="without a GPU, compile for every target arch the installed NVRTC "
-                        "supports, not just its oldest and newest (several minutes)")  # fmt: skip
+                        "supports, not just its oldest and newest (several minutes)")
     parser.add_argument("--device", default=None,
-                        help="device to check (default: cuda if available, else cpu)")  # fmt: skip
+                        help="device to check (default: cuda if available, else cpu)")
     return parser
 
 

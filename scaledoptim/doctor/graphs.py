@@ -128,7 +128,8 @@ def run(device: torch.device) -> Outcome:
             return Outcome(
                 False,
                 f"{row.name}: the replay with an inf grad gave found_inf="
-                f"{seen.found_inf_after_inf}, scale {seen.scale_before_inf} -> {seen.scale_after_inf}",
+                f"{seen.found_inf_after_inf}, scale {seen.scale_before_inf} -> "
+                f"{seen.scale_after_inf}",
             )
     names = ", ".join(row.name for row in OPTIMIZERS)
     return Outcome(True, f"{names}: 3 replays bit-identical to eager steps, an inf replay skipped")

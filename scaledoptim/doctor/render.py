@@ -50,7 +50,8 @@ def summary_line(results: Sequence[CheckResult]) -> str:
 
 
 def as_json(env: dict[str, str], results: Sequence[CheckResult]) -> str:
-    """``{"environment": {...}, "checks": [{name, description, status, detail, seconds}], "passed"}``."""
+    """The report as JSON: ``{"environment": {...}, "checks": [{name, description, status,
+    detail, seconds}], "passed"}``."""
     document: dict[str, Any] = {
         "environment": env,
         "checks": [dataclasses.asdict(r) for r in results],

@@ -23,7 +23,7 @@ __all__ = ["HOST_READS", "no_host_reads", "run"]
 #: The Tensor methods that copy values to the host.
 HOST_READS = (
     "item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy", "nonzero",
-)  # fmt: skip
+)
 
 
 class HostRead(RuntimeError):

@@ -84,10 +84,10 @@ class TimingVerdict:
     def describe(self, what: str, ours: str, theirs: str) -> str:
         if self.within_noise:
             return (f"{what}: {ours} vs {theirs} within noise (difference "
-                    f"{self.difference_ms:+.2f} ms, spread ±{self.spread_ms:.2f} ms)")  # fmt: skip
+                    f"{self.difference_ms:+.2f} ms, spread ±{self.spread_ms:.2f} ms)")
         faster = "faster" if self.difference_ms < 0 else "slower"
         return (f"{what}: {ours} {abs(self.difference_ms):.2f} ms/step {faster} than {theirs} "
-                f"(spread ±{self.spread_ms:.2f} ms)")  # fmt: skip
+                f"(spread ±{self.spread_ms:.2f} ms)")
 
 
 def paired_difference(ours: list[float], theirs: list[float]) -> TimingVerdict:
@@ -105,7 +105,7 @@ def format_table(results: list[RunResult]) -> str:
     lbfgs = any(r.evaluations for r in results)
     extra = f"{'evals':>6} {'replays':>7}" if lbfgs else f"{'skipped':>7}"
     header = (f"{'variant':<18} {'held-out loss':>13} {'iter ms':>8} {'optim ms':>8} "
-              f"{'host reads/step':>15} {extra} {'final scale':>11}")  # fmt: skip
+              f"{'host reads/step':>15} {extra} {'final scale':>11}")
     lines = [
         (
             f"{first.config.task} ({first.title}): {first.parameters:,} parameters, "
@@ -118,14 +118,14 @@ def format_table(results: list[RunResult]) -> str:
     for r in results:
         scale = f"{r.scales[-1]:.0f}" if r.scales else "-"
         counts = (f"{r.evaluations:>6} {sum(r.replays):>7}" if lbfgs
-                  else f"{sum(r.skipped):>7}")  # fmt: skip
+                  else f"{sum(r.skipped):>7}")
         lines.append(
             f"{r.label:<18} {r.final_loss:>13.4f} {r.median_iteration_ms:>8.2f} "
             f"{r.median_optimizer_ms:>8.2f} {r.host_reads_per_step:>15.1f} {counts} {scale:>11}"
         )
     lines.append("iter/optim ms: medians per step (whole iteration / optimizer phase), variants "
                  "interleaved step by step; host reads: .item(), bool(), .cpu(), ... in the "
-                 "optimizer phase")  # fmt: skip
+                 "optimizer phase")
     if lbfgs:
         lines.append(_lbfgs_reads(results))
     else:
@@ -158,7 +158,7 @@ def _lbfgs_reads(results: list[RunResult]) -> str:
         if ours:
             part += f" + {ours:.1f} by the replay ({ours / r.evaluations_per_step:.1f}/evaluation)"
         elsewhere = sum(n for m, n in r.host_reads_by_module.items()
-                        if m != "torch.optim.lbfgs" and not m.startswith("scaledoptim."))  # fmt: skip
+                        if m != "torch.optim.lbfgs" and not m.startswith("scaledoptim."))
         if elsewhere:
             part += f" + {elsewhere:.1f} elsewhere"
         parts.append(part)
@@ -176,7 +176,7 @@ def _comparisons(by_variant: dict[str, RunResult]) -> list[str]:
     pairs = [(ours, theirs) for ours, theirs in (
         ("scaledoptim", "fp32"), ("scaledoptim", "torch.amp"), ("torch.amp", "fp32"),
         ("scaledoptim-lbfgs", "fp32-lbfgs"),
-    ) if ours in by_variant and theirs in by_variant]  # fmt: skip
+    ) if ours in by_variant and theirs in by_variant]
     lines = [
         f"{ours} held-out loss vs {theirs}: "
         f"{relative_gap(by_variant[ours], by_variant[theirs]):.2%} apart"

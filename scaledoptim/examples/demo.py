@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--plot", type=pathlib.Path, help="write loss and scale curves to a PNG")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    return parser.parse_args(argv)  # fmt: skip
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         size=args.size or ("cuda" if args.device.startswith("cuda") else "cpu"),
         steps=args.steps, seed=args.seed, device=args.device, dtype=args.dtype,
         threads=args.threads or None,
-    )  # fmt: skip
+    )
     variants = ["fp32", "torch.amp", "scaledoptim"] if args.compare else ["scaledoptim"]
     results_by_task = {}
     for task in DEFAULT_TASKS if args.task == "all" else [args.task]:

@@ -24,7 +24,7 @@ def install_hint(extra: str) -> str:
     it is installed editable; where it was installed from a wheel, pip adds the extra's packages
     to the installed scaledoptim."""
     return (f'pip install -e ".[{extra}]" in a checkout, or pip install "scaledoptim[{extra}]" '
-            "where scaledoptim was installed from a wheel")  # fmt: skip
+            "where scaledoptim was installed from a wheel")
 
 
 def needed_modules(args: argparse.Namespace) -> list[str]:
@@ -44,7 +44,7 @@ def problems(args: argparse.Namespace) -> list[str]:
         if importlib.util.find_spec(module) is None:
             why, extra = OPTIONAL[module]
             found.append(f"{module} is not installed; it is needed for {why}: "
-                         f"{install_hint(extra)} (or pip install {module})")  # fmt: skip
+                         f"{install_hint(extra)} (or pip install {module})")
     device_problem = unusable_device(args.device)
     if device_problem:
         found.append(device_problem)
@@ -59,7 +59,7 @@ def unusable_device(device: str) -> str | None:
         return f"--device {device} is not a device name ({error}); use --device cpu or cuda"
     if parsed.type == "cuda" and not torch.cuda.is_available():
         return (f"--device {device}: this torch sees no CUDA GPU (torch.cuda.is_available() is "
-                "False); use --device cpu, or install a CUDA build of torch on a GPU machine")  # fmt: skip
+                "False); use --device cpu, or install a CUDA build of torch on a GPU machine")
     try:
         torch.zeros(1, device=parsed)
     except (RuntimeError, AssertionError) as error:

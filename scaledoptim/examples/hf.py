@@ -23,7 +23,7 @@ class HFGPT2(nn.Module):
         config = transformers.GPT2Config(
             vocab_size=vocab, n_positions=context, n_embd=width, n_layer=depth, n_head=heads,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
-        )  # fmt: skip
+        )
         self.gpt2 = transformers.GPT2LMHeadModel(config)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

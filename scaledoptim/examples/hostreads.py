@@ -5,8 +5,8 @@ to finish, so a training loop that reads once per step can never run ahead of th
 ``GradScaler`` reads ``found_inf`` once per step unless the optimizer is fused; scaledoptim's fused
 optimizers skip an overflowed step on the device and read nothing. Counting the reads by wrapping
 the ``torch.Tensor`` methods shows that difference on any machine, a CPU included. Each read is
-also attributed to the module that made it (``torch.optim.lbfgs``, ``scaledoptim.protocol.replay``, ...),
-so a table can say whose reads they are.
+also attributed to the module that made it (``torch.optim.lbfgs``, ``scaledoptim.protocol.replay``,
+...), so a table can say whose reads they are.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class HostReads:
 
 
 def host_side_counters(opt: torch.optim.Optimizer) -> frozenset[int]:
-    """The ids of ``opt``'s ``step`` counters that torch keeps on the host (see :class:`HostReads`)."""
+    """The ids of ``opt``'s ``step`` counters that torch keeps on the host (see
+    :class:`HostReads`)."""
     return frozenset(
         id(state["step"])
         for state in opt.state.values()

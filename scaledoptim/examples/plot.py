@@ -21,7 +21,7 @@ MARKERS = {
     "torch.amp": {"marker": "x", "s": 30, "color": "black", "zorder": 5},
     "scaledoptim": {"marker": "o", "s": 110, "facecolors": "none", "edgecolors": "tab:orange",
                     "linewidths": 1.8, "zorder": 4},
-}  # fmt: skip
+}
 REPLAY_MARKER = {"marker": "^", "s": 60, "color": "tab:red", "zorder": 5}
 SMOOTHING = 0.9  # exponential moving average of the per-step training loss, for readability
 LBFGS_SCALE_NOTE = (
@@ -66,7 +66,7 @@ def make_figure(results_by_task: dict[str, list[RunResult]]):
     fig, axes = plt.subplots(
         3, columns, figsize=(6.5 * columns, 9), squeeze=False,
         gridspec_kw={"height_ratios": [3, 2, 1.1]},
-    )  # fmt: skip
+    )
     for column, (task, results) in enumerate(results_by_task.items()):
         _loss_panel(axes[0, column], task, results)
         _scale_panel(axes[1, column], results)
@@ -82,7 +82,7 @@ def _loss_panel(ax, task: str, results: list[RunResult]) -> None:
     for r, curve in zip(results, curves):
         ax.plot(curve, label=r.label, **STYLES.get(r.label, {}))
     ax.set_title(f"{task} ({first.title}): {first.parameters:,} params,\n"
-                 f"{first.config.dtype} autocast on {first.config.device}")  # fmt: skip
+                 f"{first.config.dtype} autocast on {first.config.device}")
     # A log axis shows the first steps' loss and the end of training on one panel (LBFGS
     # drops by orders of magnitude in a few steps); the limits hold every curve whole.
     ax.set_yscale("log")
@@ -97,7 +97,7 @@ def _loss_panel(ax, task: str, results: list[RunResult]) -> None:
     # Where the curves are not: below a falling curve's start, or above LBFGS's fast drop.
     x, y = (0.3, 0.55) if full_batch else (0.02, 0.03)
     ax.text(x, y, f"held-out loss after training\n{held_out}", transform=ax.transAxes,
-            fontsize=7, va="bottom", bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
+            fontsize=7, va="bottom", bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
     ax.grid(alpha=0.3, which="both")
 
 
@@ -111,19 +111,19 @@ def _scale_panel(ax, results: list[RunResult]) -> None:
         skips = [i for i, skipped in enumerate(r.skipped) if skipped]
         if r.label in MARKERS:
             ax.scatter(skips, [r.scales[i] for i in skips], **MARKERS[r.label],
-                       label=f"{r.label}: {len(skips)} skipped")  # fmt: skip
+                       label=f"{r.label}: {len(skips)} skipped")
             marked.append(f"{MARKERS[r.label]['marker']}: {r.label} skipped")
         replayed = [i for i, n in enumerate(r.replays) if n]
         if replayed:
             ax.scatter(replayed, [r.scales[i] for i in replayed], **REPLAY_MARKER,
-                       label=f"{r.label}: {sum(r.replays)} replays")  # fmt: skip
+                       label=f"{r.label}: {sum(r.replays)} replays")
             for i in replayed:
                 ax.annotate(f"{r.replays[i]}", (i, r.scales[i]), textcoords="offset points",
-                            xytext=(4, 6), fontsize=7, color="tab:red")  # fmt: skip
+                            xytext=(4, 6), fontsize=7, color="tab:red")
             marked.append("^: evaluations replayed (how many beside)")
         if r.evaluations and r.scales[0] == LBFGS_INIT_SCALE:
             ax.text(0.98, 0.97, LBFGS_SCALE_NOTE, transform=ax.transAxes, ha="right", va="top",
-                    fontsize=7, bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})  # fmt: skip
+                    fontsize=7, bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
     if ax.has_data():
         ax.set_yscale("log", base=2)
         ax.legend(fontsize=8, loc="lower right")

@@ -71,7 +71,7 @@ SIZES = {
                 image_batch=32, image_steps=150, full_batch=4096, lbfgs_steps=25),
     "cuda": Size(256, 384, 6, text_batch=64, text_steps=1000, image_size=64, cnn_width=64,
                  image_batch=256, image_steps=500, full_batch=16384, lbfgs_steps=100),
-}  # fmt: skip
+}
 
 
 def _next_byte_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

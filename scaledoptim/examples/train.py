@@ -339,7 +339,7 @@ def cpu_threads(config: RunConfig) -> Iterator[None]:
 
 def _lbfgs_args(task: Task, config: RunConfig) -> dict[str, Any]:
     return {"lr": config.lr or task.lr, "max_iter": LBFGS_MAX_ITER, "history_size": 20,
-            "line_search_fn": "strong_wolfe"}  # fmt: skip
+            "line_search_fn": "strong_wolfe"}
 
 
 def _no_forward_backward(batch: Batch) -> None:

@@ -23,7 +23,7 @@ __all__ = ["plan_loaded_groups", "plan_loaded_state"]
 _FILLED_OPTIONS = frozenset(
     {"foreach", "fused", "maximize", "capturable", "differentiable", "master_weights",
      "stochastic_rounding"}
-)  # fmt: skip
+)
 #: torch's names of state that sums squares: negative, its square root in the update is NaN.
 _NONNEGATIVE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum"})
 _FIX = "load a state_dict this optimizer class saved for this model"

@@ -132,7 +132,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
             if defaults.get("foreach"):
                 raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
-    # ------------------------------------------------------------------ the Update a subclass defines
+    # ------------------------------------------------------------- the Update a subclass defines
     @abc.abstractmethod
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists."""
@@ -177,7 +177,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         return None
 
     # ------------------------------------------------------------------ the inherited machinery
-    @compile_boundary.disable  # Note [compile boundary] in protocol/optimizer.py
+    @compile_boundary.disable  # See Note [compile boundary] in protocol/split_form.py
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Performs a single optimization step.
@@ -198,7 +198,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Note [step requests]: what the protocol asks of this step is planned here, after the
+        # See Note [step requests]: what the protocol asks of this step is planned here, after the
         # step pre-hooks, so that what they did to the grads is what is checked and used.
         request, self._scaledoptim_request = self._scaledoptim_request, None
         if request is not None:  # a protocol method's: it reads the outcome
@@ -279,7 +279,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
 def check_hyperparameter(
     name: str, value: Any, low: float = 0.0, high: float | None = None
 ) -> None:
-    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's style."""
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's
+    style."""
     if isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
     if not (low <= value and (high is None or value < high)):

@@ -103,7 +103,7 @@ class FusedStepPlan:
         self.over_subclasses = False  # a param is a tensor subclass (a DTensor, ...)
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, Tensor | None] = {}
-        # Note [param edits under master weights]: the masters, and those to resync first.
+        # See Note [param edits under master weights]: the masters, and those to resync first.
         self.masters: MasterWatch | None = None
         self.edited_masters: list[int] = []
 
@@ -125,7 +125,7 @@ class FusedStepPlan:
         return inv_scale
 
     def clip_grads_(self, coef: Tensor) -> None:
-        # Note [clipping in the step] in protocol/clipping.py: in the inv_scale an update
+        # See Note [clipping in the step] in protocol/clipping.py: in the inv_scale an update
         # applies in registers, else in the grads the unscale left (the torch forms read those).
         for backend, part in self.parts.items():
             left = self.left.get(backend)
@@ -174,7 +174,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
     if plan.over_subclasses:
         _check_dtensor_update(optimizer)
         if backend is not TORCH_NATIVE:
-            # Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
+            # See Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
             # only; torch's ops take a DTensor (or another subclass) as torch.optim gives it them.
             plan = FusedStepPlan(optimizer, TORCH_NATIVE)
             plan.over_subclasses = True
@@ -380,7 +380,7 @@ def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
     return (
         optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
         route_key(optimizer, group),
-    )  # fmt: skip
+    )
 
 
 class MasterWatch:

@@ -216,8 +216,8 @@ class ScaledTrainer(transformers.Trainer):
     Accelerator (``backward``, ``optimizer_step_was_skipped``, ``clip_grad_norm_``,
     ``prepare_optimizer``) and of the ``AcceleratedOptimizer`` it prepares (``step``), by
     giving those objects a subclass of their class. Not supported with ``fp16=True``: DeepSpeed
-    (which scales by itself) and gradient-accumulation settings that make the Trainer call backward outside
-    ``training_step``. Several processes: call
+    (which scales by itself) and gradient-accumulation settings that make the Trainer call backward
+    outside ``training_step``. Several processes: call
     ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD,
     grads_across_ranks="replicated")`` on the optimizer you pass (DDP), so that every rank skips
     together and ``max_grad_norm`` clips by each rank's norm of the same grads.
@@ -250,7 +250,9 @@ class ScaledTrainer(transformers.Trainer):
 
     _scaledoptim_run: _ScalingRun
 
-    def __init__(self, *args: Any, scaling_config: ScalingConfig | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, scaling_config: ScalingConfig | None = None, **kwargs: Any
+    ) -> None:
         if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
             raise TypeError(
                 "ScaledTrainer(scaling_config=...) takes a scaledoptim.ScalingConfig, got a "

@@ -72,7 +72,9 @@ def _compiler_version(compiler: str) -> str:
 
 def _glue_source(kernel: MultiTensorKernel) -> str:
     table, args = f"TensorTable<{kernel.n_lists}>", kernel.args_type.__name__
-    # Note [kernel ABI]: the layout of every field the launcher writes, as the C++ compiler
+    # Note [kernel ABI]
+    # ~~~~~~~~~~~~~~~~~
+    # The layout of every field the launcher writes, as the C++ compiler
     # sees it, so that a ctypes mirror that drifts from its struct fails loudly at load time.
     layout = [
         f"{table}::kMaxTensors",
@@ -100,7 +102,8 @@ def _glue_source(kernel: MultiTensorKernel) -> str:
 
 
 def expected_abi_layout(kernel: MultiTensorKernel) -> list[int]:
-    """What ``so_abi_layout`` must report for ``kernel``: the launcher's side of Note [kernel ABI]."""
+    """What ``so_abi_layout`` must report for ``kernel``: the launcher's side of
+    Note [kernel ABI]."""
     table = table_type(kernel.n_lists)
     args = kernel.args_type
     return [
@@ -192,7 +195,7 @@ def _library(kernel: MultiTensorKernel, flags: tuple[str, ...], compiler: str) -
     ).hexdigest()
     directory = private_dir("emulator")
     path = directory / f"{kernel.source.stem}-{key[:24]}.so"
-    content = read_entry(path, key)  # Note [kernel cache]: None when missing or corrupt
+    content = read_entry(path, key)  # See Note [kernel cache]: None when missing or corrupt
     if content is None:
         content = _build(kernel, glue, include_dirs, flags, compiler, directory)
         write_entry(path, key, content)

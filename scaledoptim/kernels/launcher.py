@@ -25,7 +25,7 @@ from .table import PlannedLaunch, plan_launches
 __all__ = [
     "PLAIN_TENSOR_TYPES", "PreparedLaunch", "check_launchable", "chunk_count", "prepare_launch",
     "scalar_pointer",
-]  # fmt: skip
+]
 
 # Tables are rebuilt only when a tensor set's data pointers (or sizes, dtypes, chunk size)
 # change; an optimizer reuses the same few sets every step.
@@ -47,7 +47,12 @@ class PreparedLaunch:
     def detached(self) -> PreparedLaunch:
         """The same launch with tables of its own, for :meth:`repoint`."""
         plans = tuple(
-            (instantiation, dataclasses.replace(planned, table=type(planned.table).from_buffer_copy(planned.table)))
+            (
+                instantiation,
+                dataclasses.replace(
+                    planned, table=type(planned.table).from_buffer_copy(planned.table)
+                ),
+            )
             for instantiation, planned in self.plans
         )
         return PreparedLaunch(self.kernel, self.device, plans, owns_tables=True)
@@ -67,7 +72,7 @@ class PreparedLaunch:
             operator.itemgetter(*slots)(pointers) if len(slots) > 1 else (pointers[slots[0]],)
             for slots in (planned.slot_tensors for _, planned in self.plans)
         ]
-        # Note [launchable tensors]: an empty tensor, the one kind with a null pointer, gets no
+        # See Note [launchable tensors]: an empty tensor, the one kind with a null pointer, gets no
         # slot. All checked before any table changes.
         if any(0 in picked for picked in picks):
             raise ValueError(
@@ -94,12 +99,12 @@ class PreparedLaunch:
                 cuda_backend.launch(
                     self.kernel, instantiation, params, planned.n_chunks,
                     launch_config.threads_per_block, self.device,
-                )  # fmt: skip
+                )
             else:
                 emulator.launch(
                     self.kernel, instantiation, params, planned.n_chunks,
                     launch_config.emulator_threads_per_block,
-                )  # fmt: skip
+                )
 
 
 def prepare_launch(
@@ -245,7 +250,9 @@ def _build_plans(
         sizes = [tensor_lists[0][i].numel() for i in indices]
         for planned in plan_launches(pointers, sizes, kernel.n_lists, launch_config.chunk_size):
             in_lists = tuple(indices[slot] for slot in planned.slot_tensors)
-            plans.append((kernel.instantiation(dtypes), dataclasses.replace(planned, slot_tensors=in_lists)))
+            plans.append(
+                (kernel.instantiation(dtypes), dataclasses.replace(planned, slot_tensors=in_lists))
+            )
     return plans
 
 

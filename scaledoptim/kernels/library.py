@@ -46,7 +46,7 @@ _FLOAT_TYPES = (ctypes.c_float, ctypes.c_double)
 _INT_TYPES = (
     ctypes.c_void_p, ctypes.c_bool, ctypes.c_int8, ctypes.c_uint8, ctypes.c_int16,
     ctypes.c_uint16, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64,
-)  # fmt: skip
+)
 _kernels: dict[str, MultiTensorKernel] = {}
 
 

@@ -12,8 +12,8 @@ import torch
 
 __all__ = ["CUDA_TYPE_NAMES", "PER_TENSOR_NAMES", "MultiTensorKernel", "registered_kernels"]
 
-#: The names of the lists that hold one element per tensor of list 0 (Note [param rounding]'s
-#: seeds, Note [step counters]'s counters), unless a kernel gives its ``per_tensor_lists``.
+#: The names of the lists that hold one element per tensor of list 0 (the stochastic-rounding
+#: seeds, the step counters), unless a kernel gives its ``per_tensor_lists``.
 PER_TENSOR_NAMES = ("sr_seeds", "steps")
 
 # The C++ type each torch dtype is instantiated with (cuda/dtypes.cuh).

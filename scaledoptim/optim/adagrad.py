@@ -74,7 +74,8 @@ class Adagrad(FusedOptimizer):
     one-element tensor (a CPU one is read at each step). Complex params, sparse grads, views
     with gaps, ``differentiable=True`` and an ``lr`` tensor on an accelerator take
     :func:`torch.optim.adagrad.adagrad` with the group's flags, in the same step (see
-    the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
+    the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the
+    param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -122,7 +123,7 @@ class Adagrad(FusedOptimizer):
             initial_accumulator_value=initial_accumulator_value, eps=eps, foreach=foreach,
             maximize=maximize, differentiable=differentiable, fused=fused,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -141,9 +142,13 @@ class Adagrad(FusedOptimizer):
         for param, counter in zip(fresh, counters):
             self.state[param] = {
                 "step": counter,
-                "sum": torch.full_like(param, complex(init, init) if param.is_complex() else init,
-                                       dtype=state_dtype(param), memory_format=torch.preserve_format),
-            }  # fmt: skip
+                "sum": torch.full_like(
+                    param,
+                    complex(init, init) if param.is_complex() else init,
+                    dtype=state_dtype(param),
+                    memory_format=torch.preserve_format,
+                ),
+            }
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
@@ -182,8 +187,7 @@ class Adagrad(FusedOptimizer):
     ) -> None:
         """torch's fused Adagrad (checked against torch.optim.Adagrad's single-tensor math on
         CPU, skips included), which reads the advanced counter and takes ``found_inf`` itself:
-        Adagrad's single torch form, on every device (Note [one torch form] in
-        fused/backends/torch_native.py)."""
+        Adagrad's single torch form, on every device."""
         params, grads, sums, steps = tensor_lists
         advance_steps_(steps, found_inf)
         torch._fused_adagrad_(
@@ -205,10 +209,15 @@ class Adagrad(FusedOptimizer):
             differentiable=group["differentiable"], has_complex=any(map(torch.is_complex, params)),
             lr=group["lr"], weight_decay=group["weight_decay"], lr_decay=group["lr_decay"],
             eps=group["eps"], maximize=group["maximize"],
-        )  # fmt: skip
+        )
 
 
 def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(lr=hyperparameter("lr", group["lr"]), lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
-                weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
-                eps=hyperparameter("eps", group["eps"]), maximize=group["maximize"])  # fmt: skip
+    return dict(
+        lr=hyperparameter("lr", group["lr"]),
+        lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        eps=hyperparameter("eps", group["eps"]),
+        maximize=group["maximize"],
+    )
+

@@ -97,8 +97,8 @@ class Adam(FusedOptimizer):
     path. ``lr`` and ``betas`` may be one-element tensors (CPU ones are read at each step).
     Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
     accelerator take :func:`torch.optim.adam.adam` with the group's flags, in the same step
-    (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype, and 16-bit params are
-    updated in fp32 and rounded once.
+    (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the
+    param dtype, and 16-bit params are updated in fp32 and rounded once.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -130,7 +130,7 @@ class Adam(FusedOptimizer):
     _legacy_options: ClassVar[dict[str, Any]] = {
         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
         "differentiable": False, "decoupled_weight_decay": False, "fused": None,
-    }  # fmt: skip
+    }
 
     def __init__(
         self,
@@ -157,14 +157,16 @@ class Adam(FusedOptimizer):
             differentiable=differentiable, fused=fused,
             decoupled_weight_decay=decoupled_weight_decay,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
         check_tensor_hyperparameter("epsilon value", "eps", options["eps"])
         for i, beta in enumerate(options["betas"]):
-            check_tensor_hyperparameter(f"beta parameter at index {i}", f"betas[{i}]", beta, high=1.0)
+            check_tensor_hyperparameter(
+                f"beta parameter at index {i}", f"betas[{i}]", beta, high=1.0
+            )
         check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
         if (
             isinstance(options["lr"], Tensor)
@@ -198,12 +200,13 @@ class Adam(FusedOptimizer):
         grad_scale: torch.Tensor | None = None,
     ) -> None:
         """torch's fused Adam(W), which takes ``found_inf`` (and ``grad_scale``) itself: Adam's
-        single torch form, on every device (Note [one torch form] in
-        fused/backends/torch_native.py)."""
+        single torch form, on every device."""
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
         options = _adam_options(group)
-        fused: Any = torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
+        fused: Any = (
+            torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
+        )
         fused(*tensors, steps, **options, grad_scale=grad_scale, found_inf=found_inf)
 
     def torch_optim_update(
@@ -223,7 +226,7 @@ class Adam(FusedOptimizer):
             decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=group["amsgrad"],
             beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
             eps=group["eps"], maximize=group["maximize"],
-        )  # fmt: skip
+        )
 
 
 class AdamW(Adam):
@@ -262,7 +265,7 @@ class AdamW(Adam):
             foreach=foreach, maximize=maximize, capturable=capturable,
             differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # As torch.optim.AdamW: a checkpoint saved by Adam still steps as AdamW.
@@ -282,7 +285,9 @@ def _check_tensor_options(
     torch makes them; returns the betas as torch keeps them (one-element tensors as 0-dim)."""
     if isinstance(lr, Tensor):
         if foreach and not capturable:
-            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+            raise ValueError(
+                "lr as a Tensor is not supported for capturable=False and foreach=True"
+            )
         if lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
     if isinstance(betas[0], Tensor) != isinstance(betas[1], Tensor):
@@ -302,8 +307,13 @@ def _check_tensor_options(
 def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = (hyperparameter("betas", beta) for beta in group["betas"])
     return dict(
-        lr=hyperparameter("lr", group["lr"]), beta1=beta1, beta2=beta2,
+        lr=hyperparameter("lr", group["lr"]),
+        beta1=beta1,
+        beta2=beta2,
         eps=hyperparameter("eps", group["eps"]),
-        weight_decay=hyperparameter("weight_decay", group["weight_decay"]), decoupled_weight_decay=group["decoupled_weight_decay"],
-        amsgrad=group["amsgrad"], maximize=group["maximize"],
-    )  # fmt: skip
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        decoupled_weight_decay=group["decoupled_weight_decay"],
+        amsgrad=group["amsgrad"],
+        maximize=group["maximize"],
+    )
+

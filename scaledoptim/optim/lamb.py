@@ -23,7 +23,7 @@ from ..torch_ops import BATCH, MeshSums, PackedSteps, batches, scalars, storage_
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
     "LambNormArgs", "lamb_args",
-]  # fmt: skip
+]
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -73,19 +73,19 @@ _LISTS = (
     *ROUNDING_LISTS,
     "steps",
 )
-# Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums (the ``_partials``
-# lists), added in chunk order.
+# See Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums (the
+# ``_partials`` lists), added in chunk order.
 _KERNEL_LISTS = dict(dtype_lists=(0, 1))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
-                                **_KERNEL_LISTS)  # fmt: skip
+                                **_KERNEL_LISTS)
 #: The new moments, and per chunk the squared norms of params and updates, on the same lists.
 LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_kernel", _LISTS,
-                                      LambArgs, **_KERNEL_LISTS)  # fmt: skip
+                                      LambArgs, **_KERNEL_LISTS)
 #: The squared global norm of the unscaled grads, through per-chunk partial sums.
 LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
                                           ("grads", "grad_sq_partials"), LambNormArgs,
-                                          dtype_lists=(0,))  # fmt: skip
+                                          dtype_lists=(0,))
 
 
 def _log(beta: float) -> float:
@@ -117,7 +117,7 @@ def lamb_args(
         log_beta1=_log(beta1), log_beta2=_log(beta2), bias_correction=bias_correction,
         adam_w_mode=adam_w_mode,
         trust_ratio=use_nvlamb or weight_decay != 0,
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------ the optimizer
@@ -183,7 +183,7 @@ class LAMB(FusedOptimizer):
             max_grad_norm=max_grad_norm, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
             use_nvlamb=use_nvlamb, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -231,9 +231,9 @@ class LAMB(FusedOptimizer):
         )
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
-        """The update in place (:func:`_lamb_`), on grads unscaled and the squared global grad
-        norm computed (``_GlobalGradNorm.torch_form``); the torch-native backend skips it (Note
-        [one torch form] in fused/backends/torch_native.py)."""
+        """The update in place and taken unconditionally, on grads unscaled and the squared
+        global grad norm computed: the torch-native backend skips it, on the host on a CPU, else
+        on working copies."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         norm_sq = self._grad_norm_sq(params[0].device)
         _lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, norm_sq, _lamb_options(group))
@@ -265,12 +265,12 @@ class _GlobalGradNorm:
         return LambNormArgs(
             found_inf, inv_scale, self.out.data_ptr(), partials.partials.data_ptr(),
             partials.arrivals.data_ptr(), partials.partials.numel(),
-        )  # fmt: skip
+        )
 
     def torch_form(self, grads: list[Tensor]) -> None:
         # In float32 at least (16-bit squares overflow); float64 grads (torch.optim takes
         # float64 params, and LAMB's torch form in float64 is its test reference) in float64.
-        # Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
+        # See Note [sums over the mesh]: a DTensor grad's square is summed over its mesh.
         narrow = [g for g in grads if g.dtype != torch.float64]
         wide = [g for g in grads if g.dtype == torch.float64]
         squares = []
@@ -302,7 +302,7 @@ def _lamb_(
     with two temporary lists each (the clipped grads and the direction), a larger tensor by
     pieces of that size (:func:`_lamb_large_`): its data passes through the cache once or twice
     instead of a dozen times. Elsewhere, and for DTensors, over the whole lists."""
-    # Note [sums over the mesh]: DTensors step on their local shards, their norms summed over
+    # See Note [sums over the mesh]: DTensors step on their local shards, their norms summed over
     # the mesh.
     sums = MeshSums(params)
     params, grads, exp_avgs, exp_avg_sqs = map(sums.local, (params, grads, exp_avgs, exp_avg_sqs))
@@ -425,8 +425,15 @@ def _lamb_direction(
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(
-        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-        bias_correction=group["bias_correction"], max_grad_norm=group["max_grad_norm"],
-        adam_w_mode=group["adam_w_mode"], grad_averaging=group["grad_averaging"],
+        lr=group["lr"],
+        beta1=beta1,
+        beta2=beta2,
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        bias_correction=group["bias_correction"],
+        max_grad_norm=group["max_grad_norm"],
+        adam_w_mode=group["adam_w_mode"],
+        grad_averaging=group["grad_averaging"],
         use_nvlamb=group["use_nvlamb"],
-    )  # fmt: skip
+    )
+

@@ -113,7 +113,7 @@ class Lion(FusedOptimizer):
         defaults = dict(
             lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -131,8 +131,8 @@ class Lion(FusedOptimizer):
         return lion_args(found_inf, inv_scale, **_lion_options(group))
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
-        """The kernel's arithmetic in place (:func:`_lion_`); the torch-native backend skips it
-        (Note [one torch form] in fused/backends/torch_native.py)."""
+        """The kernel's arithmetic in place and taken unconditionally: the torch-native backend
+        skips it, on the host on a CPU, else on working copies."""
         params, grads, exp_avgs, _ = tensor_lists
         _lion_(params, grads, exp_avgs, _lion_options(group))
 
@@ -159,4 +159,5 @@ def _lion_(
 def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                maximize=group["maximize"])  # fmt: skip
+                maximize=group["maximize"])
+

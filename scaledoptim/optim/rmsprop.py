@@ -65,7 +65,8 @@ class RMSprop(FusedOptimizer):
     path. Every hyper-parameter may be a one-element tensor (a CPU one is read at each step).
     Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
     accelerator take :func:`torch.optim.rmsprop.rmsprop` with the group's flags, in the same
-    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the param dtype.
+    step (the migration guide, "What takes torch.optim's own implementation"). State is fp32
+    whatever the param dtype.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -101,7 +102,7 @@ class RMSprop(FusedOptimizer):
     _legacy_options: ClassVar[dict[str, Any]] = {
         "momentum": 0, "centered": False, "foreach": None, "maximize": False,
         "differentiable": False, "capturable": False,
-    }  # fmt: skip
+    }
 
     def __init__(
         self,
@@ -125,7 +126,7 @@ class RMSprop(FusedOptimizer):
             centered=centered, capturable=capturable, foreach=foreach, maximize=maximize,
             differentiable=differentiable, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -158,8 +159,8 @@ class RMSprop(FusedOptimizer):
         return rmsprop_args(found_inf, inv_scale, **_rmsprop_options(group))
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
-        """torch.optim.RMSprop's foreach math, in place (:func:`_rmsprop_`); the torch-native
-        backend skips it (Note [one torch form] in fused/backends/torch_native.py)."""
+        """torch.optim.RMSprop's foreach math, in place and taken unconditionally: the
+        torch-native backend skips it, on the host on a CPU, else on working copies."""
         params, grads, square_avgs, buffers, grad_avgs, _ = tensor_lists
         _rmsprop_(params, grads, square_avgs, buffers, grad_avgs, _rmsprop_options(group))
 
@@ -176,7 +177,7 @@ class RMSprop(FusedOptimizer):
             lr=group["lr"], alpha=group["alpha"], eps=group["eps"],
             weight_decay=group["weight_decay"], momentum=group["momentum"],
             centered=group["centered"],
-        )  # fmt: skip
+        )
 
 
 def _rmsprop_grads(grads: list[Tensor], params: list[Tensor], o: dict[str, Any]) -> list[Tensor]:
@@ -238,4 +239,5 @@ def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
         **{name: hyperparameter(name, group[name])
            for name in ("lr", "alpha", "eps", "weight_decay", "momentum")},
         centered=group["centered"], maximize=group["maximize"],
-    )  # fmt: skip
+    )
+

@@ -112,8 +112,12 @@ class SGD(FusedOptimizer):
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.SGD
     _legacy_options: ClassVar[dict[str, Any]] = {
-        "nesterov": False, "maximize": False, "foreach": None, "differentiable": False, "fused": False,
-    }  # fmt: skip
+        "nesterov": False,
+        "maximize": False,
+        "foreach": None,
+        "differentiable": False,
+        "fused": False,
+    }
     _state_may_lack_step = True
 
     def __init__(
@@ -137,7 +141,7 @@ class SGD(FusedOptimizer):
             nesterov=nesterov, maximize=maximize, foreach=foreach,
             differentiable=differentiable, fused=fused,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
-        )  # fmt: skip
+        )
         super().__init__(params, defaults)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -176,8 +180,7 @@ class SGD(FusedOptimizer):
         grad_scale: torch.Tensor | None = None,
     ) -> None:
         """torch's fused SGD, with the first step decided on device; it takes ``found_inf`` (and
-        ``grad_scale``) itself: SGD's single torch form, on every device (Note [one torch form]
-        in fused/backends/torch_native.py).
+        ``grad_scale``) itself: SGD's single torch form, on every device.
 
         The momentum buffers start at zero, so ``momentum * 0 + (1 - dampening) * d_p`` is
         torch's first-step ``buf = d_p`` whenever ``dampening == 0``; with dampening they are
@@ -224,7 +227,7 @@ class SGD(FusedOptimizer):
             foreach=group["foreach"], fused=group["fused"], found_inf=found_inf,
             weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
             dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
-        )  # fmt: skip
+        )
         for buffer, created, is_first in zip(buffers, momentum_buffers, first):
             if is_first:  # ours stays dense where torch's starts as a sparse grad's clone
                 created = cast(Tensor, created)  # the implementation created it
@@ -252,8 +255,11 @@ def _start_buffers_(
 
 def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(
-        lr=hyperparameter("lr", group["lr"]), momentum=hyperparameter("momentum", group["momentum"]),
+        lr=hyperparameter("lr", group["lr"]),
+        momentum=hyperparameter("momentum", group["momentum"]),
         dampening=hyperparameter("dampening", group["dampening"]),
-        nesterov=group["nesterov"], weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
+        nesterov=group["nesterov"],
+        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
         maximize=group["maximize"],
-    )  # fmt: skip
+    )
+

@@ -10,11 +10,11 @@ in cache, and records the grad (a weak reference, its data pointer and version c
 hooks keep no grad alive). What it folds is what the update will read: the grad times the
 reciprocal of the optimizer's scale as the iteration's first hook found it (at a scale below 1 a
 finite scaled grad can unscale to inf). The step uses what was folded only when it unscales by
-that same scale tensor, unmoved since (its version counter); any other scale is checked anew. The step then checks only grads that were not recorded, or changed
-since (set outside backward, modified in place, accumulated by another backward): 28 B/param
-when none did. ``found_inf`` is still agreed across the process group before anything uses it.
-On torch's ops the step unscales, and so checks, every grad in place anyway: there the hooks
-do nothing.
+that same scale tensor, unmoved since (its version counter); any other scale is checked anew. The
+step then checks only grads that were not recorded, or changed since (set outside backward, modified
+in place, accumulated by another backward): 28 B/param when none did. ``found_inf`` is still agreed
+across the process group before anything uses it. On torch's ops the step unscales, and so checks,
+every grad in place anyway: there the hooks do nothing.
 
 What was folded belongs to the grads it was folded from, so it is dropped with them: by the
 optimizer's ``zero_grad``; by a hook that finds its param's recorded grad gone or written since
@@ -115,7 +115,11 @@ class BackwardCheck:
         grad); starts the next iteration."""
         found_inf, checked, checked_at = self._found_inf, self._checked, self._scale
         self.reset()
-        if checked_at is None or checked_at[0] is not scaled_by or checked_at[1] != scaled_by._version:
+        if (
+            checked_at is None
+            or checked_at[0] is not scaled_by
+            or checked_at[1] != scaled_by._version
+        ):
             return torch.zeros((), dtype=torch.float32, device=device), frozenset()
         covered = frozenset(
             id(grad)

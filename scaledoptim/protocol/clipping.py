@@ -27,8 +27,8 @@ square and root, no overflow or underflow): on the torch forms a single-process 
 the norm and ``coef`` exactly as ``GradScaler.unscale_`` + ``clip_grad_norm_`` do (a scale
 that is a power of 2 scales every square exactly, so the scaled norm times ``inv_scale`` is the
 same float); where the update divides by ``1 / (inv_scale * coef)`` instead of multiplying by
-``inv_scale`` then ``coef``, the params differ from theirs in the last bits. A grad whose unscaled square
-overflows float32 (an unscaled norm above about 1.8e19) makes the norm inf and ``coef`` 0.
+``inv_scale`` then ``coef``, the params differ from theirs in the last bits. A grad whose unscaled
+square overflows float32 (an unscaled norm above about 1.8e19) makes the norm inf and ``coef`` 0.
 
 A step that overflows (``found_inf``) leaves a non-finite norm and is skipped as always; with
 ``grads_scaled_by=None`` nothing is skipped, so non-finite grads make the params non-finite, as

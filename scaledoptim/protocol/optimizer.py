@@ -15,11 +15,11 @@ Note [step requests]
 ~~~~~~~~~~~~~~~~~~~~
 Every protocol step goes through ``self.step()``, and ``step()`` itself honours the protocol:
 
-* A protocol method hands the step it wants to ``step()`` as a :class:`StepRequest`. An
-  optimizer whose update we own (:attr:`Optimizer._plans_in_step`: the fused ones) receives it
-  in ``step()`` and plans there, *after* the step pre-hooks ran, so what a hook does to the
-  grads is what the plan validates, checks and uses (issue 20, item 8). Any other optimizer is
-  planned, unscaled and read on the host first, and its ``step()`` runs only when not skipped
+* A protocol method hands the step it wants to ``step()`` as a :class:`StepRequest`. An optimizer
+  whose update we own (:attr:`Optimizer._plans_in_step`: the fused ones) receives it in ``step()``
+  and plans there, *after* the step pre-hooks ran, so what a hook does to the grads (assigned,
+  zeroed in place) is what the plan validates, checks and uses. Any other optimizer is planned,
+  unscaled and read on the host first, and its ``step()`` runs only when not skipped
   (torch.amp.GradScaler's order; the hooks see unscaled grads).
 * A plain ``step()`` call asks :meth:`Optimizer._implicit_request` what the protocol owes it:
   after :meth:`~Optimizer.unscale`, the pending ``found_inf`` (``step_after_unscale``); after a
@@ -146,7 +146,8 @@ class Optimizer(SplitForm):
         return state
 
     # Created eagerly even when first touched inside torch.compile: a scale created while
-    # tracing (issue 20, item 7) could be a different tensor from the one the protocol moves.
+    # tracing could be a different tensor from the one the protocol moves, and then the scale
+    # the next compiled call reads never backs off.
     @compile_boundary.disable
     def _create_scaling(self) -> ScalingState:
         refuse_during_capture("Creating the loss scale")
@@ -168,7 +169,7 @@ class Optimizer(SplitForm):
         return None
 
     # ------------------------------------------------------------------ the protocol
-    @compile_boundary.disable  # Note [compile boundary]
+    @compile_boundary.disable  # See Note [compile boundary]
     def unscale_and_step(
         self,
         closure: Callable[[Any], Any] | None = None,
@@ -261,7 +262,11 @@ class Optimizer(SplitForm):
                         max_grad_norm,
                     )
                 loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
-                return loss, torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device), None
+                return (
+                    loss,
+                    torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device),
+                    None,
+                )
             replay.check_takes_scale(closure, "unscale_and_step")
 
             def evaluate(scale: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
@@ -331,9 +336,10 @@ class Optimizer(SplitForm):
             scaled = plan.inv_scale is not None
             clip, norm_sq = request.max_grad_norm, None
             if clip is not None:
-                # Note [clipping in the step] in clipping.py: the check sums the squares of every
-                # grad (those checked during backward too: a plan given norm_sq ignores checked).
-                # Unscaled grads are checked into a flag of their own: nothing skips their step.
+                # See Note [clipping in the step] in clipping.py: the check sums the squares of
+                # every grad (those checked during backward too: a plan given norm_sq ignores
+                # checked). Unscaled grads are checked into a flag of their own: nothing skips
+                # their step.
                 norm_sq = torch.zeros((), dtype=torch.float32, device=plan.found_inf.device)
                 checking = plan.found_inf if scaled else torch.zeros_like(plan.found_inf)
                 inv = plan.inv_scale if plan.inv_scale is not None else torch.ones_like(checking)

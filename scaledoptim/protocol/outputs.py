@@ -5,8 +5,8 @@ Note [the scale a backward was scaled by]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``scale_outputs(loss, S)`` with an optimizer's scale tensor ``S`` records, on ``S`` (Note [scale
 handles] in scale/loss_scale.py), that a backward is being scaled by it (``"scaled"``, cleared
-when the scale moves for that backward). The optimizer's ``unscale()``/``unscale_and_step()`` then check
-``grads_scaled_by`` against the record, before anything changes:
+when the scale moves for that backward). The optimizer's ``unscale()``/``unscale_and_step()`` then
+check ``grads_scaled_by`` against the record, before anything changes:
 
 * After a backward scaled by ``S``, ``grads_scaled_by`` must be ``S`` itself, or hold its
   value. ``None`` would step on scaled grads. The record is the tensor (its identity: ``S`` moves
@@ -58,7 +58,7 @@ def scale_outputs(outputs: _T, scale: torch.Tensor | float | None) -> _T:
         # grads it makes (Note [scale handles]): refuse it at its first use.
         raise RuntimeError(f"This scale tensor is no longer in use. {handle['retired']}")
     scaled = _scaled(outputs, scale)
-    if handle is not None:  # Note [scale handles]: a write torch.compile replays, no guard
+    if handle is not None:  # See Note [scale handles]: a write torch.compile replays, no guard
         handle["scaled"] = True
     return scaled
 

@@ -184,7 +184,7 @@ class ScaleOwner(torch.optim.Optimizer):
             init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
             max_scale=max_scale, max_replays=max_replays,
-        )  # fmt: skip
+        )
         current = self._scaledoptim_scaling
         if current is not None and current.loss_scale.sharers > 1:
             raise RuntimeError(
@@ -217,20 +217,21 @@ class ScaleOwner(torch.optim.Optimizer):
         ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` keeps (it drops
         the top-level one), so a DCP checkpoint carries the scale too.
 
-        The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is not saved (it belongs to the
-        run): configure the resumed optimizer with its own, then load.
+        The process group given to :meth:`~scaledoptim.Optimizer.configure_scaling` is not saved (it
+        belongs to the run): configure the resumed optimizer with its own, then load.
 
         Raises:
-            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`. A checkpoint
-                taken there could not resume exactly: the pending step needs the unscaled grads,
-                which no optimizer state_dict holds, and the scale has already moved for it.
-                Save before :meth:`~scaledoptim.Optimizer.unscale` or after the step.
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and
+                :meth:`~scaledoptim.Optimizer.step_after_unscale`. A checkpoint taken there could
+                not resume exactly: the pending step needs the unscaled grads, which no optimizer
+                state_dict holds, and the scale has already moved for it. Save before
+                :meth:`~scaledoptim.Optimizer.unscale` or after the step.
         """
         self._check_between_steps("state_dict()")
         state_dict = super().state_dict()
         loss_scale = self._scaling().loss_scale
         state_dict["loss_scale"] = loss_scale.state_dict()
-        # Note [the scale through DCP] in scale_carrying.py
+        # See Note [the scale through DCP] in scale_carrying.py
         for group in state_dict["param_groups"]:
             group[GROUP_SCALE_KEY] = loss_scale.state_dict()
         return state_dict
@@ -355,8 +356,8 @@ class ScaleOwner(torch.optim.Optimizer):
 
         Raises:
             TypeError, ValueError: for anything but a valid enabled GradScaler's state_dict.
-            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`, or on a
-                shared scale.
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and
+                :meth:`~scaledoptim.Optimizer.step_after_unscale`, or on a shared scale.
         """
         self._check_between_steps("load_gradscaler_state_dict()")
         current = self._scaling()
@@ -378,7 +379,8 @@ class ScaleOwner(torch.optim.Optimizer):
         (GradScaler has neither).
 
         Raises:
-            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and :meth:`~scaledoptim.Optimizer.step_after_unscale`.
+            RuntimeError: between :meth:`~scaledoptim.Optimizer.unscale` and
+                :meth:`~scaledoptim.Optimizer.step_after_unscale`.
         """
         self._check_between_steps("gradscaler_state_dict()")
         return gradscaler_state_from_loss_scale(self._scaling().loss_scale)

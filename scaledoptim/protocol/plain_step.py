@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .gradscaler import torch_scaler_request
 from .ownership import ScaleOwner, ScalingState
 from .plans import StepOutcome, StepRequest
+from .torch_scaler_interop import torch_scaler_request
 
 __all__ = ["PlainStepGuard"]
 
@@ -104,7 +104,9 @@ class PlainStepGuard(ScaleOwner):
         finally:
             vars(self).update(hidden)
 
-    def _checked_closure(self, closure: Callable[[], Any], state: ScalingState) -> Callable[[], Any]:
+    def _checked_closure(
+        self, closure: Callable[[], Any], state: ScalingState
+    ) -> Callable[[], Any]:
         """``closure``, refusing to let ``step`` use grads of a backward scaled by ``opt.scale``."""
 
         def checked() -> Any:

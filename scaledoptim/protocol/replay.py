@@ -23,7 +23,7 @@ __all__ = [
     "checked_result",
     "step_replaying",
     "takes_scale",
-]  # fmt: skip
+]
 
 Evaluation = tuple[Any, torch.Tensor, "torch.Tensor | None"]
 

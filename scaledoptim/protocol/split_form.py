@@ -26,7 +26,9 @@ class SplitForm(UnscalePlanner):
             self, request: StepRequest, *args: Any, **kwargs: Any
         ) -> tuple[Any, StepOutcome | None]: ...
 
-    # Note [compile boundary]: the protocol's Python (stage, plans, tables, host reads of a
+    # Note [compile boundary]
+    # ~~~~~~~~~~~~~~~~~~~~~~~
+    # The protocol's Python (stage, plans, tables, host reads of a
     # closure replay) is not traceable; torch.compile runs it eagerly and compiles around it.
     @compile_boundary.disable
     @torch.no_grad()
@@ -77,7 +79,7 @@ class SplitForm(UnscalePlanner):
         found_inf, scale, _ = self._record_unscale(plan)
         return found_inf, scale
 
-    @compile_boundary.disable  # Note [compile boundary]
+    @compile_boundary.disable  # See Note [compile boundary]
     def step_after_unscale(
         self,
         closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,

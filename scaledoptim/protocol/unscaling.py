@@ -11,10 +11,10 @@ import torch
 
 from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor, handle_state
 from ..torch_ops import unscale_in_place_
-from .gradscaler import asked_by_torch_scaler
 from .outputs import check_grads_scaled_by
 from .plain_step import PlainStepGuard
 from .plans import StepPlan, UnscalePlan
+from .torch_scaler_interop import asked_by_torch_scaler
 from .validation import check_no_fp16_grads
 
 #: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
@@ -55,17 +55,27 @@ class UnscalePlanner(PlainStepGuard):
         elif grads_scaled_by is loss_scale.scale:  # valid by construction: nothing to validate
             scale = grads_scaled_by
         else:
-            handle = handle_state(grads_scaled_by) if isinstance(grads_scaled_by, torch.Tensor) else None
+            handle = (
+                handle_state(grads_scaled_by) if isinstance(grads_scaled_by, torch.Tensor) else None
+            )
             if handle is not None and handle["retired"] is not None:
-                raise RuntimeError(f"grads_scaled_by is a scale no longer in use. {handle['retired']}")
+                raise RuntimeError(
+                    f"grads_scaled_by is a scale no longer in use. {handle['retired']}"
+                )
             scale = as_scale_tensor(grads_scaled_by, device)
         if own:
             loss_scale.check_can_report(id(self))
-            check_grads_scaled_by(grads_scaled_by, loss_scale.scale, loss_scale.scaled_for(id(self)))
+            check_grads_scaled_by(
+                grads_scaled_by, loss_scale.scale, loss_scale.scaled_for(id(self))
+            )
         inv_scale = scale.double().reciprocal().float()  # as GradScaler computes it
         backward_check = self._scaledoptim_backward_check
         if backward_check is None:
-            flag = torch.zeros((), dtype=torch.float32, device=device) if found_inf is None else found_inf.clone()
+            flag = (
+                torch.zeros((), dtype=torch.float32, device=device)
+                if found_inf is None
+                else found_inf.clone()
+            )
             return UnscalePlan(scale, inv_scale, flag)
         flag, checked = backward_check.take(step.params, device, scale)
         if found_inf is not None:
@@ -85,7 +95,9 @@ class UnscalePlanner(PlainStepGuard):
         raise a bare ``KeyError`` mid-step)."""
         for index, group in enumerate(self.param_groups):
             if not self.defaults.keys() <= group.keys():
-                missing = sorted(key for key in self.defaults.keys() - group.keys() - _DEFAULTS_ONLY)
+                missing = sorted(
+                    key for key in self.defaults.keys() - group.keys() - _DEFAULTS_ONLY
+                )
                 if not missing:
                     continue
                 raise ValueError(
@@ -116,7 +128,7 @@ class UnscalePlanner(PlainStepGuard):
         scale_update = state.loss_scale.report(
             id(self), plan.scale, plan.found_inf,
             force_backoff=state.replaying, defer=defer_scale_update,
-        )  # fmt: skip
+        )
         return plan.found_inf, state.loss_scale.scale, scale_update
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,8 @@ def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> N
 
 
 def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
-    """Refuses to unscale fp16 grads in place (issue 20, item 10), as GradScaler does."""
+    """Refuses to unscale fp16 grads in place, as GradScaler does: unscaled in fp16, small grads
+    flush to zero."""
     # map() over an attrgetter: no Python frame per grad on a path that runs every step.
     if torch.float16 in map(_DTYPE, grads):
         raise ValueError(

@@ -28,8 +28,12 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
         >>> opt = RMSprop(model.parameters(), lr=1e-2)
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
-    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
-        raise TypeError(f"with_scaling() takes a torch.optim.Optimizer subclass, got {optimizer_class!r}")
+    if not (
+        isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)
+    ):
+        raise TypeError(
+            f"with_scaling() takes a torch.optim.Optimizer subclass, got {optimizer_class!r}"
+        )
     if issubclass(optimizer_class, Optimizer):
         return optimizer_class
     scaled = _scaled_classes.get(optimizer_class)
@@ -81,7 +85,8 @@ _REPAIRS: dict[type[Any], dict[str, Any]] = {torch.optim.LBFGS: {"__setstate__":
 
 def _new_scaled(optimizer_class: type[torch.optim.Optimizer]) -> Optimizer:
     """An empty instance of ``with_scaling(optimizer_class)`` for unpickling to fill."""
-    return cast(Optimizer, object.__new__(with_scaling(optimizer_class)))  # torch.optim has no __new__
+    # torch.optim has no __new__ of its own: object's makes the empty instance.
+    return cast(Optimizer, object.__new__(with_scaling(optimizer_class)))
 
 
 def patch_optimizer(optimizer: _O) -> _O:
@@ -96,7 +101,9 @@ def patch_optimizer(optimizer: _O) -> _O:
         >>> found_inf, S = opt.unscale(grads_scaled_by=S)
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"patch_optimizer() takes an optimizer instance, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"patch_optimizer() takes an optimizer instance, got {type(optimizer).__name__}"
+        )
     if not isinstance(optimizer, Optimizer):
         optimizer.__class__ = with_scaling(type(optimizer))
     return optimizer

@@ -25,7 +25,8 @@ __all__ = ["agree_on_found_inf", "check_process_group"]
 
 
 def check_process_group(process_group: Any) -> None:
-    """Raises unless ``process_group`` is ``None`` or a usable :class:`torch.distributed.ProcessGroup`."""
+    """Raises unless ``process_group`` is ``None`` or a usable
+    :class:`torch.distributed.ProcessGroup`."""
     if process_group is None:
         return
     if not dist.is_available():

@@ -42,8 +42,7 @@ def loss_scale_from_gradscaler_state(
 
     ``growth_factor``, ``backoff_factor`` and ``growth_interval`` come from ``state``; the scale
     also becomes ``init_scale`` (as ``GradScaler.load_state_dict`` does). ``hysteresis``,
-    ``min_scale``, ``max_scale`` and ``max_replays`` are kept from ``base_config``. See
-    Note [GradScaler state].
+    ``min_scale``, ``max_scale`` and ``max_replays`` are kept from ``base_config``.
 
     Raises:
         TypeError: ``state`` is not a dict (the GradScaler itself, say) or a value has the wrong

@@ -93,7 +93,8 @@ class LossScale:
         return True
 
     def retire(self, reason: str) -> None:
-        """Marks this scale's tensor as no longer in use; the protocol refuses it with ``reason``."""
+        """Marks this scale's tensor as no longer in use; the protocol refuses it with
+        ``reason``."""
         self.handle["retired"] = reason
 
     def scaled_for(self, reporter: int) -> bool:
@@ -172,15 +173,16 @@ class LossScale:
     ) -> None:
         r"""Sets the scale recommended after a step whose grads were scaled by ``scaled_by``.
 
-        Sync-free. Note [scale update]: ``scaled_by * factor`` is computed in float64 and
-        rounded once to float32, as ``torch._amp_update_scale_`` does, so any factor gives
-        GradScaler's exact sequence. With GradScaler's semantics (hysteresis 1, no upper bound,
-        no forced backoff) this is ``torch._amp_update_scale_`` itself plus the ``min_scale``
-        clamp; otherwise a few ``torch.where``\ s. With hysteresis 1 the hysteresis tracker is
-        never written (it stays 1: nothing is tolerated either way). ``force_backoff`` ignores the
-        hysteresis allowance (closure replay: replaying the same batch at the same scale would
-        overflow again). ``cuda/step_epilogue.cu`` implements the same rules.
+        Sync-free. ``scaled_by * factor`` is computed in float64 and rounded once to float32, as
+        ``torch._amp_update_scale_`` does, so any factor gives GradScaler's exact sequence. With
+        GradScaler's semantics (hysteresis 1, no upper bound, no forced backoff) this is
+        ``torch._amp_update_scale_`` itself plus the ``min_scale`` clamp; otherwise a few
+        ``torch.where``\ s. With hysteresis 1 the hysteresis tracker is never written (it stays 1:
+        nothing is tolerated either way). ``force_backoff`` ignores the hysteresis allowance
+        (closure replay: replaying the same batch at the same scale would overflow again).
+        ``cuda/step_epilogue.cu`` implements the same rules.
         """
+        # See Note [scale update] in cuda/step_epilogue.cu: the kernel applies the same rules.
         c = self.config
         if c.hysteresis == 1 and not force_backoff and c.max_scale == _FLOAT32.max:
             if scaled_by is not self.scale:
@@ -191,7 +193,7 @@ class LossScale:
             torch._amp_update_scale_(
                 self.scale, self.growth_tracker, found_inf,
                 c.growth_factor, c.backoff_factor, c.tracked_growth_interval,
-            )  # fmt: skip
+            )
             self.scale.clamp_(min=c.min_scale)
             return
         overflow = found_inf > 0
@@ -267,7 +269,7 @@ class LossScale:
                 f"max_scale={config.max_scale}]"
             )
         # Note [growth tracker past the interval]
-        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
         # A growth tracker at or past growth_interval is a state the library writes itself
         # (scaler.set_growth_interval(n) below the clean steps counted, as torch's GradScaler
         # does), so it loads. The optimizer's own protocol grows the scale at the next clean
@@ -294,7 +296,7 @@ class LossScale:
 #: What each tensor of a loss_scale state holds: a real floating scale, integer trackers (a bool
 #: or complex scale would be read as 1.0 or lose its imaginary part).
 _TENSOR_DTYPES = {"scale": "a real floating", "growth_tracker": "an integer",
-                  "hysteresis_tracker": "an integer"}  # fmt: skip
+                  "hysteresis_tracker": "an integer"}
 _INT32_MAX = torch.iinfo(torch.int32).max
 
 
@@ -337,5 +339,5 @@ class ScaleUpdate:
     force_backoff: bool
 
     def apply(self) -> None:
-        """Applies it with torch ops (Note [scale update])."""
+        """Applies it with torch ops (Note [scale update] in cuda/step_epilogue.cu)."""
         self.loss_scale.update_(self.scaled_by, self.found_inf, force_backoff=self.force_backoff)

@@ -69,7 +69,7 @@ from .optim_inputs import (
 __all__ = [
     "Config", "ErrorInput", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
     "rows", "sweep",
-]  # fmt: skip
+]
 
 #: The param dtypes of mixed-precision training; the fused kernels take each of them.
 LOW_AND_FULL = (torch.float32, torch.float16, torch.bfloat16)

@@ -19,7 +19,7 @@ __all__ = [
     "configs_lbfgs", "configs_lion", "configs_rmsprop", "configs_sgd", "error_inputs_adagrad",
     "error_inputs_adam", "error_inputs_lamb", "error_inputs_lbfgs", "error_inputs_lion",
     "error_inputs_rmsprop", "error_inputs_sgd", "grid", "no_error_inputs", "sweep",
-]  # fmt: skip
+]
 
 
 @dataclasses.dataclass(frozen=True)

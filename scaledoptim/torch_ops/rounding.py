@@ -43,7 +43,8 @@ def stochastic_round_(
     arithmetic (Note [stochastic rounding in int32]), the keys of all tensors at once, over
     chunks of at most :data:`SR_CHUNK` elements (a run of small tensors concatenated, or a
     slice of a large one) in buffers allocated once per call. So the transient memory is a few
-    chunks whatever the params' size, and small tensors cost no op each (issue 22, item 2).
+    chunks whatever the params' size (not a transient of 66 B per param, as whole-tensor int64
+    keys were), and small tensors cost no op each.
     It syncs with no device: only where the caller says the tensors are on the host,
     ``on_host``, does it read one (whether a chunk holds a NaN) or make one from Python values
     (a run's sizes).

@@ -79,8 +79,8 @@ class PackedSteps(list[Tensor]):
     Every param of a fused optimizer has a 0-dim float32 ``state["step"]`` (torch's state name;
     the kernels read it, a skipped first step must not count). Advanced with a foreach op over
     2000 0-dim CPU tensors, they cost 3 ms a step, as much as torch's whole fused SGD step over
-    2000x1k params (issue 22, item 3): torch's CPU foreach ops loop over the tensors. So the
-    full plan (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
+    2000x1k params: torch's CPU foreach ops loop over the tensors. So the full plan
+    (``fused/plan.py``) makes a CPU group's counters views of one tensor, ``flat[i]``,
     and hands the update a ``PackedSteps``, which :func:`advance_steps_` advances with one
     ``add_`` of ``flat``. A list sliced or copied from it is a plain list and takes the foreach
     op: only the plan builds one, and the step cache replans when any state value moves (a
@@ -126,8 +126,9 @@ def copy_unless_skipped_(
 # exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
 # so on a CPU the torch forms read found_inf and skip on the host, and update in place with
 # foreach ops; the sync-free way (the same form on working copies, then a `torch.where` + copy per
-# list: Note [one torch form] in fused/backends/torch_native.py) stays for every other device,
-# and for a step autograd records (a differentiable step). Whether host reads are allowed is the engine's parameter
+# list: see Note [one torch form] in fused/backends/torch_native.py) stays for every other
+# device, and for a step autograd records (a differentiable step). Whether host reads are allowed
+# is the engine's parameter
 # (`TorchNativeBackend.host_skip` in fused/backends/torch_native.py), passed by whoever calls
 # `skip_on_host` or `stochastic_round_`: this package keeps no switch. The engine's
 # `decide_skips_on_device()` makes the CPU take the sync-free forms too, so the suite and the
@@ -139,7 +140,7 @@ def skip_on_host(found_inf: Tensor | None, host_reads: bool) -> bool | None:
     """Whether a step is skipped, read on the host where the caller says that is free
     (``host_reads``: a CPU, as the engine decides) and outside autograd, else ``None``: decide
     on device. Reads ``found_inf`` on the host only when ``host_reads``."""
-    # Note [host skip]: the caller decides; this package keeps no switch.
+    # See Note [host skip]: the caller decides; this package keeps no switch.
     if not host_reads or torch.is_grad_enabled():
         return None
     return found_inf is not None and bool(found_inf.item())

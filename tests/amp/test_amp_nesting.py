@@ -94,7 +94,8 @@ def test_exiting_nested_regions_restores_the_outer_region(regions):
 
 
 def test_disabled_cuda_region_inside_a_cpu_region():
-    # The case: a region that does nothing on the CPU still switched the policies off.
+    # A region that does nothing on the CPU still switched the policies off, when regions were
+    # told apart by torch's one nesting counter (Note [telling regions apart]).
     amp.set_policy("aten::mm", "fp32", "cpu")
     x = torch.randn(3, 3)
     with amp.autocast("cpu", dtype=torch.bfloat16):

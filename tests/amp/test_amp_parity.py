@@ -82,23 +82,91 @@ class Sample:
 
 # name: (ops forced onto the Python kernel, function, inputs)
 CASES: dict[str, tuple[list[str], Callable, Callable[[Sample], list[torch.Tensor]]]] = {
-    "linear": (["aten::linear"], F.linear, lambda s: [s.tensor(s.n, s.k), s.tensor(s.m, s.k, second=True), s.tensor(s.m)]),
+    "linear": (
+        ["aten::linear"],
+        F.linear,
+        lambda s: [s.tensor(s.n, s.k), s.tensor(s.m, s.k, second=True), s.tensor(s.m)],
+    ),
     "mm": (["aten::mm"], torch.mm, lambda s: [s.tensor(s.n, s.k), s.tensor(s.k, s.m, second=True)]),
-    "bmm": (["aten::bmm"], torch.bmm, lambda s: [s.tensor(2, s.n, s.k), s.tensor(2, s.k, s.m, second=True)]),
-    "matmul": (["aten::matmul"], torch.matmul, lambda s: [s.tensor(2, s.n, s.k), s.tensor(s.k, s.m, second=True)]),
-    "conv1d": (["aten::conv1d"], F.conv1d, lambda s: [s.tensor(1, s.k, s.n + 2), s.tensor(s.m, s.k, 2, second=True), s.tensor(s.m)]),
-    "conv2d": (["aten::conv2d"], F.conv2d, lambda s: [s.tensor(1, s.k, s.n + 2, 3), s.tensor(s.m, s.k, 2, 2, second=True)]),
-    "addmm": (["aten::addmm"], torch.addmm, lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.k, second=True), s.tensor(s.k, s.m)]),
-    "baddbmm": (["aten::baddbmm"], torch.baddbmm, lambda s: [s.tensor(2, s.n, s.m), s.tensor(2, s.n, s.k, second=True), s.tensor(2, s.k, s.m)]),
-    "softmax": (["aten::softmax.int"], lambda x: torch.softmax(x, -1), lambda s: [s.tensor(s.n, s.m)]),
-    "log_softmax": (["aten::log_softmax.int"], lambda x: torch.log_softmax(x, -1), lambda s: [s.tensor(s.n, s.m)]),
-    "layer_norm": (["aten::layer_norm"], lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), lambda s: [s.tensor(s.n, s.m, second=True), s.tensor(s.m), s.tensor(s.m)]),
-    "cross_entropy": (["aten::cross_entropy_loss"], lambda x, t: F.cross_entropy(x, t), lambda s: [s.tensor(s.n, s.m), torch.randint(0, s.m, (s.n,), generator=s.generator)]),
-    "mse_loss": (["aten::mse_loss"], F.mse_loss, lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)]),
-    "cat": (["aten::cat"], lambda a, b: torch.cat([a, b]), lambda s: [s.tensor(s.n, s.m), s.tensor(s.k, s.m, second=True)]),
-    "stack": (["aten::stack"], lambda a, b: torch.stack([a, b]), lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)]),
-    "add": (["aten::add.Tensor"], torch.add, lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)]),
-    "mul": (["aten::mul.Tensor"], torch.mul, lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)]),
+    "bmm": (
+        ["aten::bmm"],
+        torch.bmm,
+        lambda s: [s.tensor(2, s.n, s.k), s.tensor(2, s.k, s.m, second=True)],
+    ),
+    "matmul": (
+        ["aten::matmul"],
+        torch.matmul,
+        lambda s: [s.tensor(2, s.n, s.k), s.tensor(s.k, s.m, second=True)],
+    ),
+    "conv1d": (
+        ["aten::conv1d"],
+        F.conv1d,
+        lambda s: [s.tensor(1, s.k, s.n + 2), s.tensor(s.m, s.k, 2, second=True), s.tensor(s.m)],
+    ),
+    "conv2d": (
+        ["aten::conv2d"],
+        F.conv2d,
+        lambda s: [s.tensor(1, s.k, s.n + 2, 3), s.tensor(s.m, s.k, 2, 2, second=True)],
+    ),
+    "addmm": (
+        ["aten::addmm"],
+        torch.addmm,
+        lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.k, second=True), s.tensor(s.k, s.m)],
+    ),
+    "baddbmm": (
+        ["aten::baddbmm"],
+        torch.baddbmm,
+        lambda s: [
+            s.tensor(2, s.n, s.m),
+            s.tensor(2, s.n, s.k, second=True),
+            s.tensor(2, s.k, s.m),
+        ],
+    ),
+    "softmax": (
+        ["aten::softmax.int"],
+        lambda x: torch.softmax(x, -1),
+        lambda s: [s.tensor(s.n, s.m)],
+    ),
+    "log_softmax": (
+        ["aten::log_softmax.int"],
+        lambda x: torch.log_softmax(x, -1),
+        lambda s: [s.tensor(s.n, s.m)],
+    ),
+    "layer_norm": (
+        ["aten::layer_norm"],
+        lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+        lambda s: [s.tensor(s.n, s.m, second=True), s.tensor(s.m), s.tensor(s.m)],
+    ),
+    "cross_entropy": (
+        ["aten::cross_entropy_loss"],
+        lambda x, t: F.cross_entropy(x, t),
+        lambda s: [s.tensor(s.n, s.m), torch.randint(0, s.m, (s.n,), generator=s.generator)],
+    ),
+    "mse_loss": (
+        ["aten::mse_loss"],
+        F.mse_loss,
+        lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)],
+    ),
+    "cat": (
+        ["aten::cat"],
+        lambda a, b: torch.cat([a, b]),
+        lambda s: [s.tensor(s.n, s.m), s.tensor(s.k, s.m, second=True)],
+    ),
+    "stack": (
+        ["aten::stack"],
+        lambda a, b: torch.stack([a, b]),
+        lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)],
+    ),
+    "add": (
+        ["aten::add.Tensor"],
+        torch.add,
+        lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)],
+    ),
+    "mul": (
+        ["aten::mul.Tensor"],
+        torch.mul,
+        lambda s: [s.tensor(s.n, s.m), s.tensor(s.n, s.m, second=True)],
+    ),
     "sum": (["aten::sum"], torch.sum, lambda s: [s.tensor(s.n, s.m)]),
     "mean": (["aten::mean"], torch.mean, lambda s: [s.tensor(s.n, s.m)]),
     "exp": (["aten::exp"], torch.exp, lambda s: [s.tensor(s.n, s.m)]),

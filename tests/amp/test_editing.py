@@ -44,7 +44,9 @@ def test_edited_op_saves_cast_inputs_for_backward():
     assert y.grad_fn._saved_mat2.dtype == torch.float32
     y.sum().backward()
     assert x.grad.dtype == torch.bfloat16
-    torch.testing.assert_close(x.grad.float(), torch.ones(3, 2) @ w.float().t(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(
+        x.grad.float(), torch.ones(3, 2) @ w.float().t(), rtol=1e-2, atol=1e-2
+    )
 
 
 def test_fp32_set_opt_dtype_sets_dtype_unless_given():
@@ -74,7 +76,9 @@ def test_promote_edit_widens_to_float32():
     amp.set_policy("aten::mm", "promote", "cpu")
     with amp.autocast("cpu", dtype=torch.bfloat16):
         mixed = torch.mm(torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(3, 2))
-        low = torch.mm(torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(3, 2, dtype=torch.bfloat16))
+        low = torch.mm(
+            torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(3, 2, dtype=torch.bfloat16)
+        )
     assert (mixed.dtype, low.dtype) == (torch.float32, torch.bfloat16)
 
 
@@ -102,7 +106,9 @@ _LIBRARY.impl("scaled_mul", _scaled_mul, "CompositeImplicitAutograd")
 SCALED_MUL = torch.ops.scaledoptim_test.scaled_mul
 
 
-@pytest.mark.parametrize("policy, expected", [("lower_precision_fp", torch.bfloat16), ("fp32", torch.float32)])
+@pytest.mark.parametrize(
+    "policy, expected", [("lower_precision_fp", torch.bfloat16), ("fp32", torch.float32)]
+)
 def test_custom_op_is_cast_per_its_policy(policy, expected):
     assert amp.get_policy(SCALED_MUL, "cpu") is None
     amp.set_policy("scaledoptim_test::scaled_mul", policy, "cpu")

@@ -50,13 +50,18 @@ def _batch_norm_inputs(shape, generator, input_dtype):
     x = torch.randn(*shape, generator=generator).to(input_dtype)
     weight = torch.rand(channels, generator=generator) + 0.5
     bias = torch.randn(channels, generator=generator)
-    running = (torch.randn(channels, generator=generator), torch.rand(channels, generator=generator) + 0.5)
+    running = (
+        torch.randn(channels, generator=generator),
+        torch.rand(channels, generator=generator) + 0.5,
+    )
     return x, weight, bias, running
 
 
 @settings(max_examples=12, deadline=None)
 @given(
-    shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: s[0] * (s[2:] or [1])[0] > 1),
+    shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(
+        lambda s: s[0] * (s[2:] or [1])[0] > 1
+    ),
     low=st.sampled_from([torch.bfloat16, torch.float16]),
     policy=st.sampled_from(["lower_precision_fp", "fp32", "promote"]),
     momentum=st.sampled_from([0.1, 0.5, 1.0]),
@@ -67,7 +72,9 @@ def test_batch_norm_running_stats_update_as_without_autocast(shape, low, policy,
     # policy would not give it, so every policy casts it.
     input_dtype = torch.float32 if policy == "lower_precision_fp" else low
     computes_in = low if policy == "lower_precision_fp" else torch.float32
-    x, weight, bias, (mean, var) = _batch_norm_inputs(shape, torch.Generator().manual_seed(seed), input_dtype)
+    x, weight, bias, (mean, var) = _batch_norm_inputs(
+        shape, torch.Generator().manual_seed(seed), input_dtype
+    )
     ours_mean, ours_var, ref_mean, ref_var = mean.clone(), var.clone(), mean.clone(), var.clone()
 
     amp.set_policy("aten::batch_norm", policy, "cpu")
@@ -75,7 +82,9 @@ def test_batch_norm_running_stats_update_as_without_autocast(shape, low, policy,
         out = F.batch_norm(x, ours_mean, ours_var, weight, bias, training=True, momentum=momentum)
     # The reference runs without autocast on the input the policy computes with; torch's
     # own autocast has no batch_norm kernel, so a plain region gives the same.
-    expected = F.batch_norm(x.to(computes_in), ref_mean, ref_var, weight, bias, training=True, momentum=momentum)
+    expected = F.batch_norm(
+        x.to(computes_in), ref_mean, ref_var, weight, bias, training=True, momentum=momentum
+    )
     assert not torch.equal(ref_mean, mean)  # the statistics did move
     assert torch.equal(ours_mean, ref_mean) and torch.equal(ours_var, ref_var)
     assert ours_mean.dtype == torch.float32 and ours_var.dtype == torch.float32
@@ -83,7 +92,9 @@ def test_batch_norm_running_stats_update_as_without_autocast(shape, low, policy,
     assert torch.equal(out, expected)
     torch_mean, torch_var = mean.clone(), var.clone()
     with torch.autocast("cpu", dtype=low):
-        F.batch_norm(x.to(computes_in), torch_mean, torch_var, weight, bias, training=True, momentum=momentum)
+        F.batch_norm(
+            x.to(computes_in), torch_mean, torch_var, weight, bias, training=True, momentum=momentum
+        )
     assert torch.equal(torch_mean, ours_mean) and torch.equal(torch_var, ours_var)
 
 

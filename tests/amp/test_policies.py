@@ -17,7 +17,8 @@ _TORCHS_AUTOCAST_OPS = (
     "keys = {'cpu': 'AutocastCPU', 'cuda': 'AutocastCUDA'}\n"
     "print(json.dumps({device: sorted(\n"
     "    name for name in torch._C._dispatch_get_all_op_names()\n"
-    "    if torch._C._dispatch_has_kernel_for_dispatch_key(name, key)) for device, key in keys.items()}))\n"
+    "    if torch._C._dispatch_has_kernel_for_dispatch_key(name, key))\n"
+    "    for device, key in keys.items()}))\n"
 )
 
 
@@ -64,8 +65,14 @@ PROBES = {
     "aten::addmm": (torch.addmm, _matrices(3)),
     "aten::baddbmm": (torch.baddbmm, _matrices(3, (2, 3, 3))),
     "aten::linear": (torch.nn.functional.linear, _matrices(2)),
-    "aten::conv1d": (torch.nn.functional.conv1d, lambda d: [torch.randn(1, 2, 5, dtype=d), torch.randn(3, 2, 2, dtype=d)]),
-    "aten::conv2d": (torch.nn.functional.conv2d, lambda d: [torch.randn(1, 2, 5, 5, dtype=d), torch.randn(3, 2, 2, 2, dtype=d)]),
+    "aten::conv1d": (
+        torch.nn.functional.conv1d,
+        lambda d: [torch.randn(1, 2, 5, dtype=d), torch.randn(3, 2, 2, dtype=d)],
+    ),
+    "aten::conv2d": (
+        torch.nn.functional.conv2d,
+        lambda d: [torch.randn(1, 2, 5, 5, dtype=d), torch.randn(3, 2, 2, 2, dtype=d)],
+    ),
     "aten::mse_loss": (torch.nn.functional.mse_loss, _matrices(2)),
     "aten::cross_entropy_loss": (
         torch.nn.functional.cross_entropy,

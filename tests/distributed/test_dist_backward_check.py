@@ -38,7 +38,7 @@ def _optimizer(model, check: bool, agree: bool = True) -> scaledoptim.Optimizer:
     return scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1).configure_scaling(
         init_scale=2.0**10, growth_interval=3, hysteresis=2,
         process_group=dist.group.WORLD if agree else None, check_during_backward=check,
-    )  # fmt: skip
+    )
 
 
 def _sum_in_place(state, bucket):

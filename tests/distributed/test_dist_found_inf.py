@@ -61,7 +61,9 @@ def _train_checking_skips(model, opt, rank, grads_of, steps=range(STEPS)):
 
 
 def _local_grads(model):
-    return [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters()]
+    return [
+        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters()
+    ]
 
 
 def ddp_overflow_on_one_rank_skips_everywhere(rank, world_size, tmp):

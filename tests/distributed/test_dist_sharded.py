@@ -177,7 +177,7 @@ def _dcp_old_format_loads(rank: int, world_size: int, tmp) -> None:
         for group in optim_state["param_groups"]:
             group.pop("loss_scale", None)  # as an older release wrote it
         return {"model": model_state, "optim": optim_state,
-                "loss_scale": opt.state_dict()["loss_scale"]}  # fmt: skip
+                "loss_scale": opt.state_dict()["loss_scale"]}
 
     model, opt = fresh()
     _train(model, opt, rank, range(5))

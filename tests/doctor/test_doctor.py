@@ -1,5 +1,5 @@
-"""``python -m scaledoptim.doctor``: every check passes on this machine (GPU checks skipped without a
-GPU), and a check whose subject is broken fails, names itself, and makes the exit status 1."""
+"""``python -m scaledoptim.doctor``: every check passes on this machine (GPU checks skipped without
+a GPU), and a check whose subject is broken fails, names itself, and makes the exit status 1."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENVIRONMENT_KEYS = {
     "scaledoptim", "python", "platform", "torch", "torch_cuda", "cupy", "nvrtc", "device",
     "compute_capability", "SCALEDOPTIM_KERNELS", "fused_step_backend",
-}  # fmt: skip
+}
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 CHECK_TIMES = ("bandwidth", "clip-bandwidth", "step-time", "clip-step-time")
 
@@ -143,7 +143,7 @@ def test_a_broken_optimizer_fails_its_checks_and_the_exit_status(tmp_path: pathl
     run = _doctor(
         "--only", "parity:AdamW,parity:SGD,no-host-sync", "--json", str(report),
         code=_BREAK_ADAMW_AND_SYNC,
-    )  # fmt: skip
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     results = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
     assert set(results) == {"parity:AdamW", "parity:SGD", "no-host-sync"}
@@ -250,5 +250,5 @@ def test_without_cupy_a_cpu_machine_passes_and_the_compile_check_says_how_to_ena
     assert 'pip install -e ".[cuda12]"' in nvrtc["detail"]  # from a checkout
     assert 'pip install "scaledoptim[cuda12]"' in nvrtc["detail"]  # where a wheel was installed
     assert all(c["status"] == "pass" for n, c in results.items() if n != "nvrtc-compile" and
-               not next(k for k in CHECKS if k.name == n).needs_gpu)  # fmt: skip
+               not next(k for k in CHECKS if k.name == n).needs_gpu)
     assert "0 failed" in run.stdout

@@ -116,7 +116,7 @@ def test_lbfgs_host_reads_are_lbfgs_own_plus_the_replays_and_the_table_says_whos
     assert f"fp32-lbfgs {reference.host_reads_per_step:.1f} by LBFGS;" in note
     assert (f"scaledoptim-lbfgs {ours.host_reads_by_module['torch.optim.lbfgs']:.1f} by LBFGS + "
             f"{replay:.1f} by the replay ({replay / ours.evaluations_per_step:.1f}/evaluation)"
-            ) in note  # fmt: skip
+            ) in note
 
 
 def test_scaledoptim_on_a_cpu_is_gradscaler_with_torch_fused_adamw_bit_for_bit() -> None:
@@ -143,7 +143,7 @@ def test_cpu_runs_use_one_intra_op_thread_and_restore_torch_setting() -> None:
         run_interleaved(config, ["scaledoptim"], progress=_Bar.factory(seen))
         assert seen == [1] and torch.get_num_threads() == 2
         (result,) = run_interleaved(dataclasses.replace(config, threads=None), ["scaledoptim"],
-                                    progress=_Bar.factory(seen))  # fmt: skip
+                                    progress=_Bar.factory(seen))
         assert seen == [1, 2]  # threads=None: torch's setting, left alone
         assert "on cpu (2 threads)" in format_table([result])
     finally:
@@ -198,7 +198,7 @@ def test_missing_extras_and_devices_are_reported_before_training(monkeypatch) ->
     # scaledoptim is not on PyPI: the hint works from a checkout and where a wheel was installed
     assert any('pip install -e ".[plot]" in a checkout' in p for p in found)
     assert any('pip install "scaledoptim[plot]" where scaledoptim was installed from a wheel' in p
-               for p in found)  # fmt: skip
+               for p in found)
     assert any('pip install -e ".[examples]"' in p for p in found)
     if not _has_cuda():
         assert any("no CUDA GPU" in p and "--device cpu" in p for p in found)
@@ -269,7 +269,7 @@ LOSS_CLAIMS = {
         0.02),
     "(`GradScaler` refuses closures); they end within 0.1% of each other": (
         "lbfgs", [("scaledoptim-lbfgs", "fp32-lbfgs")], 0.001),
-}  # fmt: skip
+}
 OTHER_CLAIMS = (
     "on a CPU, small models for 150 steps on one intra-op thread",
     "1.0 for `GradScaler` with torch's default AdamW",
@@ -308,7 +308,7 @@ def _tables(printed: str) -> dict[str, dict]:
         }
         tables[lines[0].split()[0]] = {
             "title": lines[0], "rows": rows, "gaps": gaps, "skips": skips, "text": block
-        }  # fmt: skip
+        }
     return tables
 
 

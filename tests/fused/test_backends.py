@@ -32,7 +32,9 @@ def fresh_probe(monkeypatch) -> None:
         ("cupy", False, {CPU: backends.TORCH_NATIVE, CUDA: backends.KERNELS}),
     ],
 )
-def test_select_follows_the_environment_and_cupy(monkeypatch, fresh_probe, mode, cupy, expected) -> None:
+def test_select_follows_the_environment_and_cupy(
+    monkeypatch, fresh_probe, mode, cupy, expected
+) -> None:
     if mode is None:
         monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
     else:
@@ -55,7 +57,11 @@ def test_emulation_switch_sends_the_step_through_the_kernel_launcher(monkeypatch
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
     launched = []
     run = launcher.PreparedLaunch.run
-    monkeypatch.setattr(launcher.PreparedLaunch, "run", lambda self, *a, **k: (launched.append(self.kernel.name), run(self, *a, **k)))
+    monkeypatch.setattr(
+        launcher.PreparedLaunch,
+        "run",
+        lambda self, *a, **k: (launched.append(self.kernel.name), run(self, *a, **k)),
+    )
     model = torch.nn.Linear(4, 2)
     opt = scaledoptim.AdamW(model.parameters())
     scaledoptim.scale_outputs(model(torch.randn(3, 4)).sum(), opt.scale).backward()
@@ -92,27 +98,54 @@ def test_a_kernel_step_is_three_launches(monkeypatch, groups, overflow) -> None:
     counters and moves the scale (no torch op touches the scale)."""
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    param_groups = [{"params": list(m.parameters())} for m in model] if groups == 2 else model.parameters()
+    param_groups = (
+        [{"params": list(m.parameters())} for m in model] if groups == 2 else model.parameters()
+    )
     opt = scaledoptim.AdamW(param_groups).configure_scaling(init_scale=2.0**10, growth_interval=1)
     scaledoptim.scale_outputs(model(torch.randn(5, 4)).sum(), opt.scale).backward()
     if overflow:
         model[0].bias.grad[0] = float("nan")
     launches = []
     real_launch = launcher.emulator.launch
-    monkeypatch.setattr(launcher.emulator, "launch", lambda kernel, *a: (launches.append(kernel.name), real_launch(kernel, *a)))
-    monkeypatch.setattr(scaledoptim.scale.LossScale, "update_", lambda *a, **k: pytest.fail("scale moved by torch ops"))
+    monkeypatch.setattr(
+        launcher.emulator,
+        "launch",
+        lambda kernel, *a: (launches.append(kernel.name), real_launch(kernel, *a)),
+    )
+    monkeypatch.setattr(
+        scaledoptim.scale.LossScale,
+        "update_",
+        lambda *a, **k: pytest.fail("scale moved by torch ops"),
+    )
     _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
-    assert launches == ["non_finite_check_kernel", *["adam_kernel"] * groups, "step_epilogue_kernel"]
+    assert launches == [
+        "non_finite_check_kernel",
+        *["adam_kernel"] * groups,
+        "step_epilogue_kernel",
+    ]
     assert S.item() == (2.0**9 if overflow else 2.0**11) and found_inf.item() == float(overflow)
 
 
-@pytest.mark.parametrize("missing", ["Fused CUDA kernels need CuPy", "NVRTC 13.0 cannot compile for sm_70"])
-def test_a_missing_piece_of_the_install_falls_back_to_torch_with_one_warning(monkeypatch, fresh_probe, missing) -> None:
+@pytest.mark.parametrize(
+    "missing", ["Fused CUDA kernels need CuPy", "NVRTC 13.0 cannot compile for sm_70"]
+)
+def test_a_missing_piece_of_the_install_falls_back_to_torch_with_one_warning(
+    monkeypatch, fresh_probe, missing
+) -> None:
     monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
     asked = []
-    monkeypatch.setattr(backends, "unmet_requirement", lambda device: asked.append(device) or missing)
-    monkeypatch.setattr(backends, "probe_kernels", lambda device: pytest.fail("probed an install that lacks a piece"))
-    with pytest.warns(RuntimeWarning, match=rf"cannot run on cuda:0: {missing}.*SCALEDOPTIM_KERNELS=torch silences"):
+    monkeypatch.setattr(
+        backends, "unmet_requirement", lambda device: asked.append(device) or missing
+    )
+    monkeypatch.setattr(
+        backends,
+        "probe_kernels",
+        lambda device: pytest.fail("probed an install that lacks a piece"),
+    )
+    with pytest.warns(
+        RuntimeWarning,
+        match=rf"cannot run on cuda:0: {missing}.*SCALEDOPTIM_KERNELS=torch silences",
+    ):
         assert backends.select(CUDA) is backends.TORCH_NATIVE
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per device, and the install is read once
@@ -141,10 +174,17 @@ def test_a_failed_probe_raises_every_time_until_it_passes(monkeypatch, fresh_pro
     for attempt in (1, 2):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # raised, not warned
-            with pytest.raises(backends.KernelProbeError, match=r"probe launch on cuda:0 \(AttributeError: .*no attribute 'ptr'\).*SCALEDOPTIM_KERNELS=torch") as error:
+            with pytest.raises(
+                backends.KernelProbeError,
+                match=r"probe launch on cuda:0 \(AttributeError: .*no attribute 'ptr'\)"
+                r".*SCALEDOPTIM_KERNELS=torch",
+            ) as error:
                 backends.select(CUDA)
         assert isinstance(error.value.__cause__, AttributeError) and len(probes) == attempt
-    monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", lambda tensors, found_inf: found_inf.fill_(1.0))
+    monkeypatch.setattr(
+        "scaledoptim.fused.backends.probe.non_finite_check_",
+        lambda tensors, found_inf: found_inf.fill_(1.0),
+    )
     assert backends.select(CUDA) is backends.KERNELS
     monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", broken)
     assert backends.select(CUDA) is backends.KERNELS  # a passed probe is kept
@@ -154,6 +194,11 @@ def test_a_failed_probe_raises_every_time_until_it_passes(monkeypatch, fresh_pro
 def test_the_probe_launches_the_check_and_reads_its_result(monkeypatch) -> None:
     """The probe itself, on the CPU (through the emulator): it passes; a wrong result raises."""
     backends.probe_kernels(CPU)
-    monkeypatch.setattr("scaledoptim.fused.backends.probe.non_finite_check_", lambda tensors, found_inf: None)
-    with pytest.raises(backends.KernelProbeError, match=r"found_inf=0.0 where a NaN makes it 1.0.*SCALEDOPTIM_KERNELS=torch"):
+    monkeypatch.setattr(
+        "scaledoptim.fused.backends.probe.non_finite_check_", lambda tensors, found_inf: None
+    )
+    with pytest.raises(
+        backends.KernelProbeError,
+        match=r"found_inf=0.0 where a NaN makes it 1.0.*SCALEDOPTIM_KERNELS=torch",
+    ):
         backends.probe_kernels(CPU)

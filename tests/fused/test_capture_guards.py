@@ -24,7 +24,9 @@ def test_a_first_step_inside_capture_is_refused_and_a_warm_one_runs(monkeypatch)
     _backward(model, opt)
     before = snapshot(opt)
     monkeypatch.setattr(capture, "capturing", lambda: True)
-    with pytest.raises(RuntimeError, match=r"inside CUDA graph capture\. Take one eager step first"):
+    with pytest.raises(
+        RuntimeError, match=r"inside CUDA graph capture\. Take one eager step first"
+    ):
         opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert_bit_identical(before, snapshot(opt))
     monkeypatch.setattr(capture, "capturing", lambda: False)

@@ -16,16 +16,23 @@ from scaledoptim.torch_ops import PackedSteps
 CONFIGS = {
     "Lion": [{}, {"weight_decay": 0.1}, {"maximize": True, "weight_decay": 0.1}],
     "LAMB": [
-        {}, {"weight_decay": 0.0}, {"adam_w_mode": False}, {"use_nvlamb": True, "weight_decay": 0.0},
-        {"max_grad_norm": 0.0}, {"bias_correction": False, "grad_averaging": False},
+        {},
+        {"weight_decay": 0.0},
+        {"adam_w_mode": False},
+        {"use_nvlamb": True, "weight_decay": 0.0},
+        {"max_grad_norm": 0.0},
+        {"bias_correction": False, "grad_averaging": False},
     ],
     "RMSprop": [
-        {}, {"centered": True}, {"momentum": 0.9}, {"weight_decay": 0.1},
+        {},
+        {"centered": True},
+        {"momentum": 0.9},
+        {"weight_decay": 0.1},
         {"centered": True, "momentum": 0.9, "weight_decay": 0.1},
         {"maximize": True, "centered": True, "momentum": 0.9},
         {"maximize": True, "weight_decay": 0.1},
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +77,9 @@ def test_the_in_place_cpu_form_matches_the_sync_free_form(name, kwargs) -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"use_nvlamb": True, "weight_decay": 0.0}], ids=str)
-def test_lamb_computes_a_large_tensors_direction_again_to_the_same_bits(kwargs, monkeypatch) -> None:
+def test_lamb_computes_a_large_tensors_direction_again_to_the_same_bits(
+    kwargs, monkeypatch
+) -> None:
     # A tensor over BATCH is updated by pieces; its direction is kept for the trust ratio up to
     # KEPT_DIRECTION elements, else computed again: the same ops, so the same bits.
     kept_params, kept_state = _run("LAMB", kwargs, False)
@@ -105,7 +114,7 @@ def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_whether_a_cpu_step_skips_on_the_host_is_the_engines_parameter(name, monkeypatch) -> None:
-    # Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
+    # See Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
     # form that reads found_inf; the leaf torch_ops keeps no switch of its own.
     reads = []
     item = torch.Tensor.item

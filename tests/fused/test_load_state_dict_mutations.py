@@ -1,7 +1,8 @@
-"""``load_state_dict`` is a plan (issue 31): a valid state_dict with one thing changed (any key,
-any field, many kinds of bad value) is either refused with a TypeError/ValueError that names
-where, changing nothing, or accepted, and then the next step is torch.optim's on the same
-loaded state. On both update paths (torch's fused ops, our kernels under the emulator)."""
+"""``load_state_dict`` is a plan (Note [loads are plans]), so bad state never replaces good: a valid
+state_dict with one thing changed (any key, any field, many kinds of bad value) is either refused
+with a TypeError/ValueError that names where, changing nothing, or accepted, and then the next step
+is torch.optim's on the same loaded state. On both update paths (torch's fused ops, our kernels
+under the emulator)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def _bad_tensors(like: torch.Tensor) -> dict[str, Any]:
 _BAD_SCALARS: dict[str, Any] = {
     "None": None, "nan": math.nan, "inf": math.inf, "negative": -1.0, "zero": 0, "two": 2,
     "str": "x", "list": [], "pair": (0.5, 2.0), "bool": True, "tensor": torch.tensor(0.5),
-}  # fmt: skip
+}
 
 
 def _mutations(state_dict: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
@@ -120,7 +121,9 @@ def _mutations(state_dict: dict[str, Any]) -> list[tuple[str, Callable[[dict[str
                 edits.append((where, put(in_group, option, value)))
         edits.append((where, put(in_group, "bogus", 1)))
         edits.append(("param", put(in_group, "params", [*group["params"][:-1], 99])))
-        edits.append(("param", put(in_group, "params", [group["params"][0]] * len(group["params"]))))
+        edits.append(
+            ("param", put(in_group, "params", [group["params"][0]] * len(group["params"])))
+        )
     # per-param state: every entry, the keys
     for param_id, param_state in state_dict["state"].items():
         where = f"state[{param_id!r}]"
@@ -133,7 +136,9 @@ def _mutations(state_dict: dict[str, Any]) -> list[tuple[str, Callable[[dict[str
             for bad in _bad_tensors(value).values():
                 edits.append((where, put(in_state, key, bad)))
         edits.append((where, put(in_state, "bogus", torch.ones(1))))
-        edits.append(("state", lambda sd, i=param_id: sd["state"].__setitem__(str(i), sd["state"].pop(i))))
+        edits.append(
+            ("state", lambda sd, i=param_id: sd["state"].__setitem__(str(i), sd["state"].pop(i)))
+        )
         edits.append(("state", lambda sd, i=param_id: sd["state"].pop(i)))
         edits.append(("state", put(lambda sd: sd["state"], 99, {})))
     # the loss scale: its tensors and config
@@ -182,7 +187,9 @@ def test_a_mutated_state_dict_is_refused_unchanged_or_steps_as_torch(name, data)
     reference_model = _model()
     reference_model.load_state_dict(model_state)
     reference = PAIRS[name][1](reference_model.parameters())
-    reference.load_state_dict({k: v for k, v in copy.deepcopy(mutated).items() if k != "loss_scale"})
+    reference.load_state_dict(
+        {k: v for k, v in copy.deepcopy(mutated).items() if k != "loss_scale"}
+    )
     for m, o in ((model, opt), (reference_model, reference)):
         o.zero_grad()
         _backward(m, 2)

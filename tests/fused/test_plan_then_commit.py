@@ -124,7 +124,9 @@ def _swap_group(key: str, value: Any) -> tuple[Hook, Hook]:
     return break_it, repair
 
 
-def _swap_grad(value: Callable[[torch.Tensor], torch.Tensor], *, via_data: bool = False) -> tuple[Hook, Hook]:
+def _swap_grad(
+    value: Callable[[torch.Tensor], torch.Tensor], *, via_data: bool = False
+) -> tuple[Hook, Hook]:
     saved: dict[str, Any] = {}
 
     def break_it(model, opt):
@@ -179,22 +181,114 @@ def _meta_param() -> torch.nn.Parameter:
 _DELETE = object()
 CLEAR_STATE = r"opt\.state\[p\]\.clear\(\)"
 FAILURES = [
-    Failure("state of the wrong size", *_swap_state(lambda t: torch.zeros(4)), ValueError, r"shape \(4,\).*param.*shape \(17, 6\)", CLEAR_STATE),
-    Failure("state of the right size but the wrong shape", *_swap_state(lambda t: t.reshape(6, 17).clone()), ValueError, r"shape \(6, 17\)", CLEAR_STATE),
-    Failure("state entry that is not a tensor", *_swap_state(lambda t: 3.0), TypeError, "is a float, not a tensor", CLEAR_STATE),
-    Failure("integer state tensor", *_swap_state(lambda t: t.long()), ValueError, "torch.int64 tensor", CLEAR_STATE),
-    Failure("state on another device", *_swap_state(lambda t: t.to("meta")), RuntimeError, "is on meta but its param is on cpu", "load_state_dict"),
-    Failure("state entry missing", *_drop_state_key(), ValueError, "but no '{state_key}'", CLEAR_STATE),
-    Failure("step counter of the wrong type", *_swap_step("seven"), TypeError, "'step'.*'seven'", CLEAR_STATE),
-    Failure("param group missing a key", *_swap_group("lr", _DELETE), ValueError, r"param_groups\[0\] has no \['lr'\]", "add_param_group"),
-    Failure("negative learning rate in a group", *_swap_group("lr", -0.1), ValueError, "Invalid learning rate: -0.1", "Invalid"),
-    Failure("lr tensor of several elements in a group", *_swap_group("lr", torch.tensor([0.1, 0.2])), ValueError, "Tensor lr must be 1-element", "1-element", per_optimizer=False),
-    Failure("param on another device", *_extra_param(_meta_param), RuntimeError, "is on meta but the loss scale is on cpu", "one optimizer per device", per_optimizer=False),
-    Failure("sparse grad", *_swap_grad(lambda g: g.to_sparse()), RuntimeError, "sparse gradients", r"nn\.Embedding\(sparse=False\)", per_optimizer=False),
-    Failure("integer grad", *_swap_grad(lambda g: g.long(), via_data=True), TypeError, "dtype torch.int64", "Assign p.grad a floating tensor", per_optimizer=False),
-    Failure("grad of the wrong shape", *_swap_grad(lambda g: g[:3], via_data=True), ValueError, r"shape \(3, 6\)", "shaped like p", per_optimizer=False),
-    Failure("unknown SCALEDOPTIM_KERNELS", *_env("gpu"), ValueError, "SCALEDOPTIM_KERNELS='gpu'", "or leave it unset", per_optimizer=False),
-]  # fmt: skip
+    Failure(
+        "state of the wrong size",
+        *_swap_state(lambda t: torch.zeros(4)),
+        ValueError,
+        r"shape \(4,\).*param.*shape \(17, 6\)",
+        CLEAR_STATE,
+    ),
+    Failure(
+        "state of the right size but the wrong shape",
+        *_swap_state(lambda t: t.reshape(6, 17).clone()),
+        ValueError,
+        r"shape \(6, 17\)",
+        CLEAR_STATE,
+    ),
+    Failure(
+        "state entry that is not a tensor",
+        *_swap_state(lambda t: 3.0),
+        TypeError,
+        "is a float, not a tensor",
+        CLEAR_STATE,
+    ),
+    Failure(
+        "integer state tensor",
+        *_swap_state(lambda t: t.long()),
+        ValueError,
+        "torch.int64 tensor",
+        CLEAR_STATE,
+    ),
+    Failure(
+        "state on another device",
+        *_swap_state(lambda t: t.to("meta")),
+        RuntimeError,
+        "is on meta but its param is on cpu",
+        "load_state_dict",
+    ),
+    Failure(
+        "state entry missing", *_drop_state_key(), ValueError, "but no '{state_key}'", CLEAR_STATE
+    ),
+    Failure(
+        "step counter of the wrong type",
+        *_swap_step("seven"),
+        TypeError,
+        "'step'.*'seven'",
+        CLEAR_STATE,
+    ),
+    Failure(
+        "param group missing a key",
+        *_swap_group("lr", _DELETE),
+        ValueError,
+        r"param_groups\[0\] has no \['lr'\]",
+        "add_param_group",
+    ),
+    Failure(
+        "negative learning rate in a group",
+        *_swap_group("lr", -0.1),
+        ValueError,
+        "Invalid learning rate: -0.1",
+        "Invalid",
+    ),
+    Failure(
+        "lr tensor of several elements in a group",
+        *_swap_group("lr", torch.tensor([0.1, 0.2])),
+        ValueError,
+        "Tensor lr must be 1-element",
+        "1-element",
+        per_optimizer=False,
+    ),
+    Failure(
+        "param on another device",
+        *_extra_param(_meta_param),
+        RuntimeError,
+        "is on meta but the loss scale is on cpu",
+        "one optimizer per device",
+        per_optimizer=False,
+    ),
+    Failure(
+        "sparse grad",
+        *_swap_grad(lambda g: g.to_sparse()),
+        RuntimeError,
+        "sparse gradients",
+        r"nn\.Embedding\(sparse=False\)",
+        per_optimizer=False,
+    ),
+    Failure(
+        "integer grad",
+        *_swap_grad(lambda g: g.long(), via_data=True),
+        TypeError,
+        "dtype torch.int64",
+        "Assign p.grad a floating tensor",
+        per_optimizer=False,
+    ),
+    Failure(
+        "grad of the wrong shape",
+        *_swap_grad(lambda g: g[:3], via_data=True),
+        ValueError,
+        r"shape \(3, 6\)",
+        "shaped like p",
+        per_optimizer=False,
+    ),
+    Failure(
+        "unknown SCALEDOPTIM_KERNELS",
+        *_env("gpu"),
+        ValueError,
+        "SCALEDOPTIM_KERNELS='gpu'",
+        "or leave it unset",
+        per_optimizer=False,
+    ),
+]
 
 
 def _ready(info):
@@ -202,7 +296,12 @@ def _ready(info):
 
 
 def _everything(model, opt) -> tuple[list[torch.Tensor], Any]:
-    grads = [p.grad.detach().clone() for g in opt.param_groups for p in g["params"] if p.grad is not None and not p.is_meta and not p.grad.is_sparse]
+    grads = [
+        p.grad.detach().clone()
+        for g in opt.param_groups
+        for p in g["params"]
+        if p.grad is not None and not p.is_meta and not p.grad.is_sparse
+    ]
     return [t for t in snapshot(opt) if not t.is_meta] + grads, opt.scaling_state.unscaled
 
 

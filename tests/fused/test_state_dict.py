@@ -1,4 +1,5 @@
-"""state_dict round trips: resuming is bit-identical, torch.optim state_dicts load, corrupt ones don't.
+"""state_dict round trips: resuming is bit-identical, torch.optim state_dicts load, corrupt
+ones don't.
 
 Resuming runs every generic config of every fused row; loading torch.optim's state_dict, every
 generic config of the rows with a torch.optim reference.
@@ -137,15 +138,31 @@ def _corrupt(mutate):
     [
         (lambda sd: sd["loss_scale"].pop("scale"), ValueError, "missing"),
         (lambda sd: sd["loss_scale"].__setitem__("scale", torch.tensor(-1.0)), ValueError, "scale"),
-        (lambda sd: sd["loss_scale"].__setitem__("scale", torch.tensor(float("nan"))), ValueError, "scale"),
-        (lambda sd: sd["loss_scale"].__setitem__("growth_tracker", torch.tensor(-3)), ValueError, "growth_tracker"),
-        (lambda sd: sd["loss_scale"]["config"].__setitem__("growth_factor", 0.5), ValueError, "growth_factor"),
-        (lambda sd: sd["loss_scale"]["config"].__setitem__("bogus", 1), ValueError, "unknown config"),
+        (
+            lambda sd: sd["loss_scale"].__setitem__("scale", torch.tensor(float("nan"))),
+            ValueError,
+            "scale",
+        ),
+        (
+            lambda sd: sd["loss_scale"].__setitem__("growth_tracker", torch.tensor(-3)),
+            ValueError,
+            "growth_tracker",
+        ),
+        (
+            lambda sd: sd["loss_scale"]["config"].__setitem__("growth_factor", 0.5),
+            ValueError,
+            "growth_factor",
+        ),
+        (
+            lambda sd: sd["loss_scale"]["config"].__setitem__("bogus", 1),
+            ValueError,
+            "unknown config",
+        ),
         (lambda sd: sd["loss_scale"].__setitem__("scale", "big"), ValueError, "one-element tensor"),
         (lambda sd: sd.__setitem__("loss_scale", 3), TypeError, "must be a dict"),
         (lambda sd: sd["param_groups"].pop(), ValueError, "parameter groups"),
     ],
-)  # fmt: skip
+)
 def test_corrupt_state_dict_is_rejected_and_changes_nothing(mutate, error, message) -> None:
     opt, state_dict = _corrupt(mutate)
     before = snapshot(opt)

@@ -104,7 +104,9 @@ def test_a_grad_changed_through_data_is_refused_and_changes_nothing(bypass) -> N
         opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert all(torch.equal(a, b) for a, b in zip(before, params))
     assert all(
-        torch.equal(a, b) for old, s in zip(snapshot, opt.state.values()) for a, b in zip(old, s.values())
+        torch.equal(a, b)
+        for old, s in zip(snapshot, opt.state.values())
+        for a, b in zip(old, s.values())
     )
     assert torch.equal(scale, opt.scale)
 
@@ -236,11 +238,15 @@ def _check_changes(info, changes, seed, channels_last) -> None:
     base = _params(channels_last)
     twins = []
     for _ in range(2):
-        params = [torch.nn.Parameter(p.detach().clone(memory_format=torch.preserve_format)) for p in base]
+        params = [
+            torch.nn.Parameter(p.detach().clone(memory_format=torch.preserve_format)) for p in base
+        ]
         twins.append((params, info.make(params)))
     for change in ["fresh grads", "fresh grads", *changes]:
         # In each param's layout, as autograd makes grads.
-        values = [torch.empty_like(p).copy_(torch.randn(p.shape, generator=generator)) for p in base]
+        values = [
+            torch.empty_like(p).copy_(torch.randn(p.shape, generator=generator)) for p in base
+        ]
         found = []
         for uncached, (params, opt) in enumerate(twins):
             _apply(change, opt, params, values)

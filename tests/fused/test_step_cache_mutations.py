@@ -19,9 +19,9 @@ The mutation kinds drawn (``KINDS``):
 * state: a value replaced in the dict; a tensor given other storage through ``.data`` or
   ``set_`` (the moments and the step counter); a tensor reallocated by ``resize_`` (refused,
   then resized back); a param's state cleared; an entry that is no tensor added; an entry
-  deleted (refused where another moment is left); ``load_state_dict(state_dict())``; a checkpoint through ``torch.save``/``torch.load``;
-  ``load_state_dict`` with a pre-hook that rewrites the state_dict and a post-hook that gives a
-  state tensor other storage;
+  deleted (refused where another moment is left); ``load_state_dict(state_dict())``; a checkpoint
+  through ``torch.save``/``torch.load``; ``load_state_dict`` with a pre-hook that rewrites the
+  state_dict and a post-hook that gives a state tensor other storage;
 * options and groups: ``lr`` changed; a group switched to another of the row's configs (options
   that change the state lists among them); ``master_weights`` toggled; ``add_param_group``;
 * hooks: a step post-hook that gives a param other storage; a step pre-hook that edits a grad in
@@ -543,7 +543,9 @@ def test_in_place_reinterpretations_are_not_seen(name) -> None:
             _fresh(twin, _grad_values(twin.params, seed=step))
             _step("new grads", twin, bool(uncached))
         KINDS["the same grads written in place"][0](twin, _grad_values(twin.params, seed=3))
-        IN_PLACE_REINTERPRETATIONS[name](twin.opt.state[twin.params[0]]["exp_avg"], twin.params[0].grad)
+        IN_PLACE_REINTERPRETATIONS[name](
+            twin.opt.state[twin.params[0]]["exp_avg"], twin.params[0].grad
+        )
         errors.append(_step("new grads", twin, bool(uncached))[1])
     assert errors[0] == errors[1]
     _assert_identical(cached, plain, name)

@@ -44,7 +44,9 @@ def _steps_without_host_reads(
 
 @pytest.mark.parametrize(("info", "config"), CONFIGS)
 @pytest.mark.parametrize("overflow", [False, True])
-def test_unscale_and_step_performs_no_host_read(info: OptimInfo, config: Config, overflow: bool) -> None:
+def test_unscale_and_step_performs_no_host_read(
+    info: OptimInfo, config: Config, overflow: bool
+) -> None:
     model = make_model()
     found_inf = _steps_without_host_reads(info.make(model.parameters(), config), model, overflow)
     assert found_inf.item() == float(overflow)

@@ -53,7 +53,9 @@ class DeviceOnly(TorchDispatchMode):
             tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
             on_cpu = [tuple(t.shape) for t in tensors if t.device.type == "cpu"]
             if on_cpu:
-                pytest.fail(f"{func} mixes CPU tensors of shapes {on_cpu} into a {self.device} step")
+                pytest.fail(
+                    f"{func} mixes CPU tensors of shapes {on_cpu} into a {self.device} step"
+                )
         return out
 
 

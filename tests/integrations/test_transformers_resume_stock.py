@@ -1,5 +1,6 @@
 """ScaledTrainer resumes a stock ``Trainer(fp16=True)`` checkpoint, importing its GradScaler state
-(``scaler.pt``), and takes the scale's settings in one argument, ``scaling_config`` (issue 31).
+(``scaler.pt``), and takes the scale's settings in one argument, ``scaling_config``, so a run
+started with GradScaler moves to scaledoptim without losing its scale.
 
 The checkpoint is written by a stock Trainer on CPU (whose accelerate has no GradScaler there),
 plus the ``scaler.pt`` a CUDA run writes: a real torch.amp.GradScaler's state_dict.
@@ -30,7 +31,7 @@ def _stock_checkpoint(tmp_path) -> str:
     """checkpoint-3 of a stock fp16 Trainer, with the scaler.pt of a GradScaler that scaled by
     ``STOCK_SCALE`` and counted ``STOCK_TRACKER`` clean steps."""
     args = _args(tmp_path / "stock", fp16=True, max_steps=3, per_device_train_batch_size=4,
-                 save_strategy="steps", save_steps=3)  # fmt: skip
+                 save_strategy="steps", save_steps=3)
     transformers.Trainer(model=_model(), args=args, train_dataset=_data(24)).train()
     checkpoint = tmp_path / "stock" / "checkpoint-3"
     scaler = torch.amp.GradScaler("cpu", init_scale=STOCK_SCALE, growth_interval=GROWTH_INTERVAL)
@@ -43,7 +44,9 @@ def test_a_stock_fp16_checkpoint_resumes_with_its_gradscaler_scale(tmp_path):
     checkpoint = _stock_checkpoint(tmp_path)
     config = scaledoptim.ScalingConfig(hysteresis=2)
     args = _args(tmp_path / "resumed", fp16=True, max_steps=6, per_device_train_batch_size=4)
-    trainer = ScaledTrainer(model=_model(), args=args, train_dataset=_data(24), scaling_config=config)
+    trainer = ScaledTrainer(
+        model=_model(), args=args, train_dataset=_data(24), scaling_config=config
+    )
     trainer.train(resume_from_checkpoint=checkpoint)
 
     history = trainer.state.log_history  # the stock run's steps 1-3, then ours
@@ -60,7 +63,9 @@ def test_a_stock_fp16_checkpoint_resumes_with_its_gradscaler_scale(tmp_path):
 def test_scaling_config_sets_the_scale_of_a_fresh_run(tmp_path):
     config = scaledoptim.ScalingConfig(init_scale=2.0**8, growth_interval=2)
     args = _args(tmp_path, fp16=True, max_steps=3, per_device_train_batch_size=4)
-    trainer = ScaledTrainer(model=_model(), args=args, train_dataset=_data(12), scaling_config=config)
+    trainer = ScaledTrainer(
+        model=_model(), args=args, train_dataset=_data(12), scaling_config=config
+    )
     trainer.train()
     logged = [e["loss_scale"] for e in trainer.state.log_history if "loss" in e]
     assert logged == [256.0, 512.0, 512.0]
@@ -69,13 +74,15 @@ def test_scaling_config_sets_the_scale_of_a_fresh_run(tmp_path):
 
 def test_scaling_config_must_be_a_scaling_config(tmp_path):
     with pytest.raises(TypeError, match="ScalingConfig"):
-        ScaledTrainer(model=_model(), args=_args(tmp_path, fp16=True), scaling_config={"init_scale": 8.0})
+        ScaledTrainer(
+            model=_model(), args=_args(tmp_path, fp16=True), scaling_config={"init_scale": 8.0}
+        )
 
 
 def test_the_trainer_still_loads_the_scaler_through_its_private_hook():
-    """Note [ScaledTrainer hooks]: the one private method overridden is still called on resume,
+    """See Note [ScaledTrainer hooks]: the one private method overridden is still called on resume,
     after the optimizer's state is loaded."""
     source = inspect.getsource(transformers.Trainer)
-    assert source.index("self._load_optimizer_and_scheduler(resume_from_checkpoint)") < source.index(
-        "self._load_scaler(resume_from_checkpoint)"
-    )
+    assert source.index(
+        "self._load_optimizer_and_scheduler(resume_from_checkpoint)"
+    ) < source.index("self._load_scaler(resume_from_checkpoint)")

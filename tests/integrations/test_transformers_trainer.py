@@ -31,7 +31,7 @@ def _model() -> Any:
     config = transformers.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config)
 
@@ -45,7 +45,7 @@ def _args(tmp_path, **kwargs) -> transformers.TrainingArguments:
     defaults = dict(
         use_cpu=True, report_to=[], per_device_train_batch_size=8, logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=0, data_seed=0,
-    )  # fmt: skip
+    )
     return transformers.TrainingArguments(str(tmp_path), **{**defaults, **kwargs})
 
 
@@ -175,13 +175,13 @@ def test_max_grad_norm_clips_in_the_step_as_the_stock_trainer_clips(tmp_path):
     trainer = ScaledTrainer(
         model=ours, args=_args(tmp_path, fp16=True, max_steps=4, max_grad_norm=0.5),
         train_dataset=data, callbacks=[Probe()],
-    )  # fmt: skip
+    )
     trainer.train()
     stock_model = _Elementwise()
     stock = transformers.Trainer(
         model=stock_model, args=_args(tmp_path / "fp32", max_steps=4, max_grad_norm=0.5),
         train_dataset=data,
-    )  # fmt: skip
+    )
     stock.train()
 
     assert min(_grad_norms(stock)) > 0.5  # every step clips
@@ -206,7 +206,7 @@ def test_without_max_grad_norm_the_grads_are_unscaled_before_the_step(tmp_path):
     trainer = ScaledTrainer(
         model=_model(), args=_args(tmp_path, fp16=True, max_steps=1, max_grad_norm=0.0),
         train_dataset=data, callbacks=[Probe()],
-    )  # fmt: skip
+    )
     trainer.train()
 
     reference = _reference_grad_norm(tmp_path, data)
@@ -219,7 +219,7 @@ def test_clip_grad_norm_with_another_max_norm_is_refused(tmp_path):
     trainer = ScaledTrainer(
         model=_Elementwise(), args=_args(tmp_path, fp16=True, max_steps=1, max_grad_norm=0.5),
         train_dataset=_elementwise_data(8),
-    )  # fmt: skip
+    )
     trainer.create_optimizer()
     with pytest.raises(RuntimeError, match="max_grad_norm"):
         trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), 2.0)
@@ -334,7 +334,7 @@ def test_fp16_refuses_an_optimizer_without_the_protocol(tmp_path):
 
 
 def test_the_one_reach_past_the_trainer_is_in_place(tmp_path):
-    """Note [ScaledTrainer hooks]: the Trainer's Accelerator gets two public overrides by a
+    """See Note [ScaledTrainer hooks]: the Trainer's Accelerator gets two public overrides by a
     class swap; a transformers or accelerate release that changes what they rely on fails
     here (the other tests would fail less clearly)."""
     trainer = ScaledTrainer(
@@ -350,5 +350,8 @@ def test_the_one_reach_past_the_trainer_is_in_place(tmp_path):
 
 
 def test_importing_the_integrations_package_needs_no_transformers():
-    code = "import sys, scaledoptim, scaledoptim.integrations; assert 'transformers' not in sys.modules"
+    code = (
+        "import sys, scaledoptim, scaledoptim.integrations; "
+        "assert 'transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

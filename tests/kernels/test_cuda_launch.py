@@ -50,7 +50,9 @@ class FakeCupy:
         self.module.RawModule = self.raw_module
         self.module.cuda = types.SimpleNamespace(
             Device=self.device,
-            compiler=types.SimpleNamespace(CompileException=type("CompileException", (Exception,), {})),
+            compiler=types.SimpleNamespace(
+                CompileException=type("CompileException", (Exception,), {})
+            ),
             driver=types.SimpleNamespace(launchKernel=lambda *args: self.launches.append(args)),
         )
 
@@ -97,7 +99,9 @@ def test_launch_passes_the_driver_function_grid_block_stream_and_params(fake_cup
     instantiation = NON_FINITE_CHECK.instantiations()[0]
     params = (ctypes.c_void_p * 3)()
     for grid in (7, 9):  # the second launch reuses the loaded function
-        cuda_backend.launch(NON_FINITE_CHECK, instantiation, params, grid, 256, torch.device("cuda", 1))
+        cuda_backend.launch(
+            NON_FINITE_CHECK, instantiation, params, grid, 256, torch.device("cuda", 1)
+        )
     assert fake_cupy.launches == [
         (FUNCTION_POINTER, grid, 1, 1, 256, 1, 1, 0, STREAM, ctypes.addressof(params), 0)
         for grid in (7, 9)
@@ -112,6 +116,8 @@ def test_each_device_loads_its_own_function(fake_cupy) -> None:
     instantiation = NON_FINITE_CHECK.instantiations()[0]
     params = (ctypes.c_void_p * 1)()
     for index in (0, 1, 0):
-        cuda_backend.launch(NON_FINITE_CHECK, instantiation, params, 1, 32, torch.device("cuda", index))
+        cuda_backend.launch(
+            NON_FINITE_CHECK, instantiation, params, 1, 32, torch.device("cuda", index)
+        )
     assert fake_cupy.kernels_read_on == [0, 1]
     assert len(fake_cupy.modules) == 2 and len(fake_cupy.launches) == 3

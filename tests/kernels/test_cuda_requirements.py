@@ -26,7 +26,9 @@ def fake_cupy(archs: Any = NVRTC_13_ARCHS, driver: int = 13000, runtime: int = 1
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(
         nvrtc=types.SimpleNamespace(getSupportedArchs=supported_archs, getVersion=lambda: (13, 0)),
-        runtime=types.SimpleNamespace(driverGetVersion=lambda: driver, runtimeGetVersion=lambda: runtime),
+        runtime=types.SimpleNamespace(
+            driverGetVersion=lambda: driver, runtimeGetVersion=lambda: runtime
+        ),
     )
     return cupy
 
@@ -43,13 +45,27 @@ def device_capability(monkeypatch: pytest.MonkeyPatch):
     ("cupy", "capability", "reason"),
     [
         (None, (9, 0), r"need CuPy; install the cuda12 extra"),
-        (fake_cupy(OSError("libnvrtc.so.13: cannot open")), (9, 0), r"NVRTC cannot be loaded \(OSError: libnvrtc"),
-        (fake_cupy(), (7, 0), r"NVRTC 13\.0 cannot compile for sm_70 \(it targets sm_75 to sm_121\)"),
+        (
+            fake_cupy(OSError("libnvrtc.so.13: cannot open")),
+            (9, 0),
+            r"NVRTC cannot be loaded \(OSError: libnvrtc",
+        ),
+        (
+            fake_cupy(),
+            (7, 0),
+            r"NVRTC 13\.0 cannot compile for sm_70 \(it targets sm_75 to sm_121\)",
+        ),
         (fake_cupy(), (10, 1), r"cannot compile for sm_101"),
-        (fake_cupy(driver=12080), (9, 0), r"CuPy was built for CUDA 13 and the driver supports CUDA 12"),
+        (
+            fake_cupy(driver=12080),
+            (9, 0),
+            r"CuPy was built for CUDA 13 and the driver supports CUDA 12",
+        ),
     ],
 )
-def test_each_missing_piece_is_named_with_its_fix(monkeypatch, device_capability, cupy, capability, reason) -> None:
+def test_each_missing_piece_is_named_with_its_fix(
+    monkeypatch, device_capability, cupy, capability, reason
+) -> None:
     monkeypatch.setitem(sys.modules, "cupy", cupy)  # None: `import cupy` raises ImportError
     device_capability(*capability)
     message = cuda_backend.unmet_requirement(CUDA)
@@ -58,7 +74,9 @@ def test_each_missing_piece_is_named_with_its_fix(monkeypatch, device_capability
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (9, 0), (12, 1)])
-def test_an_install_with_every_piece_lacks_nothing(monkeypatch, device_capability, capability) -> None:
+def test_an_install_with_every_piece_lacks_nothing(
+    monkeypatch, device_capability, capability
+) -> None:
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
     device_capability(*capability)
     assert cuda_backend.unmet_requirement(CUDA) is None

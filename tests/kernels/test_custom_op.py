@@ -49,7 +49,10 @@ def test_opcheck() -> None:
     lists = adamw_lists(amsgrad=True)
     found = torch.zeros(())
     inputs = library.op_inputs(
-        scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2, amsgrad=True), {"found_inf": found}
+        scaledoptim.optim.adam.ADAM_KERNEL,
+        lists,
+        adamw_args(1e-2, amsgrad=True),
+        {"found_inf": found},
     )
     torch.library.opcheck(torch.ops.scaledoptim.multi_tensor_launch.default, inputs)
     grads = [torch.tensor([1.0, float("inf")]), torch.ones(3)]
@@ -88,7 +91,9 @@ def test_a_compiled_launch_has_no_graph_break() -> None:
 
 def launch_unless_non_finite(lists, x, args) -> None:
     found = x.isinf().any().float()  # exists only inside the graph: no pointer at trace time
-    library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, args, {"found_inf": found, "inv_scale": None})
+    library.launch_op(
+        scaledoptim.optim.adam.ADAM_KERNEL, lists, args, {"found_inf": found, "inv_scale": None}
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -121,7 +126,9 @@ def test_bad_pointer_field_names_the_fields_and_changes_nothing() -> None:
         ValueError,
         match=r"'lr' is not a pointer field of AdamArgs; pass one of \['found_inf', 'inv_scale'\]",
     ):
-        library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2), {"lr": torch.zeros(())})
+        library.launch_op(
+            scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2), {"lr": torch.zeros(())}
+        )
     wrong = kernels.NonFiniteCheckArgs()
     with pytest.raises(TypeError, match="adam_kernel takes args of type AdamArgs, got NonFin"):
         library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, wrong)
@@ -131,14 +138,20 @@ def test_bad_pointer_field_names_the_fields_and_changes_nothing() -> None:
 def test_a_bad_pointer_tensor_is_refused_when_the_op_runs_and_changes_nothing() -> None:
     lists, before = adamw_lists(), adamw_lists()
     with pytest.raises(ValueError, match="found_inf must be a one-element float32 tensor"):
-        library.launch_op(scaledoptim.optim.adam.ADAM_KERNEL, lists, adamw_args(1e-2), {"found_inf": torch.zeros(2)})
+        library.launch_op(
+            scaledoptim.optim.adam.ADAM_KERNEL,
+            lists,
+            adamw_args(1e-2),
+            {"found_inf": torch.zeros(2)},
+        )
     assert_lists_equal(lists, before)
 
 
 def test_unknown_kernel_key_says_how_to_register_it() -> None:
     with pytest.raises(KeyError, match="define its MultiTensorKernel"):
         library.registered_kernel("nothing@000000000000")
-    assert library.registered_kernel(library.kernel_key(scaledoptim.optim.sgd.SGD_KERNEL)) is scaledoptim.optim.sgd.SGD_KERNEL  # builtin
+    builtin = scaledoptim.optim.sgd.SGD_KERNEL
+    assert library.registered_kernel(library.kernel_key(builtin)) is builtin
 
 
 def test_integer_fields_keep_every_bit() -> None:

@@ -111,7 +111,7 @@ def test_a_truncated_entry_does_not_kill_the_process(cache) -> None:
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=_ROOT,
         env={**os.environ, disk_cache.CACHE_DIR_ENV: str(folder)}, check=False, timeout=600,
-    )  # fmt: skip
+    )
     assert (result.returncode, result.stdout.strip()) == (0, "1.0"), result.stderr[-2000:]
 
 
@@ -196,7 +196,7 @@ def test_importing_scaledoptim_warns_about_a_misspelt_variable() -> None:
         [sys.executable, "-W", "always", "-c", "import scaledoptim"],
         capture_output=True, text=True, cwd=_ROOT, check=False, timeout=600,
         env={**os.environ, "SCALEDOPTIM_KERNEL": "emulate"},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "SCALEDOPTIM_KERNEL is not one scaledoptim reads" in result.stderr
 

@@ -1,6 +1,6 @@
-"""Note [found_inf contract]: a non-zero found_inf leaves every byte of an update's step untouched
-(its counters included), for every fused row of optim_db and every config of it, launched as the
-kernel backend launches it; a zero found_inf steps and advances every counter."""
+"""See Note [found_inf contract]: a non-zero found_inf leaves every byte of an update's step
+untouched (its counters included), for every fused row of optim_db and every config of it, launched
+as the kernel backend launches it; a zero found_inf steps and advances every counter."""
 
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ BAD_VALUES = (float("inf"), float("-inf"), float("nan"))
 
 
 def tensors_with(dtype, bad_at=None, bad=float("nan")):
-    tensors = make_tensors(boundary_sizes(CHUNK), dtype, torch.Generator().manual_seed(0), scale=100.0)
+    tensors = make_tensors(
+        boundary_sizes(CHUNK), dtype, torch.Generator().manual_seed(0), scale=100.0
+    )
     if bad_at is not None:
         tensor, index = bad_at
         tensors[tensor].view(-1)[index] = bad
@@ -92,7 +94,9 @@ def test_sgd_first_step_overwrites_whatever_the_momentum_buffer_holds(config):
     (buffers,) = (ts for key, ts in zip(update.keys, update.state) if key == "momentum_buffer")
     for buffer in buffers:
         buffer.copy_(torch.randn(buffer.shape, generator=generator) * 100)
-    expected, _ = reference_step(sgd, params, [g.float() for g in grads], [{}] * len(params), config)
+    expected, _ = reference_step(
+        sgd, params, [g.float() for g in grads], [{}] * len(params), config
+    )
     update.launch(torch.zeros(()), None)
     for actual, e in zip(params, expected):
         assert_param_close(actual, e)

@@ -1,4 +1,4 @@
-"""Note [launchable tensors]: no kernel launch receives a pointer the launcher did not validate.
+"""See Note [launchable tensors]: no kernel launch receives a pointer the launcher did not validate.
 
 Every tensor subclass torch ships that can reach an optimizer, and tensors without storage, are
 refused by the one gate (``check_launchable``) before a pointer is read; the fused optimizers

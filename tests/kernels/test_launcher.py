@@ -61,8 +61,8 @@ def test_more_tensors_than_one_table_holds():
     m, v = ([torch.zeros_like(p) for p in params] for _ in range(2))
     steps = [torch.zeros(()) for _ in params]
     expected = [p - 0.1 * torch.sign(g) for p, g in zip(params, grads)]  # Adam's first step
-    options = dict(lr=0.1, beta1=0.9, beta2=0.999, eps=0.0, weight_decay=0.0)
-    args = adam_args(None, None, **options, decoupled_weight_decay=True, amsgrad=False, maximize=False)
+    options = dict(lr=0.1, beta1=0.9, beta2=0.999, eps=0.0, weight_decay=0.0, maximize=False)
+    args = adam_args(None, None, **options, decoupled_weight_decay=True, amsgrad=False)
     kernels.launch(ADAM_KERNEL, [params, grads, m, v, [], [], [], steps], args)
     kernels.launch(kernels.STEP_EPILOGUE, [steps], kernels.StepEpilogueArgs(found_inf=None))
     for p, e in zip(params, expected):
@@ -134,7 +134,9 @@ def test_a_repointed_launch_has_the_tables_of_one_prepared_for_the_new_tensors(l
 
     old, new = lists(), lists()
     new[1 - list_index] = old[1 - list_index]
-    kernel = kernels.MultiTensorKernel(SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1))
+    kernel = kernels.MultiTensorKernel(
+        SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1)
+    )
     repointed = launcher.prepare_launch(kernel, old).detached()
     repointed.repoint(list_index, [t.data_ptr() for t in new[list_index]])
     fresh = launcher.prepare_launch(kernel, new)

@@ -16,10 +16,8 @@ from scaledoptim.optim.sgd import SGD_KERNEL
 
 def test_the_indices_follow_from_the_names() -> None:
     count = len(registered_kernels())
-    again = MultiTensorKernel(
-        SGD_KERNEL.source, SGD_KERNEL.name, SGD_KERNEL.lists, SGD_KERNEL.args_type,
-        dtype_lists=(0, 1),
-    )  # fmt: skip
+    sgd = SGD_KERNEL
+    again = MultiTensorKernel(sgd.source, sgd.name, sgd.lists, sgd.args_type, dtype_lists=(0, 1))
     assert again == SGD_KERNEL and len(registered_kernels()) == count  # nothing new registered
     assert again.per_tensor_lists == (4, 5)  # sr_seeds, steps
     assert LAMB_KERNEL.per_tensor_lists == (7, 8)

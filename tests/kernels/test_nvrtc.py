@@ -48,12 +48,20 @@ def _kernel_id(kernel: MultiTensorKernel) -> str:
 def _each_generation(archs: tuple[int, ...]) -> list[int]:
     """The oldest arch of each major version (sm_70, sm_80, ... sm_120) and the newest: a compile
     error specific to an arch shows in its generation, at a third of the time of all of them."""
-    return sorted({min(a for a in archs if a // 10 == major) for major in {a // 10 for a in archs}} | {archs[-1]}) if archs else []
+    return (
+        sorted(
+            {min(a for a in archs if a // 10 == major) for major in {a // 10 for a in archs}}
+            | {archs[-1]}
+        )
+        if archs
+        else []
+    )
 
 
 @pytest.mark.parametrize(
     "arch",
-    _each_generation(supported_archs()) or [pytest.param(0, marks=pytest.mark.skip("no NVRTC arch"))],
+    _each_generation(supported_archs())
+    or [pytest.param(0, marks=pytest.mark.skip("no NVRTC arch"))],
 )
 @pytest.mark.parametrize("kernel", builtin_kernels(), ids=_kernel_id)
 def test_every_instantiation_compiles(kernel, arch):

@@ -49,11 +49,15 @@ def nvrtc_13(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     require_module("cupy", "the compile check runs only where CuPy is installed")
     compiled: list[int] = []
     monkeypatch.setattr(nvrtc, "installed_archs", lambda: NVRTC_ARCHS[(13, 0)])
-    monkeypatch.setattr(nvrtc, "compile_for_arch", lambda kernel, arch: compiled.append(arch) or b"cubin")
+    monkeypatch.setattr(
+        nvrtc, "compile_for_arch", lambda kernel, arch: compiled.append(arch) or b"cubin"
+    )
     return compiled
 
 
-def test_the_compile_check_names_the_targets_this_nvrtc_cannot_compile_for(nvrtc_13, monkeypatch) -> None:
+def test_the_compile_check_names_the_targets_this_nvrtc_cannot_compile_for(
+    nvrtc_13, monkeypatch
+) -> None:
     outcome = compile_check.run(torch.device("cpu"))
     assert outcome.passed and "for sm_75, sm_121;" in outcome.detail
     assert outcome.detail.endswith("this NVRTC cannot target sm_70, sm_72, sm_101, sm_107")

@@ -1,4 +1,4 @@
-"""Note [vector lanes] (cuda/multi_tensor_apply.cuh): the update kernels move every list in
+"""See Note [vector lanes] (cuda/multi_tensor_apply.cuh): the update kernels move every list in
 16-byte accesses where its chunk is aligned (one per 8 lanes of a 16-bit list, two float4 of an
 fp32 one) and fall back to guarded scalars elsewhere, with the same bits either way.
 
@@ -41,7 +41,9 @@ def _ptx_entries(kernel: MultiTensorKernel, arch: int = 90) -> dict[str, str]:
     try:
         for name in kernel.instantiations():
             nvrtc.addNameExpression(program, name)
-        nvrtc.compileProgram(program, [*compile_options(kernel), f"--gpu-architecture=compute_{arch}"])
+        nvrtc.compileProgram(
+            program, [*compile_options(kernel), f"--gpu-architecture=compute_{arch}"]
+        )
         ptx = nvrtc.getPTX(program)
         ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
         return {

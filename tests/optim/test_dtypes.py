@@ -56,7 +56,7 @@ def test_every_path_and_dtype_matches_the_reference(info, config, dtype, path) -
         elif path == "unscale_and_step":
             opt.unscale_and_step(grads_scaled_by=opt.scale)
         else:
-            if dtype == torch.float16:  # unscale() refuses fp16 grads (issue 20, item 10)
+            if dtype == torch.float16:  # unscale() refuses fp16 grads, as GradScaler does
                 with pytest.raises(ValueError, match="fp16 grads"):
                     opt.unscale(grads_scaled_by=opt.scale)
                 return

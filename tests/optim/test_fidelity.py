@@ -60,7 +60,11 @@ def _conv_pair(case, seed=0):
 def _conv_backward(model, opt, step):
     opt.zero_grad()
     x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(step))
-    loss = model(x.to(memory_format=torch.channels_last) if _is_channels_last(model) else x).tanh().sum()
+    loss = (
+        model(x.to(memory_format=torch.channels_last) if _is_channels_last(model) else x)
+        .tanh()
+        .sum()
+    )
     if isinstance(opt, scaledoptim.Optimizer):
         loss = scaledoptim.scale_outputs(loss, opt.scale)
     loss.backward()
@@ -93,7 +97,11 @@ def _layout_run(case, switch_at):
             for param in (ours, ref):
                 param.data = param.data.to(memory_format=torch.channels_last)
         grad = torch.randn(4, 3, 3, 5, generator=torch.Generator().manual_seed(step + 1))
-        ours.grad = (grad * 1024).to(memory_format=torch.channels_last) if step >= switch_at else grad * 1024
+        ours.grad = (
+            (grad * 1024).to(memory_format=torch.channels_last)
+            if step >= switch_at
+            else grad * 1024
+        )
         ref.grad = grad.clone()
         opt.unscale_and_step(grads_scaled_by=1024.0)
         ref_opt.step()
@@ -116,7 +124,9 @@ def test_item1_state_in_another_layout_steps_like_torch_optim(case, kernel_backe
     for step, ((ours, ref), (ours_plain, _)) in enumerate(zip(switched, plain)):
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
         if kernel_backend == "emulated-kernels":
-            assert torch.equal(ours, ours_plain), f"step {step}: the layout change altered the update"
+            assert torch.equal(ours, ours_plain), (
+                f"step {step}: the layout change altered the update"
+            )
 
 
 @pytest.mark.usefixtures("kernel_backend")
@@ -242,8 +252,13 @@ def test_item5_the_profiler_records_an_optimizer_step(kind) -> None:
         opt.unscale_and_step(grads_scaled_by=opt.scale)
     base = type(opt).__mro__[1].__name__ if kind != "fused" else type(opt).__name__
     names = {event.name for event in prof.events()}
-    assert any(name.startswith("Optimizer.step#") and name.endswith(".step") for name in names), names
-    assert f"Optimizer.step#{type(opt).__name__}.step" in names or f"Optimizer.step#{base}.step" in names
+    assert any(name.startswith("Optimizer.step#") and name.endswith(".step") for name in names), (
+        names
+    )
+    assert (
+        f"Optimizer.step#{type(opt).__name__}.step" in names
+        or f"Optimizer.step#{base}.step" in names
+    )
 
 
 def _no_scheduler_warning(record) -> None:
@@ -305,7 +320,9 @@ def test_item5_no_scheduler_warning_after_closure_replay(scaled) -> None:
 # ---------------------------------------------------------------- 6. deepcopy, pickle, torch.save
 def _trained(opt_factory, steps=3):
     model = make_model()
-    opt = opt_factory(model.parameters()).configure_scaling(init_scale=256.0, growth_interval=3, hysteresis=2)
+    opt = opt_factory(model.parameters()).configure_scaling(
+        init_scale=256.0, growth_interval=3, hysteresis=2
+    )
     _train(model, opt, range(steps))
     return model, opt
 
@@ -364,7 +381,14 @@ def test_item6_a_copy_of_a_sharer_gets_a_scale_of_its_own() -> None:
 
 
 # ---------------------------------------------------------------- 7. old checkpoints
-_NEWER_KEYS = ("decoupled_weight_decay", "maximize", "foreach", "capturable", "differentiable", "fused")
+_NEWER_KEYS = (
+    "decoupled_weight_decay",
+    "maximize",
+    "foreach",
+    "capturable",
+    "differentiable",
+    "fused",
+)
 
 
 def _as_old_checkpoint(state_dict):
@@ -455,7 +479,9 @@ def test_item8_load_state_dict_hooks_see_what_torch_optims_see(case, dtype) -> N
 
     def post_hook(optimizer):
         seen["post"] = len(optimizer.state)
-        seen["dtypes"] = {v.dtype for s in optimizer.state.values() for k, v in s.items() if k != "step"}
+        seen["dtypes"] = {
+            v.dtype for s in optimizer.state.values() for k, v in s.items() if k != "step"
+        }
 
     fresh.register_load_state_dict_pre_hook(pre_hook)
     fresh.register_load_state_dict_post_hook(post_hook)
@@ -483,7 +509,9 @@ def test_item8_a_pre_hook_may_replace_the_state_dict() -> None:
 def _gan(seed=0):
     torch.manual_seed(seed)
     gen, disc = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
-    opt_g = scaledoptim.AdamW(gen.parameters(), lr=1e-3).configure_scaling(init_scale=2.0**10, growth_interval=2)
+    opt_g = scaledoptim.AdamW(gen.parameters(), lr=1e-3).configure_scaling(
+        init_scale=2.0**10, growth_interval=2
+    )
     opt_d = scaledoptim.SGD(disc.parameters(), lr=1e-2, momentum=0.9)
     return gen, disc, opt_g, opt_d
 
@@ -506,7 +534,9 @@ def test_item9_load_then_share_resumes_a_shared_scale_bit_for_bit() -> None:
     gen, disc, opt_g, opt_d = _gan()
     scaledoptim.share_scale(opt_g, opt_d)
     _gan_steps(gen, disc, opt_g, opt_d, range(5))
-    saved = copy.deepcopy((gen.state_dict(), disc.state_dict(), opt_g.state_dict(), opt_d.state_dict()))
+    saved = copy.deepcopy(
+        (gen.state_dict(), disc.state_dict(), opt_g.state_dict(), opt_d.state_dict())
+    )
     _gan_steps(gen, disc, opt_g, opt_d, range(5, 12))
 
     gen2, disc2, opt_g2, opt_d2 = _gan(seed=1)
@@ -542,7 +572,10 @@ def test_item9_an_iteration_aborted_between_sharers_does_not_wedge_the_next() ->
         _gan_steps(gen, disc, opt_g, opt_d, [step])
         _gan_steps(*reference, [step])
         assert torch.equal(opt_g.scale, reference[2].scale), step
-        assert torch.equal(opt_g.scaling_state.loss_scale.growth_tracker, reference[2].scaling_state.loss_scale.growth_tracker)
+        assert torch.equal(
+            opt_g.scaling_state.loss_scale.growth_tracker,
+            reference[2].scaling_state.loss_scale.growth_tracker,
+        )
     assert opt_g.scale is opt_d.scale
 
 
@@ -592,13 +625,19 @@ def test_item10_a_transposed_param_steps_like_torch_optim(case) -> None:
 def test_item10_float64_params_step_like_torch_optim(case) -> None:
     """float64 params (next to float32 ones) step on every backend, as torch.optim's do."""
     torch.manual_seed(0)
-    params = [torch.randn(5, dtype=torch.float64), torch.randn(3), torch.randn(4, dtype=torch.float64)]
+    params = [
+        torch.randn(5, dtype=torch.float64),
+        torch.randn(3),
+        torch.randn(4, dtype=torch.float64),
+    ]
     ours = [torch.nn.Parameter(p.clone()) for p in params]
     ref = [torch.nn.Parameter(p.clone()) for p in params]
     opt, ref_opt = _ours(case, ours), _theirs(case, ref)
     for step in range(4):
         for o, r in zip(ours, ref):
-            grad = torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(step))
+            grad = torch.randn(
+                o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(step)
+            )
             o.grad, r.grad = grad * 8, grad.clone()
             if step == 2:
                 o.grad[0] = float("inf")
@@ -654,8 +693,16 @@ def test_item10_bad_tensor_hyperparameters_are_refused() -> None:
     "make, error, message",
     [
         (lambda: torch.nn.Parameter(torch.randn(4, 4).to_sparse()), RuntimeError, r"sparse"),
-        (lambda: torch.nn.Parameter(torch.randn(3, dtype=torch.complex64)), TypeError, r"complex64.*does not support complex"),
-        (lambda: torch.nn.Parameter(torch.randn(4, 6)[:, ::2]), RuntimeError, r"view with gaps.*contiguous"),
+        (
+            lambda: torch.nn.Parameter(torch.randn(3, dtype=torch.complex64)),
+            TypeError,
+            r"complex64.*does not support complex",
+        ),
+        (
+            lambda: torch.nn.Parameter(torch.randn(4, 6)[:, ::2]),
+            RuntimeError,
+            r"view with gaps.*contiguous",
+        ),
     ],
     ids=["sparse", "complex", "strided-view"],
 )
@@ -682,7 +729,10 @@ def test_item10_a_sparse_grad_is_refused_accurately() -> None:
 @pytest.mark.parametrize("kind", ["adamw", "lbfgs"])
 def test_item11_a_closure_without_arguments_works_unscaled(kind) -> None:
     model, ref = make_model(), make_model()
-    make = {"adamw": (scaledoptim.AdamW, torch.optim.AdamW), "lbfgs": (scaledoptim.LBFGS, torch.optim.LBFGS)}[kind]
+    make = {
+        "adamw": (scaledoptim.AdamW, torch.optim.AdamW),
+        "lbfgs": (scaledoptim.LBFGS, torch.optim.LBFGS),
+    }[kind]
     opt, ref_opt = make[0](model.parameters(), lr=0.1), make[1](ref.parameters(), lr=0.1)
 
     def closure_of(m, o):
@@ -749,6 +799,8 @@ def test_item14_a_wrong_size_state_is_refused_at_step_time(case, kind) -> None:
     opt.state[param][key] = _wrong_state(kind, param)  # edited after load
     before = snapshot(opt)
     for call in (opt.step, lambda: opt.unscale_and_step(grads_scaled_by=opt.scale)):
-        with pytest.raises(ValueError, match=r"Corrupt optimizer state.*\(3, 5\).*opt.state\[p\].clear\(\)"):
+        with pytest.raises(
+            ValueError, match=r"Corrupt optimizer state.*\(3, 5\).*opt.state\[p\].clear\(\)"
+        ):
             call()
         assert_bit_identical(before, snapshot(opt))

@@ -261,7 +261,8 @@ def test_fused_where_torch_has_no_fused_kernels_raises_at_step_as_torch_optim(in
         param.grad = torch.zeros(3, device="meta")
         with pytest.raises(
             RuntimeError,
-            match=r"`fused=True` requires all the params to be floating point Tensors of supported devices: .* but torch.float32 and meta",
+            match=r"`fused=True` requires all the params to be floating point Tensors of "
+            r"supported devices: .* but torch.float32 and meta",
         ):
             opt.step()
 

@@ -21,7 +21,9 @@ SGD_MOMENTUM = (row("SGD"), row("SGD").config("momentum-wd"))
 def _twins(case):
     info, config = case
     plain, checked = make_model(), make_model()
-    plain_opt = info.make(plain.parameters(), config).configure_scaling(init_scale=2.0**8, growth_interval=3)
+    plain_opt = info.make(plain.parameters(), config).configure_scaling(
+        init_scale=2.0**8, growth_interval=3
+    )
     checked_opt = info.make(checked.parameters(), config).configure_scaling(
         init_scale=2.0**8, growth_interval=3, check_during_backward=True
     )
@@ -43,12 +45,16 @@ def _backward(model, opt, step: int, poison: str | None) -> None:
 
 
 @pytest.mark.usefixtures("kernel_backend")
-@pytest.mark.parametrize("case", [ADAMW, SGD_MOMENTUM], ids=lambda case: f"{case[0].name}-{case[1].name}")
+@pytest.mark.parametrize(
+    "case", [ADAMW, SGD_MOMENTUM], ids=lambda case: f"{case[0].name}-{case[1].name}"
+)
 def test_skips_and_params_equal_the_plain_form_under_random_overflows(case) -> None:
     rng = random.Random(0)
     twins = _twins(case)
     for step in range(24):
-        poison = rng.choice([None, None, "in backward", "after backward", "replaced after backward"])
+        poison = rng.choice(
+            [None, None, "in backward", "after backward", "replaced after backward"]
+        )
         accumulate = rng.random() < 0.3
         found = []
         for model, opt in twins:

@@ -72,7 +72,9 @@ def test_wrapped_closure_gives_lbfgs_finite_grads_every_evaluation() -> None:
 
     opt.unscale = recording_unscale
     opt.unscale_and_step(closure, grads_scaled_by=opt.scale)
-    evaluations_after_finite = [grads for inf, grads in seen[seen.index(next(s for s in seen if s[0] == 0.0)):]]
+    evaluations_after_finite = [
+        grads for inf, grads in seen[seen.index(next(s for s in seen if s[0] == 0.0)) :]
+    ]
     assert len(evaluations_after_finite) > 1, "LBFGS evaluated the closure several times"
     for grads in evaluations_after_finite:
         assert all(torch.isfinite(g).all() for g in grads)
@@ -105,7 +107,10 @@ def test_step_after_unscale_closure_form_replays(info: OptimInfo) -> None:
 def test_closure_that_never_becomes_finite_raises_and_changes_nothing(info: OptimInfo) -> None:
     model = make_model()
     opt = info.make(model.parameters()).configure_scaling(max_replays=5)
-    opt.unscale_and_step(lambda S: scaledoptim.scale_outputs(loss_of(model, 0), S).backward(), grads_scaled_by=opt.scale)
+    opt.unscale_and_step(
+        lambda S: scaledoptim.scale_outputs(loss_of(model, 0), S).backward(),
+        grads_scaled_by=opt.scale,
+    )
     before = snapshot(opt)
     tries = []
 
@@ -124,7 +129,9 @@ def test_closure_that_never_becomes_finite_raises_and_changes_nothing(info: Opti
 
 def test_replay_stops_at_min_scale() -> None:
     model = make_model()
-    opt = scaledoptim.SGD(model.parameters(), lr=0.1).configure_scaling(init_scale=4.0, min_scale=1.0)
+    opt = scaledoptim.SGD(model.parameters(), lr=0.1).configure_scaling(
+        init_scale=4.0, min_scale=1.0
+    )
     tries = []
 
     def closure(S):

@@ -16,7 +16,9 @@ X, Y = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.ran
 def _model_and_optimizer():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    return model, scaledoptim.AdamW(model.parameters(), lr=1e-2).configure_scaling(init_scale=2.0**10, growth_interval=2)
+    return model, scaledoptim.AdamW(model.parameters(), lr=1e-2).configure_scaling(
+        init_scale=2.0**10, growth_interval=2
+    )
 
 
 def unscale_and_step(model, opt):
@@ -46,7 +48,9 @@ def plain_step(model, opt):
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
-@pytest.mark.parametrize("train_step", [unscale_and_step, split_form_with_clipping, plain_step], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "train_step", [unscale_and_step, split_form_with_clipping, plain_step], ids=lambda f: f.__name__
+)
 def test_a_compiled_training_step_matches_eager(train_step, backend) -> None:
     torch._dynamo.reset()
     eager_model, eager_opt = _model_and_optimizer()

@@ -1,4 +1,4 @@
-"""A compiled training step whose function first touches ``opt.scale`` (issue 20, item 7).
+"""A compiled training step whose function first touches ``opt.scale`` backs the scale off.
 
 The README's loop shape, compiled: ``S = opt.scale`` inside the compiled function creates the
 optimizer's scale during tracing. found_inf was right but the scale never backed off (65536

@@ -1,4 +1,5 @@
-"""Custom optimizers by inheritance, with_scaling, patch_optimizer, and several optimizers sharing a scale."""
+"""Custom optimizers by inheritance, with_scaling, patch_optimizer, and several optimizers sharing
+a scale."""
 
 from __future__ import annotations
 
@@ -95,7 +96,9 @@ def test_patch_optimizer_rejects_non_optimizers() -> None:
 
 def test_shared_scale_moves_once_per_iteration_and_each_optimizer_skips_its_own_overflow() -> None:
     gen, disc = make_model(seed=1), make_model(seed=2)
-    opt_g = scaledoptim.AdamW(gen.parameters(), lr=1e-2).configure_scaling(init_scale=64.0, growth_interval=2)
+    opt_g = scaledoptim.AdamW(gen.parameters(), lr=1e-2).configure_scaling(
+        init_scale=64.0, growth_interval=2
+    )
     opt_d = scaledoptim.SGD(disc.parameters(), lr=0.1)
     S = scaledoptim.share_scale(opt_g, opt_d)
     assert S is opt_g.scale is opt_d.scale and S.item() == 64.0
@@ -108,7 +111,9 @@ def test_shared_scale_moves_once_per_iteration_and_each_optimizer_skips_its_own_
             disc[0].bias.grad[0] = float("inf")
         before_g = [p.clone() for p in gen.parameters()]
         _, inf_g, S = opt_g.unscale_and_step(grads_scaled_by=S)
-        assert S.item() == (scales[-1] if scales else 64.0), "not moved before every optimizer reported"
+        assert S.item() == (scales[-1] if scales else 64.0), (
+            "not moved before every optimizer reported"
+        )
         _, inf_d, S = opt_d.unscale_and_step(grads_scaled_by=S)
         scales.append(S.item())
         assert inf_g.item() == 0.0 and inf_d.item() == float(overflow_d)

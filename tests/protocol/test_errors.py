@@ -36,19 +36,74 @@ def _sparse_grad(model, opt):
 
 
 BAD_CALLS = [
-    ("zero scale", lambda m, o: o.unscale_and_step(grads_scaled_by=0.0), ValueError, "finite and > 0"),
+    (
+        "zero scale",
+        lambda m, o: o.unscale_and_step(grads_scaled_by=0.0),
+        ValueError,
+        "finite and > 0",
+    ),
     ("negative scale", lambda m, o: o.unscale(grads_scaled_by=-2.0), ValueError, "finite and > 0"),
-    ("nan scale", lambda m, o: o.unscale(grads_scaled_by=float("nan")), ValueError, "finite and > 0"),
-    ("inf tensor scale", lambda m, o: o.unscale_and_step(grads_scaled_by=torch.tensor(float("inf"))), ValueError, "opt.scale"),
-    ("negative tensor scale", lambda m, o: o.unscale(grads_scaled_by=torch.tensor(-1.0)), ValueError, "finite and > 0"),
-    ("scale of wrong type", lambda m, o: o.unscale(grads_scaled_by="65536"), TypeError, "tensor, a float or None"),
-    ("vector scale", lambda m, o: o.unscale(grads_scaled_by=torch.ones(2)), TypeError, "one-element"),
-    ("scale on other device", lambda m, o: o.unscale(grads_scaled_by=torch.ones((), device="meta")), RuntimeError, "move the scale"),
-    ("unscale twice", lambda m, o: (o.unscale(grads_scaled_by=o.scale), o.unscale(grads_scaled_by=o.scale)), RuntimeError, "step_after_unscale"),
-    ("step_after_unscale without unscale", lambda m, o: o.step_after_unscale(), RuntimeError, "call opt.unscale"),
-    ("sparse grads with weight decay", lambda m, o: (_sparse_grad(m, o), o.unscale_and_step(grads_scaled_by=o.scale)), RuntimeError, "sparse"),
-    ("closure returning the wrong shape", lambda m, o: o.step_after_unscale(lambda S: 1.0, current_grad_scale=o.scale), TypeError, r"\(loss, found_inf, S\)"),
-]  # fmt: skip
+    (
+        "nan scale",
+        lambda m, o: o.unscale(grads_scaled_by=float("nan")),
+        ValueError,
+        "finite and > 0",
+    ),
+    (
+        "inf tensor scale",
+        lambda m, o: o.unscale_and_step(grads_scaled_by=torch.tensor(float("inf"))),
+        ValueError,
+        "opt.scale",
+    ),
+    (
+        "negative tensor scale",
+        lambda m, o: o.unscale(grads_scaled_by=torch.tensor(-1.0)),
+        ValueError,
+        "finite and > 0",
+    ),
+    (
+        "scale of wrong type",
+        lambda m, o: o.unscale(grads_scaled_by="65536"),
+        TypeError,
+        "tensor, a float or None",
+    ),
+    (
+        "vector scale",
+        lambda m, o: o.unscale(grads_scaled_by=torch.ones(2)),
+        TypeError,
+        "one-element",
+    ),
+    (
+        "scale on other device",
+        lambda m, o: o.unscale(grads_scaled_by=torch.ones((), device="meta")),
+        RuntimeError,
+        "move the scale",
+    ),
+    (
+        "unscale twice",
+        lambda m, o: (o.unscale(grads_scaled_by=o.scale), o.unscale(grads_scaled_by=o.scale)),
+        RuntimeError,
+        "step_after_unscale",
+    ),
+    (
+        "step_after_unscale without unscale",
+        lambda m, o: o.step_after_unscale(),
+        RuntimeError,
+        "call opt.unscale",
+    ),
+    (
+        "sparse grads with weight decay",
+        lambda m, o: (_sparse_grad(m, o), o.unscale_and_step(grads_scaled_by=o.scale)),
+        RuntimeError,
+        "sparse",
+    ),
+    (
+        "closure returning the wrong shape",
+        lambda m, o: o.step_after_unscale(lambda S: 1.0, current_grad_scale=o.scale),
+        TypeError,
+        r"\(loss, found_inf, S\)",
+    ),
+]
 
 
 @pytest.mark.parametrize("info", rows(closure=False), ids=str)
@@ -90,7 +145,11 @@ def test_zero_grad_forgets_an_unconsumed_unscale() -> None:
 
 @pytest.mark.parametrize(
     ("info", "error_input"),
-    [pytest.param(info, e, id=f"{info.name}-{e.name}") for info in optim_db for e in info.error_inputs],
+    [
+        pytest.param(info, e, id=f"{info.name}-{e.name}")
+        for info in optim_db
+        for e in info.error_inputs
+    ],
 )
 def test_every_rows_error_inputs_are_refused(info, error_input) -> None:
     with pytest.raises(error_input.error, match=error_input.match):
@@ -99,9 +158,13 @@ def test_every_rows_error_inputs_are_refused(info, error_input) -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [(dict(lr=-1.0), "learning rate"), (dict(betas=(1.0, 0.9)), "beta"), (dict(eps=-1.0), "epsilon"),
-     (dict(weight_decay=-0.1), "weight_decay")],
-)  # fmt: skip
+    [
+        (dict(lr=-1.0), "learning rate"),
+        (dict(betas=(1.0, 0.9)), "beta"),
+        (dict(eps=-1.0), "epsilon"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+    ],
+)
 def test_bad_hyperparameters_are_rejected(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         scaledoptim.AdamW(make_model().parameters(), **kwargs)

@@ -1,6 +1,7 @@
-"""``scaledoptim.GradScaler`` where torch.amp.GradScaler raises or loads (issue 31): a growth
-tracker past a shortened growth interval loads and grows as torch's; a step with nothing checked
-and a scale of something that is no tensor raise torch's errors, changing nothing."""
+"""``scaledoptim.GradScaler`` raises or loads where torch.amp.GradScaler does, so code written for
+torch's meets the same errors and loads the same checkpoints: a growth tracker past a shortened
+growth interval loads and grows as torch's; a step with nothing checked and a scale of something
+that is no tensor raise torch's errors, changing nothing."""
 
 from __future__ import annotations
 
@@ -44,7 +45,10 @@ def test_a_tracker_past_a_shortened_interval_loads_and_moves_as_torchs() -> None
 
     resumed_model = _model()
     resumed_model.load_state_dict(model.state_dict())
-    resumed_opt, resumed_scaler = scaledoptim.SGD(resumed_model.parameters()), scaledoptim.GradScaler("cpu")
+    resumed_opt, resumed_scaler = (
+        scaledoptim.SGD(resumed_model.parameters()),
+        scaledoptim.GradScaler("cpu"),
+    )
     resumed_opt.load_state_dict(opt.state_dict())  # its loss_scale holds the same tracker
     resumed_scaler.load_state_dict(scaler.state_dict())
 
@@ -74,7 +78,10 @@ def test_a_tracker_past_the_interval_grows_at_the_next_clean_step_of_the_own_pro
 @pytest.mark.parametrize("unscale_first", [False, True], ids=["step", "unscale_-step"])
 def test_an_iteration_without_grads_asserts_as_torch_and_counts_nothing(unscale_first) -> None:
     model = _model()
-    opt, scaler = scaledoptim.AdamW(model.parameters()), scaledoptim.GradScaler("cpu", init_scale=8.0)
+    opt, scaler = (
+        scaledoptim.AdamW(model.parameters()),
+        scaledoptim.GradScaler("cpu", init_scale=8.0),
+    )
     _iterate(model, opt, scaler, range(2))
     opt.zero_grad()
     scaler.scale(_loss(model, 2))  # no backward: no grads
@@ -89,7 +96,9 @@ def test_an_iteration_without_grads_asserts_as_torch_and_counts_nothing(unscale_
     assert scaler._get_growth_tracker() == tracker and scaler.get_scale() == 8.0
 
 
-@pytest.mark.parametrize("outputs", [3.0, None, object(), "loss"], ids=["float", "None", "object", "str"])
+@pytest.mark.parametrize(
+    "outputs", [3.0, None, object(), "loss"], ids=["float", "None", "object", "str"]
+)
 def test_scaling_what_is_no_tensor_raises_as_torch(outputs) -> None:
     torch_message = "outputs must be a Tensor or an iterable of Tensors"
     if not isinstance(outputs, str):  # (torch recurses into a string's characters forever)

@@ -1,5 +1,5 @@
-"""``scaledoptim.GradScaler``: torch.amp.GradScaler's object, with the scale in the optimizers
-(issue 21, item 1).
+"""``scaledoptim.GradScaler``: torch.amp.GradScaler's object, with the scale in the optimizers,
+for the frameworks that pass a scaler object around (Note [GradScaler facade]).
 
 Each run here is compared with ``torch.amp.GradScaler`` driving the matching torch optimizer:
 same scales, same skipped iterations, same params within kernel rounding (bit for bit on torch's
@@ -181,7 +181,10 @@ def test_scale_unscale_step_and_update_never_read_the_host(name, unscale) -> Non
 # ---------------------------------------------------------------------------- checkpoints
 def _checkpoint(model, opt, scaler) -> bytes:
     buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()}, buffer)
+    torch.save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()},
+        buffer,
+    )
     return buffer.getvalue()
 
 
@@ -268,20 +271,63 @@ def test_the_optimizers_checkpoint_carries_the_scalers_scale() -> None:
 BAD_STATES = {
     "empty": ({}, RuntimeError, "empty"),
     "missing key": ({"scale": 1024.0, "growth_factor": 2.0}, ValueError, "missing"),
-    "unknown key": (dict(scale=8.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=10,
-                         _growth_tracker=0, hysteresis=2), ValueError, "unknown"),
-    "tensor scale": (dict(scale=torch.tensor(8.0), growth_factor=2.0, backoff_factor=0.5,
-                          growth_interval=10, _growth_tracker=0), TypeError, "scale"),
-    "inf scale": (dict(scale=float("inf"), growth_factor=2.0, backoff_factor=0.5,
-                       growth_interval=10, _growth_tracker=0), ValueError, "scale"),
-    "zero scale": (dict(scale=0.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=10,
-                        _growth_tracker=0), ValueError, "scale"),
-    "growth factor below one": (dict(scale=8.0, growth_factor=0.5, backoff_factor=0.5,
-                                     growth_interval=10, _growth_tracker=0), ValueError, "growth_factor"),
-    "negative tracker": (dict(scale=8.0, growth_factor=2.0, backoff_factor=0.5,
-                              growth_interval=10, _growth_tracker=-1), ValueError, "_growth_tracker"),
+    "unknown key": (
+        dict(
+            scale=8.0,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=10,
+            _growth_tracker=0,
+            hysteresis=2,
+        ),
+        ValueError,
+        "unknown",
+    ),
+    "tensor scale": (
+        dict(
+            scale=torch.tensor(8.0),
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=10,
+            _growth_tracker=0,
+        ),
+        TypeError,
+        "scale",
+    ),
+    "inf scale": (
+        dict(
+            scale=float("inf"),
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=10,
+            _growth_tracker=0,
+        ),
+        ValueError,
+        "scale",
+    ),
+    "zero scale": (
+        dict(
+            scale=0.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=10, _growth_tracker=0
+        ),
+        ValueError,
+        "scale",
+    ),
+    "growth factor below one": (
+        dict(
+            scale=8.0, growth_factor=0.5, backoff_factor=0.5, growth_interval=10, _growth_tracker=0
+        ),
+        ValueError,
+        "growth_factor",
+    ),
+    "negative tracker": (
+        dict(
+            scale=8.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=10, _growth_tracker=-1
+        ),
+        ValueError,
+        "_growth_tracker",
+    ),
     "a GradScaler": (torch.amp.GradScaler("cpu"), TypeError, "state"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("bad", list(BAD_STATES))
@@ -297,7 +343,9 @@ def test_a_bad_state_dict_is_refused_and_changes_nothing(bad) -> None:
         scaler.load_state_dict(state)
     assert scaler.state_dict() == before
     after = opt.state_dict()["loss_scale"]
-    assert torch.equal(after["scale"], opt_scale["scale"]) and after["config"] == opt_scale["config"]
+    assert (
+        torch.equal(after["scale"], opt_scale["scale"]) and after["config"] == opt_scale["config"]
+    )
     assert torch.equal(after["growth_tracker"], opt_scale["growth_tracker"])
     _iteration(model, opt, scaler, 4)  # still usable
 
@@ -354,7 +402,9 @@ def test_it_scales_nested_lists_tuples_and_dicts() -> None:
     assert torch.equal(out["a"], a * 4) and torch.equal(out["rest"][0], b * 4)
     assert out["rest"][1][0].dtype == torch.float16 and out["rest"][1][0].item() == 2.0
     assert out["rest"][1][1] is None
-    assert torch.equal(scaler.scale([a, b])[1], torch.amp.GradScaler("cpu", init_scale=4.0).scale([a, b])[1])
+    assert torch.equal(
+        scaler.scale([a, b])[1], torch.amp.GradScaler("cpu", init_scale=4.0).scale([a, b])[1]
+    )
 
 
 def test_getters_and_setters_move_the_one_scale() -> None:
@@ -410,7 +460,9 @@ def test_a_plain_torch_optimizer_gets_torch_gradscaler_exactly() -> None:
 
 
 @pytest.mark.parametrize("name", ["AdamW", "with_scaling(RMSprop)"])
-def test_torch_gradscaler_driving_a_scaledoptim_optimizer_warns_once_and_steps_right(name, kernel_backend) -> None:
+def test_torch_gradscaler_driving_a_scaledoptim_optimizer_warns_once_and_steps_right(
+    name, kernel_backend
+) -> None:
     ours_cls, torch_cls = PAIRS[name]
     model, reference = _model(), _model()
     opt, torch_opt = ours_cls(model.parameters()), torch_cls(reference.parameters())

@@ -111,56 +111,281 @@ def _share_with_another(model, opt):
 S = "opt.scale"  # the fix every bad scale's message names
 BAD = [
     # ---- the scale: wrong types and values
-    Bad("scale is a string", lambda m, o: o.unscale(grads_scaled_by="65536"), TypeError, "tensor, a float or None"),
-    Bad("scale is a bool", lambda m, o: o.unscale_and_step(grads_scaled_by=True), TypeError, "tensor, a float or None"),
-    Bad("scale is an int tensor", lambda m, o: o.unscale(grads_scaled_by=torch.tensor(4)), TypeError, S),
+    Bad(
+        "scale is a string",
+        lambda m, o: o.unscale(grads_scaled_by="65536"),
+        TypeError,
+        "tensor, a float or None",
+    ),
+    Bad(
+        "scale is a bool",
+        lambda m, o: o.unscale_and_step(grads_scaled_by=True),
+        TypeError,
+        "tensor, a float or None",
+    ),
+    Bad(
+        "scale is an int tensor",
+        lambda m, o: o.unscale(grads_scaled_by=torch.tensor(4)),
+        TypeError,
+        S,
+    ),
     Bad("scale is a vector", lambda m, o: o.unscale(grads_scaled_by=torch.ones(2)), TypeError, S),
     Bad("scale is nan", lambda m, o: o.unscale(grads_scaled_by=float("nan")), ValueError, S),
-    Bad("scale is inf", lambda m, o: o.unscale_and_step(grads_scaled_by=float("inf")), ValueError, S),
+    Bad(
+        "scale is inf", lambda m, o: o.unscale_and_step(grads_scaled_by=float("inf")), ValueError, S
+    ),
     Bad("scale is negative", lambda m, o: o.unscale(grads_scaled_by=-1.0), ValueError, S),
     Bad("scale is zero", lambda m, o: o.unscale_and_step(grads_scaled_by=0.0), ValueError, S),
-    Bad("scale overflows float32", lambda m, o: o.unscale(grads_scaled_by=1e300), ValueError, "in float32"),
-    Bad("scale underflows float32", lambda m, o: o.unscale(grads_scaled_by=1e-300), ValueError, "in float32"),
-    Bad("scale's reciprocal is inf", lambda m, o: o.unscale(grads_scaled_by=1e-45), ValueError, "reciprocal"),
-    Bad("tensor scale is nan", lambda m, o: o.unscale(grads_scaled_by=torch.tensor(float("nan"))), ValueError, S),
-    Bad("float64 tensor scale overflows float32", lambda m, o: o.unscale(grads_scaled_by=torch.tensor(1e300, dtype=torch.float64)), ValueError, "in float32"),
-    Bad("scale on another device", lambda m, o: o.unscale(grads_scaled_by=torch.ones((), device="meta")), RuntimeError, "move the scale"),
-    Bad("scale passed as the closure", lambda m, o: o.unscale_and_step(o.scale), TypeError, "grads_scaled_by=S"),
-    Bad("scale passed as step_after_unscale's closure", lambda m, o: o.step_after_unscale(o.scale), TypeError, "current_grad_scale=S", prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale)),
+    Bad(
+        "scale overflows float32",
+        lambda m, o: o.unscale(grads_scaled_by=1e300),
+        ValueError,
+        "in float32",
+    ),
+    Bad(
+        "scale underflows float32",
+        lambda m, o: o.unscale(grads_scaled_by=1e-300),
+        ValueError,
+        "in float32",
+    ),
+    Bad(
+        "scale's reciprocal is inf",
+        lambda m, o: o.unscale(grads_scaled_by=1e-45),
+        ValueError,
+        "reciprocal",
+    ),
+    Bad(
+        "tensor scale is nan",
+        lambda m, o: o.unscale(grads_scaled_by=torch.tensor(float("nan"))),
+        ValueError,
+        S,
+    ),
+    Bad(
+        "float64 tensor scale overflows float32",
+        lambda m, o: o.unscale(grads_scaled_by=torch.tensor(1e300, dtype=torch.float64)),
+        ValueError,
+        "in float32",
+    ),
+    Bad(
+        "scale on another device",
+        lambda m, o: o.unscale(grads_scaled_by=torch.ones((), device="meta")),
+        RuntimeError,
+        "move the scale",
+    ),
+    Bad(
+        "scale passed as the closure",
+        lambda m, o: o.unscale_and_step(o.scale),
+        TypeError,
+        "grads_scaled_by=S",
+    ),
+    Bad(
+        "scale passed as step_after_unscale's closure",
+        lambda m, o: o.step_after_unscale(o.scale),
+        TypeError,
+        "current_grad_scale=S",
+        prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale),
+    ),
     # ---- configuration
-    Bad("process_group of the wrong type", lambda m, o: o.configure_scaling(process_group="world"), TypeError, "dist.group.WORLD"),
-    Bad("init_scale is inf", lambda m, o: o.configure_scaling(init_scale=float("inf")), ValueError, "init_scale"),
-    Bad("growth_interval is zero", lambda m, o: o.configure_scaling(growth_interval=0), ValueError, "growth_interval"),
-    Bad("hysteresis is a float", lambda m, o: o.configure_scaling(hysteresis=1.5), TypeError, "hysteresis"),
-    Bad("configure a shared scale", lambda m, o: o.configure_scaling(), RuntimeError, "share_scale", prepare=_share_with_another),
+    Bad(
+        "process_group of the wrong type",
+        lambda m, o: o.configure_scaling(process_group="world"),
+        TypeError,
+        "dist.group.WORLD",
+    ),
+    Bad(
+        "init_scale is inf",
+        lambda m, o: o.configure_scaling(init_scale=float("inf")),
+        ValueError,
+        "init_scale",
+    ),
+    Bad(
+        "growth_interval is zero",
+        lambda m, o: o.configure_scaling(growth_interval=0),
+        ValueError,
+        "growth_interval",
+    ),
+    Bad(
+        "hysteresis is a float",
+        lambda m, o: o.configure_scaling(hysteresis=1.5),
+        TypeError,
+        "hysteresis",
+    ),
+    Bad(
+        "configure a shared scale",
+        lambda m, o: o.configure_scaling(),
+        RuntimeError,
+        "share_scale",
+        prepare=_share_with_another,
+    ),
     # ---- closures
-    Bad("closure raises", lambda m, o: o.unscale_and_step(_raising_closure(m, o), grads_scaled_by=o.scale), KeyError, "data loader"),
-    Bad("closure never becomes finite", lambda m, o: o.unscale_and_step(_closure(m, o, overflow=True, touch_params=True), grads_scaled_by=o.scale), scaledoptim.ClosureReplayError, "restored"),
-    Bad("closure returns only the loss", lambda m, o: o.step_after_unscale(_closure(m, o), current_grad_scale=o.scale), TypeError, r"\(loss, found_inf, S\)"),
-    Bad("closure forgets to unscale", lambda m, o: o.step_after_unscale(lambda S: (1.0, torch.zeros(()), S), current_grad_scale=o.scale), TypeError, "must call opt.unscale"),
-    Bad("closure unscales, then raises", lambda m, o: o.step_after_unscale(_unscaling_then_raising_closure(m, o), current_grad_scale=o.scale), KeyError, "data loader"),
+    Bad(
+        "closure raises",
+        lambda m, o: o.unscale_and_step(_raising_closure(m, o), grads_scaled_by=o.scale),
+        KeyError,
+        "data loader",
+    ),
+    Bad(
+        "closure never becomes finite",
+        lambda m, o: o.unscale_and_step(
+            _closure(m, o, overflow=True, touch_params=True), grads_scaled_by=o.scale
+        ),
+        scaledoptim.ClosureReplayError,
+        "restored",
+    ),
+    Bad(
+        "closure returns only the loss",
+        lambda m, o: o.step_after_unscale(_closure(m, o), current_grad_scale=o.scale),
+        TypeError,
+        r"\(loss, found_inf, S\)",
+    ),
+    Bad(
+        "closure forgets to unscale",
+        lambda m, o: o.step_after_unscale(
+            lambda S: (1.0, torch.zeros(()), S), current_grad_scale=o.scale
+        ),
+        TypeError,
+        "must call opt.unscale",
+    ),
+    Bad(
+        "closure unscales, then raises",
+        lambda m, o: o.step_after_unscale(
+            _unscaling_then_raising_closure(m, o), current_grad_scale=o.scale
+        ),
+        KeyError,
+        "data loader",
+    ),
     # ---- grads
-    Bad("sparse grad", lambda m, o: (setattr(m[0].weight, "grad", m[0].weight.grad.to_sparse()), o.unscale(grads_scaled_by=o.scale)), RuntimeError, "dense"),
-    Bad("grad on another device", lambda m, o: o.unscale_and_step(grads_scaled_by=o.scale), RuntimeError, "one optimizer per device", prepare=_meta_param_group),
-    Bad("integer grad", lambda m, o: (_set_grad_data(m, lambda g: g.long()), o.unscale_and_step(grads_scaled_by=o.scale)), TypeError, "floating"),
-    Bad("grad of the wrong shape", lambda m, o: (_set_grad_data(m, lambda g: g[:3]), o.unscale(grads_scaled_by=o.scale)), ValueError, "shaped like p"),
+    Bad(
+        "sparse grad",
+        lambda m, o: (
+            setattr(m[0].weight, "grad", m[0].weight.grad.to_sparse()),
+            o.unscale(grads_scaled_by=o.scale),
+        ),
+        RuntimeError,
+        "dense",
+    ),
+    Bad(
+        "grad on another device",
+        lambda m, o: o.unscale_and_step(grads_scaled_by=o.scale),
+        RuntimeError,
+        "one optimizer per device",
+        prepare=_meta_param_group,
+    ),
+    Bad(
+        "integer grad",
+        lambda m, o: (
+            _set_grad_data(m, lambda g: g.long()),
+            o.unscale_and_step(grads_scaled_by=o.scale),
+        ),
+        TypeError,
+        "floating",
+    ),
+    Bad(
+        "grad of the wrong shape",
+        lambda m, o: (_set_grad_data(m, lambda g: g[:3]), o.unscale(grads_scaled_by=o.scale)),
+        ValueError,
+        "shaped like p",
+    ),
     # ---- corrupt or mismatched checkpoints
-    Bad("checkpoint without a scale", _load_mutated(lambda sd: sd["loss_scale"].pop("scale")), ValueError, "missing"),
-    Bad("checkpoint scale out of bounds", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("scale", torch.tensor(1e-39))), ValueError, "outside"),
-    Bad("checkpoint scale holds no data", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("scale", torch.ones((), device="meta"))), ValueError, "with data"),
-    Bad("checkpoint hysteresis beyond config", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("hysteresis_tracker", torch.tensor(9))), ValueError, "hysteresis_tracker"),
-    Bad("checkpoint growth tracker negative", _load_mutated(lambda sd: sd["loss_scale"].__setitem__("growth_tracker", torch.tensor(-1))), ValueError, "growth_tracker"),
-    Bad("checkpoint config of the wrong type", _load_mutated(lambda sd: sd["loss_scale"]["config"].__setitem__("growth_interval", "2000")), TypeError, "growth_interval"),
-    Bad("checkpoint of another model", _load_mutated(lambda sd: sd["state"][0].__setitem__(next(k for k in sd["state"][0] if k != "step"), torch.zeros(2))), ValueError, "another model"),
-    Bad("checkpoint missing a param group", _load_mutated(lambda sd: sd["param_groups"].pop()), ValueError, "parameter groups"),
+    Bad(
+        "checkpoint without a scale",
+        _load_mutated(lambda sd: sd["loss_scale"].pop("scale")),
+        ValueError,
+        "missing",
+    ),
+    Bad(
+        "checkpoint scale out of bounds",
+        _load_mutated(lambda sd: sd["loss_scale"].__setitem__("scale", torch.tensor(1e-39))),
+        ValueError,
+        "outside",
+    ),
+    Bad(
+        "checkpoint scale holds no data",
+        _load_mutated(
+            lambda sd: sd["loss_scale"].__setitem__("scale", torch.ones((), device="meta"))
+        ),
+        ValueError,
+        "with data",
+    ),
+    Bad(
+        "checkpoint hysteresis beyond config",
+        _load_mutated(
+            lambda sd: sd["loss_scale"].__setitem__("hysteresis_tracker", torch.tensor(9))
+        ),
+        ValueError,
+        "hysteresis_tracker",
+    ),
+    Bad(
+        "checkpoint growth tracker negative",
+        _load_mutated(lambda sd: sd["loss_scale"].__setitem__("growth_tracker", torch.tensor(-1))),
+        ValueError,
+        "growth_tracker",
+    ),
+    Bad(
+        "checkpoint config of the wrong type",
+        _load_mutated(lambda sd: sd["loss_scale"]["config"].__setitem__("growth_interval", "2000")),
+        TypeError,
+        "growth_interval",
+    ),
+    Bad(
+        "checkpoint of another model",
+        _load_mutated(
+            lambda sd: sd["state"][0].__setitem__(
+                next(k for k in sd["state"][0] if k != "step"), torch.zeros(2)
+            )
+        ),
+        ValueError,
+        "another model",
+    ),
+    Bad(
+        "checkpoint missing a param group",
+        _load_mutated(lambda sd: sd["param_groups"].pop()),
+        ValueError,
+        "parameter groups",
+    ),
     # ---- calls out of order
-    Bad("unscale twice", lambda m, o: o.unscale(grads_scaled_by=o.scale), RuntimeError, "step_after_unscale", prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale)),
-    Bad("step_after_unscale without unscale", lambda m, o: o.step_after_unscale(), RuntimeError, "call opt.unscale"),
-    Bad("step_after_unscale twice", lambda m, o: o.step_after_unscale(), RuntimeError, "call opt.unscale", prepare=lambda m, o: (o.unscale(grads_scaled_by=o.scale), o.step_after_unscale())),
-    Bad("state_dict between unscale and step", lambda m, o: o.state_dict(), RuntimeError, "step_after_unscale", prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale)),
-    Bad("load_state_dict between unscale and step", lambda m, o: o.load_state_dict(o.state_dict()), RuntimeError, "zero_grad", prepare=lambda m, o: o.zero_grad() or o.unscale(grads_scaled_by=o.scale)),
-    Bad("closure step after unscale", lambda m, o: o.unscale_and_step(_closure(m, o), grads_scaled_by=o.scale), RuntimeError, "Drop the unscale", prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale)),
-]  # fmt: skip
+    Bad(
+        "unscale twice",
+        lambda m, o: o.unscale(grads_scaled_by=o.scale),
+        RuntimeError,
+        "step_after_unscale",
+        prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale),
+    ),
+    Bad(
+        "step_after_unscale without unscale",
+        lambda m, o: o.step_after_unscale(),
+        RuntimeError,
+        "call opt.unscale",
+    ),
+    Bad(
+        "step_after_unscale twice",
+        lambda m, o: o.step_after_unscale(),
+        RuntimeError,
+        "call opt.unscale",
+        prepare=lambda m, o: (o.unscale(grads_scaled_by=o.scale), o.step_after_unscale()),
+    ),
+    Bad(
+        "state_dict between unscale and step",
+        lambda m, o: o.state_dict(),
+        RuntimeError,
+        "step_after_unscale",
+        prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale),
+    ),
+    Bad(
+        "load_state_dict between unscale and step",
+        lambda m, o: o.load_state_dict(o.state_dict()),
+        RuntimeError,
+        "zero_grad",
+        prepare=lambda m, o: o.zero_grad() or o.unscale(grads_scaled_by=o.scale),
+    ),
+    Bad(
+        "closure step after unscale",
+        lambda m, o: o.unscale_and_step(_closure(m, o), grads_scaled_by=o.scale),
+        RuntimeError,
+        "Drop the unscale",
+        prepare=lambda m, o: o.unscale(grads_scaled_by=o.scale),
+    ),
+]
 
 
 @pytest.mark.parametrize("case", OPTIMIZERS)
@@ -187,7 +412,9 @@ def _step_of_twin(case, edit_grads: Callable[[torch.nn.Module], None], scale=Non
     return model, opt, found_inf
 
 
-def _same_as_twin(case, odd: Callable[[torch.nn.Module], None], plain: Callable[[torch.nn.Module], None]):
+def _same_as_twin(
+    case, odd: Callable[[torch.nn.Module], None], plain: Callable[[torch.nn.Module], None]
+):
     *_, odd_opt, _ = _step_of_twin(case, odd)
     *_, plain_opt, _ = _step_of_twin(case, plain)
     assert_bit_identical(snapshot(plain_opt), snapshot(odd_opt))
@@ -236,7 +463,9 @@ def low_precision_grad_for_fp32_param(case):
 
 
 def float64_tensor_scale(case):
-    *_, as_tensor, _ = _step_of_twin(case, lambda m: None, scale=torch.tensor(2.0**16, dtype=torch.float64))
+    *_, as_tensor, _ = _step_of_twin(
+        case, lambda m: None, scale=torch.tensor(2.0**16, dtype=torch.float64)
+    )
     *_, as_float, _ = _step_of_twin(case, lambda m: None, scale=2.0**16)
     assert_bit_identical(snapshot(as_float), snapshot(as_tensor))
 
@@ -258,7 +487,9 @@ def closure_returning_none(case):
     model, opt = _ready(case)
     closure = _closure(model, opt)
     before = model[0].weight.detach().clone()
-    loss, found_inf, _ = opt.unscale_and_step(lambda S: closure(S) and None, grads_scaled_by=opt.scale)
+    loss, found_inf, _ = opt.unscale_and_step(
+        lambda S: closure(S) and None, grads_scaled_by=opt.scale
+    )
     assert loss is None and found_inf.item() == 0.0 and not torch.equal(model[0].weight, before)
 
 
@@ -280,7 +511,9 @@ def test_legal_oddity_works(case, legal) -> None:
     legal(case)
 
 
-def test_a_failed_found_inf_agreement_refuses_a_second_unscale_and_skips_the_step(monkeypatch) -> None:
+def test_a_failed_found_inf_agreement_refuses_a_second_unscale_and_skips_the_step(
+    monkeypatch,
+) -> None:
     """If the all-reduce raises after the grads were unscaled in place, retrying unscale() would
     unscale them twice: it is refused, and the pending step is a skip (this rank cannot know
     whether another overflowed)."""

@@ -1,4 +1,4 @@
-"""A scale handle the user holds stays live (issue 20, item 5).
+"""A scale handle the user holds stays live, so a resumed run cannot restart at a stale scale.
 
 ``S = opt.scale`` taken once is the scale in use for the optimizer's lifetime: loads and
 configuration copy into it. Where it cannot stay (another optimizer's scale after
@@ -45,7 +45,9 @@ def _state(model, opt) -> list[torch.Tensor]:
     return [*tensors, scale.scale.clone(), scale.growth_tracker.clone()]
 
 
-@pytest.mark.parametrize("optimizer", [scaledoptim.AdamW, scaledoptim.with_scaling(torch.optim.SGD)])
+@pytest.mark.parametrize(
+    "optimizer", [scaledoptim.AdamW, scaledoptim.with_scaling(torch.optim.SGD)]
+)
 def test_a_handle_taken_before_load_state_dict_resumes_the_checkpointed_scale(optimizer) -> None:
     """The nanoGPT port: ``S = opt.scale`` before the resume, then the loop; the resumed run must
     continue at the checkpoint's scale (it silently restarted at 65536)."""

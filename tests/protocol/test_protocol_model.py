@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 import scaledoptim
 from tests.support.training import assert_bit_identical, snapshot
 
-CONFIG = dict(init_scale=16.0, growth_interval=3, hysteresis=2, min_scale=1.0, max_scale=64.0, max_replays=3)
+CONFIG = dict(
+    init_scale=16.0, growth_interval=3, hysteresis=2, min_scale=1.0, max_scale=64.0, max_replays=3
+)
 
 
 @dataclasses.dataclass
@@ -82,11 +84,16 @@ class Run:
 ACTIONS = st.lists(
     st.one_of(
         st.tuples(st.just("backward"), st.booleans()),
-        st.tuples(st.sampled_from(["unscale", "step_after_unscale", "unscale_and_step", "zero_grad", "checkpoint"]), st.none()),
+        st.tuples(
+            st.sampled_from(
+                ["unscale", "step_after_unscale", "unscale_and_step", "zero_grad", "checkpoint"]
+            ),
+            st.none(),
+        ),
         st.tuples(st.just("closure_step"), st.integers(0, 2)),
     ),
     max_size=30,
-)  # fmt: skip
+)
 
 
 def _apply(run: Run, model: ProtocolModel, action: str, arg) -> None:
@@ -126,7 +133,9 @@ def _call(run: Run, action: str, arg, S: torch.Tensor) -> None:
     else:
         overflows = iter(range(arg))
         try:
-            opt.unscale_and_step(lambda S: run.backward(S, next(overflows, None) is not None), grads_scaled_by=S)
+            opt.unscale_and_step(
+                lambda S: run.backward(S, next(overflows, None) is not None), grads_scaled_by=S
+            )
         except scaledoptim.ClosureReplayError:
             pass  # the model predicts it at min_scale; _advance checks that it was expected
 

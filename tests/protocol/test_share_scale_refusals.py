@@ -1,4 +1,5 @@
-"""``share_scale`` refuses what it cannot share correctly, at share time (issue 20, item 11).
+"""``share_scale`` refuses what it cannot share correctly, at share time, so that a mistake fails
+once, where it is made.
 
 ``share_scale(a, a)`` and ``share_scale(b, c)`` after ``share_scale(a, b)`` were accepted; the
 second iteration then failed forever with a misleading "already unscaled" error. They are

@@ -1,5 +1,6 @@
 """The split form, ``unscale()`` then ``step_after_unscale()``, takes no Python step per grad:
-its host cost does not grow with the number of grads (issue 29, item 6)."""
+its host cost does not grow with the number of grads (a loop over them added milliseconds a
+step at a few thousand params)."""
 
 from __future__ import annotations
 

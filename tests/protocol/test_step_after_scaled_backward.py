@@ -1,4 +1,5 @@
-"""A step never consumes scaled grads as if they were unscaled (issue 20, item 6).
+"""A step never consumes scaled grads as if they were unscaled (GradScaler's habit of a plain
+``step()`` after a scaled backward must not step on scaled or overflowed grads).
 
 The GradScaler habit ``scale_outputs(loss, S).backward(); opt.step()``: a plain ``step()``
 after a backward scaled by ``opt.scale`` does exactly what ``unscale_and_step(grads_scaled_by=
@@ -38,9 +39,13 @@ class MySGD(scaledoptim.Optimizer):
 MAKERS = {
     "AdamW": lambda params: scaledoptim.AdamW(params, lr=0.01),
     "SGD": lambda params: scaledoptim.SGD(params, lr=0.1, momentum=0.9),
-    "with_scaling(RMSprop)": lambda params: scaledoptim.with_scaling(torch.optim.RMSprop)(params, lr=0.01),
+    "with_scaling(RMSprop)": lambda params: scaledoptim.with_scaling(torch.optim.RMSprop)(
+        params, lr=0.01
+    ),
     "MySGD": lambda params: MySGD(params, lr=0.1),
-    "patch_optimizer(Adam)": lambda params: scaledoptim.patch_optimizer(torch.optim.Adam(params, lr=0.01)),
+    "patch_optimizer(Adam)": lambda params: scaledoptim.patch_optimizer(
+        torch.optim.Adam(params, lr=0.01)
+    ),
 }
 
 
@@ -128,7 +133,9 @@ def test_an_unscaled_backward_steps_as_torch_does() -> None:
     for step in range(3):
         for m, o in ((model, opt), (twin, torch_opt)):
             o.zero_grad()
-            m(torch.randn(8, 4, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+            m(
+                torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+            ).square().mean().backward()
             o.step()
     for p, q in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(p, q)

@@ -1,4 +1,4 @@
-"""Step pre-hooks that edit grads count (issue 20, item 8).
+"""Step pre-hooks that edit grads count (a step used to plan before they ran, ignoring them).
 
 ``unscale_and_step`` and ``step_after_unscale`` commit through ``self.step()``, so step
 pre-hooks run; a fused step now plans (validates, checks, unscales) after they ran, so what a
@@ -107,4 +107,6 @@ def test_a_hook_that_breaks_a_grad_is_refused_before_anything_changes() -> None:
         for k, v in after["state"][p].items():
             assert torch.equal(v, before[1]["state"][p][k]), k
     assert torch.equal(after["loss_scale"]["scale"], before[1]["loss_scale"]["scale"])
-    assert torch.equal(after["loss_scale"]["growth_tracker"], before[1]["loss_scale"]["growth_tracker"])
+    assert torch.equal(
+        after["loss_scale"]["growth_tracker"], before[1]["loss_scale"]["growth_tracker"]
+    )

@@ -1,4 +1,4 @@
-"""``unscale()`` refuses fp16 grads, as ``torch.amp.GradScaler.unscale_`` does (issue 20, item 10).
+"""``unscale()`` refuses fp16 grads, as ``torch.amp.GradScaler.unscale_`` does.
 
 Unscaled in place, an fp16 grad holds only values above fp16's smallest subnormal (6e-8): small
 true grads flush to zero, and the clipping recipe (``unscale`` + clip + ``step_after_unscale``)
@@ -20,7 +20,9 @@ pytestmark = pytest.mark.usefixtures("kernel_backend")
 
 def _model(dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(dtype)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(
+        dtype
+    )
 
 
 def _data(step: int):
@@ -34,7 +36,9 @@ def _loss(model, step):
     return torch.nn.functional.mse_loss(model(x.to(dtype)).float(), y)
 
 
-@pytest.mark.parametrize("optimizer", [scaledoptim.AdamW, scaledoptim.with_scaling(torch.optim.SGD)])
+@pytest.mark.parametrize(
+    "optimizer", [scaledoptim.AdamW, scaledoptim.with_scaling(torch.optim.SGD)]
+)
 def test_unscale_refuses_fp16_grads_and_changes_nothing(optimizer) -> None:
     model = _model(torch.float16)
     opt = optimizer(model.parameters(), lr=1e-3)
@@ -87,6 +91,11 @@ def test_the_documented_fp16_clipping_recipe_tracks_fp32_clipping() -> None:
         torch.nn.utils.clip_grad_norm_(fp32.parameters(), max_norm)
         opt32.step()
     # The split form unscaled in fp16 drifted 12.5% of the update here; the recipe drifts 0.2%.
-    drift = torch.stack([(opt16.state[a]["master_param"] - b.detach()).norm() for a, b in zip(fp16.parameters(), fp32.parameters())]).norm()
+    drift = torch.stack(
+        [
+            (opt16.state[a]["master_param"] - b.detach()).norm()
+            for a, b in zip(fp16.parameters(), fp32.parameters())
+        ]
+    ).norm()
     update = torch.stack([(b.detach() - s).norm() for b, s in zip(fp32.parameters(), start)]).norm()
     assert drift / update < 0.01

@@ -39,7 +39,7 @@ def test_the_table_holds_every_torch_optimizer() -> None:
     assert {info.name for info in ROWS} >= {
         "Adadelta", "Adafactor", "Adagrad", "Adam", "Adamax", "AdamW", "ASGD", "LBFGS", "Muon",
         "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
-    }  # fmt: skip
+    }
 
 
 # ------------------------------------------------------------------------------ a small problem

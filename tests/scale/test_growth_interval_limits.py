@@ -53,7 +53,9 @@ def test_gradscaler_agrees(growth_interval) -> None:
     scale, tracker = torch.full((), 2.0**10), torch.zeros((), dtype=torch.int32)
     found_inf = torch.zeros(())
     for _ in range(6):
-        torch._amp_update_scale_(scale, tracker, found_inf, 2.0, 0.5, min(growth_interval, sys.maxsize))
+        torch._amp_update_scale_(
+            scale, tracker, found_inf, 2.0, 0.5, min(growth_interval, sys.maxsize)
+        )
     assert scale.item() == 2.0**10 and tracker.item() == 6
 
 

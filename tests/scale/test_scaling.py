@@ -92,18 +92,26 @@ def test_defaults_reproduce_torch_amp_update_scale(overflows, interval) -> None:
     backoff=st.sampled_from([0.9, 0.3, 0.75, 0.5]),
     init=st.sampled_from([2.0**16, 1000.0, 3.3e37]),
 )
-def test_any_factors_reproduce_torch_amp_update_scale(overflows, interval, growth, backoff, init) -> None:
+def test_any_factors_reproduce_torch_amp_update_scale(
+    overflows, interval, growth, backoff, init
+) -> None:
     """Non-power-of-two factors: the same float64-product-rounded-once as GradScaler, hysteresis
     1 (torch's fast path) and hysteresis 2 with no overflow streaks (the general path)."""
     scale, tracker = torch.tensor(init), torch.tensor(0, dtype=torch.int32)
     expected = []
     for overflow in overflows:
-        torch._amp_update_scale_(scale, tracker, torch.tensor(float(overflow)), growth, backoff, interval)
+        torch._amp_update_scale_(
+            scale, tracker, torch.tensor(float(overflow)), growth, backoff, interval
+        )
         expected.append(scale.item())
-    config = ScalingConfig(init_scale=init, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+    config = ScalingConfig(
+        init_scale=init, growth_factor=growth, backoff_factor=backoff, growth_interval=interval
+    )
     assert device_sequence(config, overflows, [False] * len(overflows)) == expected
     bounded = dataclasses.replace(config, max_scale=3.4e38)  # takes the general path
-    assert device_sequence(bounded, overflows, [False] * len(overflows)) == [min(s, f32(3.4e38)) for s in expected]
+    assert device_sequence(bounded, overflows, [False] * len(overflows)) == [
+        min(s, f32(3.4e38)) for s in expected
+    ]
 
 
 def test_scale_never_grows_to_inf() -> None:

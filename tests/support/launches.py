@@ -101,7 +101,7 @@ class RowUpdate:
         args = opt.kernel_args(self.group, found, inv)
         for update in updates:
             update.run(args)
-        epilogue.run(kernels.StepEpilogueArgs(found_inf=found))  # Note [step counters]
+        epilogue.run(kernels.StepEpilogueArgs(found_inf=found))  # See Note [step counters]
 
 
 def row_update(
@@ -135,7 +135,7 @@ def row_update(
     scratch = opt.scratch_lists(group, list(params))
     rounding = (
         kernels.rounding_lists(master_params, sr_seeds) if info.rounding else []
-    )  # Note [param rounding]
+    )  # See Note [param rounding]
     lists = [list(params), list(grads), *state, *scratch, *rounding, steps]
     assert len(lists) == opt.kernel.n_lists, (info.name, [len(ts) for ts in lists])
     return RowUpdate(opt, group, lists, keys, len(scratch))
@@ -160,11 +160,12 @@ def check_parity(
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A row without a torch.optim class is held to its own torch form in float64, and each param
     element may match the same torch form in float32 instead. Our kernels compute in fp32 by
-    design (cuda/multi_tensor_apply.cuh); where fp32 and fp64 part by more than one rounding, neither is
-    wrong: Lion takes the sign of ``lerp(m, g, 1 - beta1)``, and where that cancels exactly (16-bit
-    grads make exact ties: m = g / 4 with beta1 = 0.8), the sign is rounding noise in either
-    precision, so the param moves by +lr or -lr (2-8 ulp of fp16, 2 of 400k elements at the GPU
-    tests' sizes). The fp32 torch form is the kernels' spec: on a GPU Lion equals it bit for bit.
+    design (cuda/multi_tensor_apply.cuh); where fp32 and fp64 part by more than one rounding,
+    neither is wrong: Lion takes the sign of ``lerp(m, g, 1 - beta1)``, and where that cancels
+    exactly (16-bit grads make exact ties: m = g / 4 with beta1 = 0.8), the sign is rounding noise
+    in either precision, so the param moves by +lr or -lr (2-8 ulp of fp16, 2 of 400k elements at
+    the GPU tests' sizes). The fp32 torch form is the kernels' spec: on a GPU Lion equals it bit
+    for bit.
     """
     generator = torch.Generator().manual_seed(seed)
     update = row_update(info, params, grads, config, **changes)
@@ -187,7 +188,7 @@ def check_parity(
             )[0]
             if dtype == torch.float64
             else [None] * len(params)
-        )  # fmt: skip
+        )
         update.launch(torch.zeros((), device=device), scale)
         for actual, expected in zip(update.state_dicts(), expected_state, strict=True):
             for key, value in actual.items():

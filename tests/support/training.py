@@ -68,7 +68,7 @@ def snapshot(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     if isinstance(opt, scaledoptim.Optimizer):
         scale_state = opt.scaling_state.loss_scale
         tensors += [scale_state.scale.clone(), scale_state.growth_tracker.clone(),
-                    scale_state.hysteresis_tracker.clone()]  # fmt: skip
+                    scale_state.hysteresis_tracker.clone()]
     return tensors
 
 

@@ -37,7 +37,7 @@ __all__ = [
     "KERNELS", "KERNELS_ENV", "TORCH_NATIVE", "TORCH_OPTIM", "Backend", "KernelProbeError",
     "PreparedEpilogue", "PreparedReduction", "PreparedUnscale", "PreparedUpdate", "kernels_mode",
     "select", "step_device", "torch_optim_indices",
-]  # fmt: skip
+]
 
 #: The environment variable that picks the backends (see the module docs).
 KERNELS_ENV = "SCALEDOPTIM_KERNELS"

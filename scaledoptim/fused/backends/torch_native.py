@@ -1,7 +1,7 @@
 """The torch-native backend: each optimizer's torch form, sync-free on any device: its
 ``Update.torch_update`` over torch's fused ops, or its ``Update.torch_form_`` through one of the
 two drivers here (on a CPU, the skip read on the host; or working copies copied back unless
-skipped: Note [one torch form]).
+skipped).
 
 torch's ``_fused_adam(w)_`` / ``_fused_sgd_`` read ``found_inf`` on device and skip the whole
 update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they need params,
@@ -92,13 +92,13 @@ class TorchNativeBackend(Backend):
     applies_scale_update = False
 
     def __init__(self, host_skip: bool = True) -> None:
-        # Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
+        # See Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
         self.host_skip = host_skip
 
     def host_reads_free(self, device: torch.device) -> bool:
         """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, when
         :attr:`host_skip`."""
-        # Note [host skip] in torch_ops/skip.py.
+        # See Note [host skip] in torch_ops/skip.py.
         return self.host_skip and device.type == "cpu"
 
     def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
@@ -126,7 +126,7 @@ class TorchNativeBackend(Backend):
 
 
 # Note [unscale in the update on a CPU]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Unscaled in a pass of their own, then clipped in place, fp32 grads are read and written twice
 # before the update reads them: on a CPU, where a step is bound by memory traffic, that made a
 # clipping step cost more than GradScaler + ``clip_grad_norm_`` + torch's fused AdamW. So when a
@@ -178,7 +178,7 @@ class _TorchUnscale:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
             if grads:
-                # Note [unscale in the update on a CPU]: a clipping step only
+                # See Note [unscale in the update on a CPU]: a clipping step only
                 if (
                     norm_sq is not None
                     and self.folds
@@ -187,7 +187,7 @@ class _TorchUnscale:
                     _check_by_norm(grads, found_inf, inv_scale, norm_sq)
                     return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
                 unscale_dense_(grads, found_inf, inv_scale)
-                if norm_sq is not None:  # Note [clipping in the step]: of the unscaled grads
+                if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
                     norm_sq.add_(sum_of_squares(grads))
             return None
         # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
@@ -229,10 +229,10 @@ class TorchUpdate:
         self.params, self.steps = params, steps
         self.masters: list[Tensor] = []
         self.seeds: list[Tensor] = []
-        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # Note [param rounding]
+        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # See Note [param rounding]
             *state_lists, self.masters, self.seeds = state_lists
         self.state_lists = state_lists
-        # Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
+        # See Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
         self.on_shards = update.elementwise and any(
             type(p) not in PLAIN_TENSOR_TYPES for p in params
         )
@@ -263,7 +263,7 @@ class TorchUpdate:
         if self.in_place:
             self.run([params, grads, *state_lists, steps], found_inf)
             return
-        # Note [param rounding]: with masters the update runs on them in place.
+        # See Note [param rounding]: with masters the update runs on them in place.
         work = masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
         self.run([work, work_grads, *state_lists, steps], found_inf)
@@ -275,7 +275,8 @@ class TorchUpdate:
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
         if not rounded:
             return
-        if torch.is_grad_enabled():  # a differentiable step: autograd records copy_, not the foreach op
+        # A differentiable step: autograd records copy_, not the foreach op.
+        if torch.is_grad_enabled():
             for param, value in rounded:
                 param.copy_(value)
         else:
@@ -283,7 +284,8 @@ class TorchUpdate:
 
     def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
         """The update over the working lists: ``Update.torch_update``, or one of the two
-        drivers of ``Update.torch_form_`` (Note [one torch form])."""
+        drivers of ``Update.torch_form_``."""
+        # See Note [one torch form].
         update = self.update
         if not update.torch_form_in_place:  # torch's fused ops: they skip on found_inf
             update.torch_update(self.group, lists, found_inf)
@@ -325,7 +327,8 @@ def update_in_place_(update: Update, group: Group, lists: TensorLists, batched: 
     """``update.torch_form_`` on ``lists`` themselves (the step is taken; the counters already
     count it): by batches of about ``BATCH`` elements if ``batched`` and the update is
     elementwise (without the counters, which an elementwise form does not read), else over the
-    whole lists (Note [one torch form])."""
+    whole lists: the same function as :func:`update_on_working_copies_` runs, so the same
+    bits."""
     if not (batched and update.elementwise):
         update.torch_form_(group, lists)
         return
@@ -338,7 +341,7 @@ def update_on_working_copies_(
 ) -> None:
     """``update.torch_form_`` on clones of the params and state lists (what it writes), copied
     back unless ``found_inf`` is set, and the counters advanced unless it is: all on device, no
-    host read (Note [one torch form])."""
+    host read."""
     steps = lists[-1]
     advance_steps_(steps, found_inf)  # first: the form reads the new count (unused if skipped)
     # Not the grads (1), nor the kernels' per-chunk scratch, which the form leaves alone.
@@ -349,7 +352,7 @@ def update_on_working_copies_(
         work[i] = [t.clone() for t in lists[i]]
     update.torch_form_(group, work)
     for i in written:
-        # Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
+        # See Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
         copy_unless_skipped_(_local_shards(lists[i]), _local_shards(work[i]), found_inf)
 
 
@@ -387,7 +390,7 @@ TORCH_NATIVE = TorchNativeBackend()
 def decide_skips_on_device() -> Iterator[None]:
     """Inside the block the torch forms take their sync-free forms on a CPU too: the torch-native
     engine's ``host_skip`` is off."""
-    # Note [host skip] in torch_ops/skip.py: how the suite and the doctor check the GPU's form.
+    # See Note [host skip] in torch_ops/skip.py: how the suite and the doctor check the GPU's form.
     saved = TORCH_NATIVE.host_skip
     TORCH_NATIVE.host_skip = False
     try:

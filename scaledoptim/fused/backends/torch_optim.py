@@ -156,7 +156,8 @@ class TorchOptimUpdate(TorchUpdate):
         self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
     ) -> None:
         if found_inf is not None and not self.group.get("fused"):
-            # Note [torch.optim route]: the host read GradScaler makes for these implementations.
+            # See Note [torch.optim route]: the host read GradScaler makes for these
+            # implementations.
             if found_inf.item() != 0.0:
                 return
             found_inf = None

@@ -2,15 +2,15 @@
 #include "multi_tensor_apply.cuh"
 
 struct SignSgdArgs {
-  const float* found_inf;  // Note [found_inf contract]; may be null
+  const float* found_inf;  // See Note [found_inf contract]; may be null
   const float* inv_scale;  // may be null: grads are not scaled
   float lr;
 };
 
-// Note [update kernel lists]: no state lists.
+// See Note [update kernel lists]: no state lists.
 enum SignSgdList {
   kSignSgdParam, kSignSgdGrad,
-  kSignSgdMaster, kSignSgdSeed,  // Note [param rounding]
+  kSignSgdMaster, kSignSgdSeed,  // See Note [param rounding]
   kSignSgdStep, kSignSgdLists
 };
 
