@@ -95,8 +95,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
     #: Whether each element's update reads only that element of the param, grad and state
-    #: (and scalars): then a DTensor param's torch form runs on its local shard (no). LAMB's
-    #: per-tensor norms read the whole tensor: its torch form sums them over the mesh.
+    #: (and scalars): then a DTensor param's torch form, or our kernels, run on its local shard
+    #: (no). LAMB's per-tensor norms read the whole tensor: its torch form sums them over the mesh.
     elementwise: ClassVar[bool] = False
     #: Whether the torch form is ``torch_form_`` (in place, skipped by the backend; no:
     #: ``torch_update``).

@@ -16,7 +16,7 @@ from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ..protocol.clipping import clip_in_place_
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
-from ..torch_ops import MeshSums, PackedSteps, refuse_during_capture
+from ..torch_ops import PackedSteps, refuse_during_capture
 from .backends import (
     TORCH_NATIVE,
     TORCH_OPTIM,
@@ -37,6 +37,7 @@ from .rounding import (
     resync_masters_,
     stage_rounding_state,
 )
+from .sharded import MeshAgreement, check_dtensor_update, kernels_take_shards, local_tensors
 from .state import stage_state
 from .update import Group, TensorLists, Update
 
@@ -101,6 +102,9 @@ class FusedStepPlan:
         self.groups: list[_GroupLists] = []
         self.grads_copied = False  # a grad was copied into its param's layout
         self.over_subclasses = False  # a param is a tensor subclass (a DTensor, ...)
+        # DTensors stepped on their local shards by our kernels: what the ranks of their meshes
+        # agree on (Note [DTensor steps on our kernels] in fused/sharded.py).
+        self.mesh: MeshAgreement | None = None
         # Per backend, the inv_scale its updates must still apply once the grads are checked.
         self.left: dict[Backend, Tensor | None] = {}
         # See Note [param edits under master weights]: the masters, and those to resync first.
@@ -117,11 +121,17 @@ class FusedStepPlan:
         checked: frozenset[int] = frozenset(),
         norm_sq: Tensor | None = None,
     ) -> Tensor | None:
+        mesh, own_sum = self.mesh, norm_sq
+        if mesh is not None and norm_sq is not None:
+            own_sum = mesh.own_sum(norm_sq)
+            mesh.sum_of_squares_(self.grads, inv_scale, norm_sq)  # before any is unscaled
         for backend, part in self.parts.items():
             assert part.unscale is not None  # every part is prepared before the plan is returned
             self.left[backend] = part.unscale(
-                found_inf, inv_scale, checked, part.grad_lists, norm_sq
+                found_inf, inv_scale, checked, part.grad_lists, own_sum
             )
+        if mesh is not None:
+            mesh.agree_(found_inf, norm_sq)
         return inv_scale
 
     def clip_grads_(self, coef: Tensor) -> None:
@@ -171,9 +181,12 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         for group in optimizer.param_groups
         for p in group["params"]
     )
+    on_shards = False  # See Note [DTensor steps on our kernels] in fused/sharded.py
     if plan.over_subclasses:
-        _check_dtensor_update(optimizer)
-        if backend is not TORCH_NATIVE:
+        check_dtensor_update(optimizer, optimizer.param_groups)
+        all_params = [p for group in optimizer.param_groups for p in group["params"]]
+        on_shards = backend is not TORCH_NATIVE and kernels_take_shards(optimizer, all_params)
+        if backend is not TORCH_NATIVE and not on_shards:
             # See Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
             # only; torch's ops take a DTensor (or another subclass) as torch.optim gives it them.
             plan = FusedStepPlan(optimizer, TORCH_NATIVE)
@@ -224,6 +237,8 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         filled = iter(state_lists)
         state = [[] if key is None else next(filled) for key in keys]
         lists = [params, grads, *state, *scratch, *rounding, steps]
+        if on_shards:  # the kernels get plain local tensors; the state stays DTensors
+            lists = [local_tensors(tensors) for tensors in lists]
         plan.groups.append(_GroupLists(group, params, lists, list(chain.from_iterable(scratch))))
         for part_backend, picked in _split_by_support(plan.backend, params, routed):
             chosen = (
@@ -254,24 +269,12 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         if reduction is not None:
             part.reduction = part_backend.prepare_reduction(reduction, part.grad_lists)
         part.epilogue = part_backend.prepare_epilogue(part.steps)
+    if on_shards:
+        plan.mesh = MeshAgreement(plan.params)
     plan.masters = MasterWatch.of(optimizer, plan.new_state)
     if plan.masters is not None:
         plan.edited_masters = plan.masters.edited(optimizer)
     return plan
-
-
-def _check_dtensor_update(optimizer: Planned) -> None:
-    """Raises for DTensor params of an update that is not elementwise whose placements its sums
-    over whole tensors cannot take (Note [sums over the mesh] in torch_ops/sharded.py)."""
-    if optimizer.elementwise:
-        return
-    for index, group in enumerate(optimizer.param_groups):
-        try:
-            MeshSums(list(group["params"]))
-        except ValueError as error:
-            raise ValueError(
-                f"{type(optimizer).__name__}: param group {index}: {error}; nothing was changed"
-            ) from None
 
 
 def _pack_counters(

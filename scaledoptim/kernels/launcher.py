@@ -164,10 +164,11 @@ def scalar_pointer(t: Tensor | None, name: str, device: torch.device) -> int | N
 # or a CUDA device. A tensor subclass does not qualify whatever its data_ptr() says: a DTensor
 # reports 0 (its elements live in its local tensor), a FakeTensor or a functional tensor has no
 # storage of its own, a __torch_dispatch__ wrapper's pointer is not its elements'. The fused
-# optimizers route such params to torch's ops (fused/plan.py); whatever still reaches a launch is
-# refused here, before a pointer is read. `check_launchable` is the one gate: every table is
-# built by `_planned_launches`, which calls it first, and `PreparedLaunch.repoint`, the only
-# other writer of pointers, refuses a null one.
+# optimizers route such params to torch's ops (fused/plan.py), or hand our kernels a DTensor's
+# local tensor, a plain one (Note [DTensor steps on our kernels] in fused/sharded.py); whatever
+# still reaches a launch is refused here, before a pointer is read. `check_launchable` is the
+# one gate: every table is built by `_planned_launches`, which calls it first, and
+# `PreparedLaunch.repoint`, the only other writer of pointers, refuses a null one.
 #: The tensor types whose data pointer is their elements' address (Note [launchable tensors]).
 PLAIN_TENSOR_TYPES = frozenset((Tensor, torch.nn.Parameter))
 

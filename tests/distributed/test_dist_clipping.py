@@ -10,8 +10,10 @@ it, and the params move as torch's loop moves them (``torch.amp.GradScaler.unsca
   grads of the whole model; the reference is torch's loop over the same DDP model on the same
   rank, whose ``clip_grad_norm_`` is the rank's own (not sqrt(world size) times it); without
   ``grads_across_ranks`` the clip is refused before anything changes;
-* FSDP2 (``fully_shard``, DTensor params): the reference is torch's AdamW over the same sharded
-  model, clipped by ``clip_grad_norm_`` over the sharded params (its DTensor norm).
+* FSDP2 (``fully_shard``, DTensor params) and tensor parallel (``Colwise``/``RowwiseParallel``:
+  params sharded on either dimension and a replicated bias): the reference is torch's AdamW over
+  the same sharded model, clipped by ``clip_grad_norm_`` over the sharded params (its DTensor
+  norm); on the emulated backend our kernels run on the local shards.
 
 Every scenario clips on every step (the norm is above ``c``) but one, overflows on one rank at
 one step (every rank skips, ``grad_norm`` is not finite), and runs in the one world the module
@@ -30,6 +32,7 @@ import torch.distributed as dist
 from dist_harness import run_world
 
 import scaledoptim
+from tests.support.launches import recorded_launches
 from tests.support.references import kernels_mode
 from tests.support.training import loss_of, make_model
 
@@ -122,12 +125,31 @@ def _process_group_norm_is_the_whole_models(
         assert norms[0] == norms[1]  # every rank clipped by the same norm
 
 
-def _fsdp2_norm_is_the_sharded_models(name: str, backend: str, rank: int, world_size: int, tmp):
-    """FSDP2: ours and torch's AdamW over the same fully_shard-ed model."""
+def _dtensor_norm_is_the_sharded_models(
+    layout: str, name: str, backend: str, rank: int, world_size: int, tmp
+):
+    """FSDP2 (every param ``Shard(0)``) or tensor parallel (``Shard(0)``, ``Shard(1)`` and a
+    ``Replicate`` bias: no one sum of squares serves them all): ours and torch's optimizer over
+    the same sharded model; on the emulated backend our kernels step the local shards (Note
+    [DTensor steps on our kernels])."""
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     def sharded():
         model = make_model(seed=5)
+        if layout == "tp":  # 16 hidden units: TP's forward takes even shards only
+            torch.manual_seed(5)
+            model = torch.nn.Sequential(
+                torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+            )
+            mesh = init_device_mesh("cpu", (world_size,))
+            plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+            return parallelize_module(model, mesh, plan)
         for layer in model:
             if any(True for _ in layer.parameters()):
                 fully_shard(layer)
@@ -136,7 +158,7 @@ def _fsdp2_norm_is_the_sharded_models(name: str, backend: str, rank: int, world_
 
     make_torch, make_ours = _torch_and_ours(name)
     model, reference = sharded(), sharded()
-    with kernels_mode(backend):
+    with kernels_mode(backend), recorded_launches() as launched:
         opt = make_ours(model.parameters()).configure_scaling(
             init_scale=INIT_SCALE, process_group=dist.group.WORLD
         )
@@ -169,6 +191,10 @@ def _fsdp2_norm_is_the_sharded_models(name: str, backend: str, rank: int, world_
             for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
                 torch.testing.assert_close(_full(ours), _full(theirs), rtol=1e-5, atol=1e-7)
         assert len(set(_gathered(_full(opt.grad_norm).item()))) == 1
+    # FSDP2's one sum comes from the check; tensor parallel's per tensor, from foreach norms
+    check = "non_finite_check_norm_kernel" if layout == "fsdp2" else "non_finite_check_kernel"
+    ours = [check, opt.kernel.name, "step_epilogue_kernel"]
+    assert launched == (ours * STEPS if backend == "emulate" else [])
 
 
 def _ddp_norm_is_each_ranks_own(name: str, backend: str, rank: int, world_size: int, tmp):
@@ -271,9 +297,10 @@ SCENARIOS = {
         for backend in ("torch", "emulate")
     },
     **{
-        f"fsdp2-{name}-{backend}": functools.partial(
-            _fsdp2_norm_is_the_sharded_models, name, backend
+        f"{layout}-{name}-{backend}": functools.partial(
+            _dtensor_norm_is_the_sharded_models, layout, name, backend
         )
+        for layout in ("fsdp2", "tp")
         for name in ("AdamW",)
         for backend in ("torch", "emulate")
     },

@@ -2,9 +2,10 @@
 every elementwise fused optimizer on both backends steps them as it steps the same plain tensors,
 keeps its state as DTensors with the param's placements, and skips an overflow in one rank's
 shard on every rank (with ``process_group``); LAMB refuses a Partial placement before anything
-changes (it steps Shard and Replicate ones: test_dist_sharded.py). (On the
-kernel path they take torch's ops: Note [launchable tensors]; an elementwise update runs on the
-local shards: Note [tensor subclasses].)
+changes (it steps Shard and Replicate ones: test_dist_sharded.py). On the kernel path our
+kernels step the local shards (Note [DTensor steps on our kernels]), and the reference is the
+same backend on the whole tensors; the torch backend runs torch's ops on the local shards
+(Note [tensor subclasses]).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from dist_harness import run_world
 
 import scaledoptim
+from tests.support.launches import recorded_launches
 from tests.support.references import kernels_mode
 from tests.support.training import assert_bit_identical
 
@@ -78,7 +80,7 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
             torch.randn(shape, generator=torch.Generator().manual_seed(i)).to(dtype)
             for i, shape in enumerate(shapes)
         ]
-        with kernels_mode(backend):
+        with kernels_mode(backend), recorded_launches() as launched:
             sharded = [
                 torch.nn.Parameter(distribute_tensor(w.clone(), mesh, p))
                 for w, p in zip(weights, placements)
@@ -91,7 +93,9 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
                 ),
                 inf_in_rank_1,
             )
-        with kernels_mode("torch"):  # what a DTensor's update runs
+        # See Note [DTensor steps on our kernels]: the emulated kernels step the local shards
+        assert (opt.kernel.name in launched) == (backend == "emulate")
+        with kernels_mode(backend):  # the same backend on the whole tensors
             plain = [torch.nn.Parameter(w.clone()) for w in weights]
             reference, ref_found, ref_scales = _train(
                 name, plain, lambda step, i, p: _grad(step, i, p.shape).to(p.dtype), inf_everywhere
@@ -108,7 +112,7 @@ def _dtensor_steps_like_plain(name: str, backend: str, rank: int, world_size: in
                 v.full_tensor() if isinstance(v, DTensor) else v for v in state.values()
             ]
             want = [twin.detach(), *ref_state.values()]
-            if name in TORCH_FUSED_ON_CPU:
+            if backend == "torch" and name in TORCH_FUSED_ON_CPU:
                 # torch's CPU fused AdamW/SGD round the elements past the last full vector
                 # differently (measured: the last 3 of a 12-element shard, 1-8 ulp), so a
                 # shard's tail differs from the same elements inside the whole tensor.

@@ -10,6 +10,10 @@
 * tensor parallel (``ColwiseParallel`` / ``RowwiseParallel``) for every fused optimizer, clean
   and with an overflow on one rank, against torch.optim and GradScaler (Lion and LAMB, which
   torch lacks: our own on the unsharded model);
+* FSDP2 for every elementwise fused optimizer, clean steps and an overflow in one rank's shard,
+  against torch.optim and ``ShardedGradScaler`` on the same sharded model (Lion: our own on the
+  unsharded model); on the emulated backend, FSDP2 and tensor parallel steps launch our kernels
+  over the local shards (Note [DTensor steps on our kernels]; LAMB keeps torch's ops);
 * LAMB on FSDP2's uneven Shard(0), its global grad norm clipping and its trust ratio on: its
   norms over the whole sharded tensors (Note [sums over the mesh]), so it follows the same LAMB
   on the unsharded model; its state DTensors, saved and resumed through DCP bit for bit;
@@ -30,6 +34,7 @@ from dist_harness import run_world
 
 import scaledoptim
 from scaledoptim.doctor.sync_free import no_host_reads
+from tests.support.launches import recorded_launches
 from tests.support.references import kernels_mode
 from tests.support.training import assert_bit_identical, loss_of, make_model
 
@@ -109,9 +114,11 @@ def _fsdp2_overflow_on_one_shard(backend: str, rank: int, world_size: int, tmp) 
         model = _fsdp2_model()
         opt = _scaled(scaledoptim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
         found = _train(model, opt, rank, range(STEPS))
-    assert found == [float(step in INJECTED) for step in range(STEPS)]
+    # Gathered before any assert, one verdict on both ranks: a rank that failed alone would
+    # leave the other waiting in the next collective.
     seen = _gathered((found, [t.item() for t in _scale_state(opt)]))
     assert seen[0] == seen[1]
+    assert found == [float(step in INJECTED) for step in range(STEPS)]
 
 
 # ---------------------------------------------------------------- the scale through DCP
@@ -138,7 +145,8 @@ def _dcp_resume(backend: str, full: bool, rank: int, world_size: int, tmp, name=
         model, opt = fresh()
         _train(model, opt, rank, range(5))
         scale, growth_tracker, _ = (t.item() for t in _scale_state(opt))
-        assert scale < 2.0**10 and growth_tracker == 1, "a resume that reset the scale shows"
+        seen = _gathered((scale, growth_tracker))  # before the assert: both ranks get here
+        assert all(s < 2.0**10 and g == 1 for s, g in seen), "a reset scale would show"
         saved_full = _everything(opt, _full)
         optim_state = get_optimizer_state_dict(model, opt, options=options)
         model_state = get_model_state_dict(model, options=options)
@@ -258,12 +266,13 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
     def inf_in_row_8(grad):  # rank 1's first row, in the whole tensor
         grad[8, 0] = float("inf")
 
-    with kernels_mode(backend):
+    with kernels_mode(backend), recorded_launches() as launched:
         model = parallelize_module(
             _MLP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
         )
         opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **_options(name))
         found, scales = train(model, opt, inf_in_rank_1)
+    _assert_ran_on(backend, name, launched)
 
     reference_model = _MLP()
     reference_cls = getattr(torch.optim, name, None)
@@ -288,11 +297,71 @@ def _tp_against_gradscaler(name: str, backend: str, rank: int, world_size: int, 
             scaler.update()
             ref_found.append(float(scaler.get_scale() < scale))
             ref_scales.append(scaler.get_scale())
+    seen = _gathered((found, scales))  # first, and the same verdict on both ranks
+    assert seen[0] == seen[1]
     assert found == ref_found == [float(step in overflow_steps) for step in range(5)]
     assert scales == ref_scales
-    assert _gathered((found, scales))[1] == (found, scales)
     for param, twin in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(param.full_tensor(), twin.detach(), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------ FSDP2, every elementwise optimizer
+def _assert_ran_on(backend: str, name: str, launched: list[str]) -> None:
+    """See Note [DTensor steps on our kernels]: on the emulated kernels an elementwise optimizer's
+    DTensor step is the check, its kernel and the epilogue over the local shards; LAMB's, and
+    every step on the torch backend, launch none of ours."""
+    kernel = getattr(scaledoptim, name).kernel.name
+    if backend == "emulate" and name != "LAMB":
+        assert {"non_finite_check_kernel", kernel, "step_epilogue_kernel"} <= set(launched)
+    else:
+        assert launched == []
+
+
+def _scaler_step(scaler, model, opt, step: int, overflow: bool) -> float:
+    """torch's loop, one iteration (an inf in this rank's shard of the first grad if
+    ``overflow``); returns 1.0 when the scaler backed off (the step was skipped)."""
+    scaler.scale(loss_of(model, step)).backward()
+    if overflow:
+        _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    return float(scaler.get_scale() < scale)
+
+
+def _fsdp2_against_sharded_gradscaler(name: str, backend: str, rank: int, world_size: int, tmp):
+    """``name`` on FSDP2 params (no ``process_group``), clean steps and an inf in one rank's
+    shard (``INJECTED``): every rank skips the same steps, skipped steps change nothing, and the
+    skips, the scale and the params follow ``torch.optim`` + ``ShardedGradScaler`` on the same
+    sharded model (Lion, which torch lacks: our own on the unsharded model)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.distributed.tensor import Shard
+
+    expected = [float(step in INJECTED) for step in range(STEPS)]
+    if name == "Lion":
+        _follows_unsharded(name, backend, INJECTED, rank, (Shard(0),))
+        return
+    options = _options(name)
+    with kernels_mode(backend), recorded_launches() as launched:
+        model = _fsdp2_model()
+        opt = getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options)
+        opt.configure_scaling(init_scale=2.0**10, growth_interval=3)
+        found = _train(model, opt, rank, range(STEPS))
+    _assert_ran_on(backend, name, launched)
+
+    reference = _fsdp2_model()
+    ref_opt = getattr(torch.optim, name)(reference.parameters(), lr=1e-2, **options)
+    scaler = ShardedGradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    ref_found = []
+    for step in range(STEPS):
+        ref_opt.zero_grad()
+        ref_found.append(_scaler_step(scaler, reference, ref_opt, step, INJECTED.get(step) == rank))
+    seen = _gathered(found)  # first, and the same verdict on both ranks
+    assert seen[0] == seen[1]
+    assert found == ref_found == expected
+    assert opt.scale.item() == scaler.get_scale()
+    for param, twin in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(_local(param), _local(twin), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- LAMB on FSDP2
@@ -313,10 +382,11 @@ def _follows_unsharded(name, backend, overflow, shard_index, placements, **fully
     from torch.distributed.tensor import DTensor
 
     options = LAMB_OPTIONS if name == "LAMB" else {"weight_decay": 0.1}
-    with kernels_mode(backend):
+    with kernels_mode(backend), recorded_launches() as launched:
         model = _fsdp2_model(**fully_shard_options)
         opt = _scaled(getattr(scaledoptim, name)(model.parameters(), lr=1e-2, **options))
         found = _train(model, opt, shard_index, range(STEPS), overflow)
+    _assert_ran_on(backend, name, launched)
     reference = make_model()
     with kernels_mode("torch"):
         ref_opt = _scaled(getattr(scaledoptim, name)(reference.parameters(), lr=1e-2, **options))
@@ -365,13 +435,8 @@ def _fsdp2_policy_against_sharded_gradscaler(
     scaler = ShardedGradScaler("cpu", init_scale=2.0**10, growth_interval=2)
 
     def torchs(model, opt, step):
-        scaler.scale(loss_of(model, step)).backward()
-        if overflow.get(step) == rank:
-            _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
-        scale = scaler.get_scale()
-        scaler.step(opt)
-        scaler.update()
-        return float(scaler.get_scale() < scale), scaler.get_scale()
+        skipped = _scaler_step(scaler, model, opt, step, overflow.get(step) == rank)
+        return skipped, scaler.get_scale()
 
     with kernels_mode(backend):
         model, found = run(
@@ -408,13 +473,14 @@ def _fsdp2_fp16_params_with_masters(backend: str, rank: int, world_size: int, tm
                 _local(next(model.parameters()).grad).view(-1)[0] = float("inf")
             _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
             found.append(found_inf.item())
+    seen = _gathered(found)  # first, and the same verdict on both ranks
+    assert seen[0] == seen[1]
     assert found == [float(step in overflow) for step in range(5)]
     for param in model.parameters():
         assert param.dtype == torch.float16
         for value in opt.state[param].values():
             if value.dim():
                 assert isinstance(value, DTensor) and value.placements == param.placements
-    assert _gathered(found)[1] == found
 
 
 # ---------------------------------------------------------------- HSDP: a 2-D mesh, world 4
@@ -459,6 +525,14 @@ SCENARIOS = {
         for backend in BACKENDS
     },
     **{f"fsdp2-LAMB-{b}": functools.partial(_fsdp2_lamb_against_unsharded, b) for b in BACKENDS},
+    **{
+        f"fsdp2-{name}-{backend}": functools.partial(
+            _fsdp2_against_sharded_gradscaler, name, backend
+        )
+        for name in OPTIMIZERS
+        if name != "LAMB"
+        for backend in BACKENDS
+    },
     **{
         f"dcp-sharded-LAMB-{backend}": functools.partial(_dcp_resume, backend, False, name="LAMB")
         for backend in BACKENDS

@@ -252,3 +252,13 @@ def test_without_cupy_a_cpu_machine_passes_and_the_compile_check_says_how_to_ena
     assert all(c["status"] == "pass" for n, c in results.items() if n != "nvrtc-compile" and
                not next(k for k in CHECKS if k.name == n).needs_gpu)
     assert "0 failed" in run.stdout
+
+
+def test_the_gpu_report_takes_a_dtensor_step_on_the_gpu() -> None:
+    """Its GPU tests part collects the one-device DTensor step on CUDA (the issue's "the GPU
+    report includes a DTensor step on one device"); the CPU twin runs in the suite."""
+    (gpu_tests,) = [part for part in gpu_report.PARTS if part.title == "GPU tests"]
+    argv = [*gpu_tests.argv, "--collect-only", "-q", "-m", "gpu"]
+    collected = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    step = "test_gpu_dtensor_step.py::test_a_dtensor_step_on_one_device_follows_torch[cuda]"
+    assert step in collected

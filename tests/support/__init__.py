@@ -8,7 +8,8 @@
 * :mod:`tests.support.tensors`: tensors that cross every chunk boundary of the kernels, misaligned
   views, byte-level comparisons.
 * :mod:`tests.support.launches`: a row's update launched on our kernels as the kernel backend
-  launches it, built from the class's :class:`~scaledoptim.fused.update.Update` hooks.
+  launches it, built from the class's :class:`~scaledoptim.fused.update.Update` hooks; the
+  names of the kernels a block launched (``recorded_launches``).
 * :mod:`tests.support.gpu`: the marks of the tests that need a CUDA device and CuPy.
 
 Every optimizer these helpers see comes from a row of :mod:`scaledoptim.testing.optim_db`.

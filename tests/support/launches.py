@@ -10,8 +10,9 @@ A launch is the grad reduction (if any), then ``kernels_before`` and ``kernel`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +25,25 @@ from scaledoptim.testing.optim_db import Config, OptimInfo, Tolerance
 from tests.support.references import assert_param_close, assert_state_close, reference_step
 from tests.support.tensors import assert_bytes_unchanged, clones
 
-__all__ = ["RowUpdate", "check_parity", "row_update"]
+__all__ = ["RowUpdate", "check_parity", "recorded_launches", "row_update"]
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[str]]:
+    """The names of the kernels launched inside, in order (every launch goes through
+    ``PreparedLaunch.run``); patched by hand, as a spawned rank has no monkeypatch."""
+    launched: list[str] = []
+    run = kernels.PreparedLaunch.run
+
+    def recording(self: kernels.PreparedLaunch, *args: Any, **kwargs: Any) -> None:
+        launched.append(self.kernel.name)
+        run(self, *args, **kwargs)
+
+    kernels.PreparedLaunch.run = recording  # type: ignore[method-assign]
+    try:
+        yield launched
+    finally:
+        kernels.PreparedLaunch.run = run  # type: ignore[method-assign]
 
 
 @dataclasses.dataclass

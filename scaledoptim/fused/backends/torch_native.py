@@ -57,7 +57,9 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # Note [tensor subclasses]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
 # Params that are tensor subclasses (DTensor under FSDP2 or tensor parallel, ...) take this
-# backend (Note [launchable tensors] in kernels/launcher.py). An elementwise update
+# backend (Note [launchable tensors] in kernels/launcher.py), but for DTensors of an elementwise
+# update on the kernel backend (Note [DTensor steps on our kernels] in fused/sharded.py). An
+# elementwise update
 # (``Update.elementwise``) runs on a DTensor's local shard: each element's update reads only that
 # element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
 # strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
