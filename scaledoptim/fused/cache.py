@@ -6,15 +6,17 @@ A step's plan (every check, the state lists, the kernel tables) depends on what 
 step to step: the params, their state, the options that shape the lists, the sizes, dtypes and
 layouts. What changes is where the grads live: ``zero_grad(set_to_none=True)`` frees them and
 backward allocates new ones. So :class:`StepCache` keeps the plan and re-verifies, at every step,
-each fact it reuses, in list comparisons done in C (``map`` of a getter over the tensors, no
-per-tensor Python); a cache is never the only thing between a user's change and a wrong value:
+each fact it reuses, in passes done in C (``map`` of a getter over the tensors, or one guard call
+over a list; no per-tensor Python); a cache is never the only thing between a user's change and a
+wrong value:
 
-* params: the objects, their data pointer, dtype, shape and strides (``p.data = p.data[:k]``
-  or ``p.data = p.data.view(torch.int32)`` keep the pointer), and the device;
-* grads: which params have one, their layout, and, once they moved (new storage), their dtype,
-  shape and device against the validated ones, not their param's (a param pruned together with
-  its grad keeps them equal); the kept tables are then repointed to them (our kernels rewrite the
-  grad pointers of their tables in bulk; torch's ops get the grads when they run);
+* params: the objects and their data pointer, and their layout: exact type, dtype, device, shape
+  and strides (``p.data = p.data[:k]``, ``.view(torch.int32)`` or ``.t()`` keep the pointer);
+* grads: which params have one, and their layout against the validated grads', not their
+  param's (a param pruned together with its grad keeps them equal; ``g.data = g.data[:1]`` or
+  a shrinking ``resize_`` at an unchanged pointer fails it too); once they moved (new storage),
+  the kept tables are repointed to them (our kernels rewrite the grad pointers of their tables
+  in bulk; torch's ops get the grads when they run);
 * state: the data pointer of every value of every param's state, in order (walking the dicts, not
   looking params up: a tensor key's hash is a Python call): a value replaced, added or dropped,
   or a tensor given other storage (``state[k].data = new``, ``state[k].set_(...)``, a
@@ -23,13 +25,24 @@ per-tensor Python); a cache is never the only thing between a user's change and 
   backend choice (``SCALEDOPTIM_KERNELS``, the chunk size, the params' device); every option is
   validated and every hyper-parameter read at every step anyway.
 
+The layout check is torch.compile's guard on its inputs (``TensorGuards`` of
+``torch._C._dynamo.guards``, built from the validated tensors): one C++ pass that compares each
+tensor's Python type, dispatch keys (under the thread's dispatch settings), dtype, device index,
+``requires_grad``, sizes and strides with the recorded ones. It replaces four ``map`` passes for
+the grads (dtype, shape, device, contiguity) and three for the params (dtype, shape, contiguity),
+and is stricter than them: every fact they compared it compares too (exact strides imply the
+validated contiguity), so whatever they refused it refuses. What it refuses besides (a grad whose
+strides differ from the validated ones only in a size-1 dim, ``requires_grad`` toggled, a step
+under ``torch.inference_mode()``) only sends that step through the full plan, which decides.
+``_version`` could not replace any of it: ``p.data = p.data[:2]`` keeps the version counter,
+the ``_cdata`` and the data pointer; only the layout shows it.
+
 Anything that differs sends the step through the full plan, which validates it, raises the clear
 error if there is one, and builds a new cache. What is not re-verified, because a check per
-tensor would cost as much again as the whole cached step: a grad or state tensor reinterpreted
-in place at an unchanged data pointer (``.data =`` a view of its own storage with another shape
-or dtype, or an in-place ``t_()``/``as_strided_()``/shrinking ``resize_()``). That cannot reach
-outside the storage the plan validated (a view never shrinks its storage), and grads from
-autograd or the ``.grad`` setter always match their (verified) param.
+state tensor would cost as much again as the whole cached step: a state tensor reinterpreted in
+place at an unchanged data pointer (``.data =`` a view of its own storage with another shape or
+dtype, or an in-place ``t_()``/``as_strided_()``/shrinking ``resize_()``). That cannot reach
+outside the storage the plan validated (a view never shrinks its storage).
 
 The cache keeps no grad alive (a freed grad's memory must return to the allocator): prepared
 updates hold none, only the kernels' tables their pointers.
@@ -46,6 +59,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._C._dynamo.guards import TensorGuards
 
 from ..kernels import launch_config
 from .backends import KERNELS_ENV, PreparedUpdate
@@ -57,12 +71,16 @@ __all__ = ["StepCache"]
 # The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
 _GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
 _DATA_PTR = Tensor.data_ptr
-_IS_CONTIGUOUS = Tensor.is_contiguous
-_STRIDE = Tensor.stride
-_DTYPE: Callable[[Tensor], torch.dtype] = vars(torch._C.TensorBase)["dtype"].__get__
-_SIZE = Tensor.size
-_VERSION: Callable[[Tensor], int] = vars(torch._C.TensorBase)["_version"].__get__
-_DEVICE_INDEX = Tensor.get_device  # -1 on the CPU; cheaper than .device
+
+
+def _layout_guard(tensors: list[Tensor]) -> TensorGuards:
+    """A check, in one C++ pass, that tensors have the exact type, dtype, device, shape and
+    strides (and dispatch keys and requires_grad) of ``tensors`` as they are now (Note [step
+    cache]: torch.compile's guard on its inputs' metadata)."""
+    # One list of dims per tensor, as torch.compile passes them (the stub says one list).
+    sizes: Any = [list(t.size()) for t in tensors]
+    strides: Any = [list(t.stride()) for t in tensors]
+    return TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
 
 
 class _GroupEntry:
@@ -80,14 +98,10 @@ class _GroupEntry:
         self.without_grad = [i for i, p in enumerate(all_params) if id(p) not in with_grad]
         self.params = params
         self.param_ptrs = list(map(_DATA_PTR, params))
-        self.dtypes = list(map(_DTYPE, params))
-        self.sizes = list(map(_SIZE, params))
-        self.contiguous = all(map(_IS_CONTIGUOUS, params))
-        self.strides = None if self.contiguous else list(map(_STRIDE, params))
-        self.devices = list(map(_DEVICE_INDEX, params))
+        self.param_layouts = _layout_guard(params)
         grads = list(map(_GRAD, params))
         self.grad_ptrs = list(map(_DATA_PTR, grads))
-        self.grad_dtypes = list(map(_DTYPE, grads))
+        self.grad_layouts = _layout_guard(grads)
         self.update = update
 
     def current(self, optimizer: Planned, group: Group) -> tuple[list[Tensor], list[Tensor]] | None:
@@ -103,39 +117,23 @@ class _GroupEntry:
                 return None
             params = [p for p, g in zip(params, grads) if g is not None]
             grads = [g for g in grads if g is not None]
-        # (A grad that turned None fails below with a TypeError: the caller's None.) The same
-        # param objects (one replaced by another over the same storage has no state yet; the
-        # entry keeps the validated ones, so their ids stay theirs), at the same pointers (moved
-        # to other storage), with the same dtype and shape (a view of its own storage,
-        # ``p.data = p.data[:k]`` or ``.view(torch.int32)``, keeps the pointer).
+        # The same param objects (one replaced by another over the same storage has no state
+        # yet; the entry keeps the validated ones, so their ids stay theirs), at the same
+        # pointers (moved to other storage), with the same type, dtype, device, shape and
+        # strides (a view of its own storage, ``p.data = p.data[:k]``, ``.view(torch.int32)`` or
+        # ``.t()``, keeps the pointer). The grads with the validated ones, not their param's (a
+        # param pruned with its grad still matches it: compare with those); a grad that turned
+        # None is no tensor, a sparse one has other dispatch keys: both fail the guard before
+        # data_ptr() could raise.
         if (
-            list(map(_DATA_PTR, params)) != self.param_ptrs
-            or not all(map(is_, params, self.params))
-            or list(map(_DTYPE, params)) != self.dtypes
-            or list(map(_SIZE, params)) != self.sizes
-        ):
-            return None
-        # Params and grads keep the validated layout (``p.data = p.data.t()`` keeps the
-        # pointer). Grads first: a sparse grad fails here, before data_ptr() could raise.
-        if self.contiguous:
-            if not (all(map(_IS_CONTIGUOUS, grads)) and all(map(_IS_CONTIGUOUS, params))):
-                return None
-        elif (
-            list(map(_STRIDE, grads)) != self.strides or list(map(_STRIDE, params)) != self.strides
+            not all(map(is_, params, self.params))
+            or list(map(_DATA_PTR, params)) != self.param_ptrs
+            or not self.param_layouts.check(*params)
+            or not self.grad_layouts.check(*grads)
         ):
             return None
         pointers = list(map(_DATA_PTR, grads))
         if pointers != self.grad_ptrs:
-            # New storage: autograd and the .grad setter check dtype, shape and device against
-            # the param, but assigning a grad's .data bypasses them, and the tables rely on the
-            # validated ones (a param pruned with its grad still matches it: compare with those).
-            # (Size objects compare in C; is_same_size would parse arguments per grad.)
-            if (
-                list(map(_DTYPE, grads)) != self.grad_dtypes
-                or list(map(_SIZE, grads)) != self.sizes
-                or list(map(_DEVICE_INDEX, grads)) != self.devices
-            ):
-                return None
             # A null pointer with elements is a grad a kernel cannot read (Note [launchable
             # tensors] in kernels/launcher.py): the full plan refuses it before any table moves.
             if 0 in pointers and any(p == 0 and g.numel() for p, g in zip(pointers, grads)):

@@ -53,9 +53,14 @@ class FusedOptimizer(Optimizer, abc.ABC):
       constructor and on every param group before every step.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
       (``found_inf``/``inv_scale`` are device pointers or ``None``).
-    * ``torch_update(group, tensor_lists, found_inf)``: the same update with torch ops, for the
-      torch-native backend (16-bit params arrive as fp32 working copies, grads unscaled, and it
-      must advance ``steps`` itself, on device). Optionally, with
+    * its torch form, for the torch-native backend (16-bit params arrive as fp32 working
+      copies, grads unscaled), one of two: ``torch_form_in_place = True`` and
+      ``torch_form_(group, tensor_lists)``, the update written once, in place and taken
+      unconditionally (the backend reads the skip on the host on a CPU, or runs it on working
+      copies and copies them back unless skipped, on device); or
+      ``torch_update(group, tensor_lists, found_inf)`` over ops that take ``found_inf``
+      themselves (torch's fused Adam(W), SGD, Adagrad), which must skip on it and advance
+      ``steps`` itself, on device. Optionally, with
       ``torch_update_takes_grad_scale = True``, it also takes a keyword ``grad_scale`` (a 0-dim
       float32 tensor) and then gets grads still scaled by it, as torch's fused
       Adam(W)/SGD/Adagrad do: on a CPU the step then reads the grads once to check them and
@@ -93,6 +98,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: (and scalars): then a DTensor param's torch form, or our kernels, run on its local shard
     #: (no). LAMB's per-tensor norms read the whole tensor: its torch form sums them over the mesh.
     elementwise: ClassVar[bool] = False
+    #: Whether the torch form is ``torch_form_`` (in place, skipped by the backend; no:
+    #: ``torch_update``).
+    torch_form_in_place: ClassVar[bool] = False
     #: Whether ``torch_update`` also takes ``grad_scale=`` (grads still scaled by it; no).
     torch_update_takes_grad_scale: ClassVar[bool] = False
     #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
@@ -105,6 +113,13 @@ class FusedOptimizer(Optimizer, abc.ABC):
     _master_watch: MasterWatch | None = None
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        form = "torch_form_" if self.torch_form_in_place else "torch_update"
+        if getattr(type(self), form) is getattr(FusedOptimizer, form):
+            raise TypeError(
+                f"{type(self).__name__} defines no torch form: define torch_update(group, "
+                "tensor_lists, found_inf), or torch_form_(group, tensor_lists) with "
+                "torch_form_in_place = True"
+            )
         self.check_options(defaults)
         check_rounding_options(defaults, self._takes_rounding_lists())
         super().__init__(params, defaults)
@@ -132,11 +147,17 @@ class FusedOptimizer(Optimizer, abc.ABC):
     ) -> ctypes.Structure:
         """The kernel's argument struct for ``group``."""
 
-    @abc.abstractmethod
     def torch_update(
         self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None
     ) -> None:
-        """The update with torch ops (see the class docs)."""
+        """The update with torch ops that skip on ``found_inf`` themselves (see the class
+        docs); not called with :attr:`torch_form_in_place`."""
+        raise NotImplementedError(f"{type(self).__name__} defines torch_form_, not torch_update")
+
+    def torch_form_(self, group: Group, lists: TensorLists) -> None:
+        """The update with torch ops in place, taken unconditionally (see the class docs);
+        called only with :attr:`torch_form_in_place`."""
+        raise NotImplementedError(f"{type(self).__name__} defines torch_update, not torch_form_")
 
     def torch_optim_update(
         self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None
@@ -150,14 +171,6 @@ class FusedOptimizer(Optimizer, abc.ABC):
     def scratch_lists(self, group: Group, params: list[torch.Tensor]) -> TensorLists:
         """Per-param scratch lists of the kernel after the state lists (none by default)."""
         return []
-
-    @staticmethod
-    def update_options(group: Group) -> dict[str, Any]:
-        """The options of ``group`` as keyword arguments of the update's functional form
-        (``scaledoptim.optim.adam.adam_``, ...): hyper-parameters checked and split as the
-        kernel args take them (``betas`` as ``beta1``, ``beta2``). The optimizer table's
-        functional tests call it; an optimizer without a functional form need not define it."""
-        raise NotImplementedError("this optimizer has no functional form")
 
     def grad_reduction(self, grads: list[torch.Tensor]) -> GradReduction | None:
         """A reduction over every grad of the step before the updates (none by default)."""

@@ -50,7 +50,14 @@ class Update(Protocol):
 
     The update reads ``found_inf`` on device and changes nothing when it is non-zero (the
     ``found_inf`` contract of the kernel-author guide); step counters are advanced by the step's
-    epilogue on our kernels, by :meth:`torch_update` on torch's ops.
+    epilogue on our kernels, on torch's ops by :meth:`torch_update` or by the torch-native
+    backend around :meth:`torch_form_`.
+
+    Its torch form is one of two: :meth:`torch_update`, over torch's fused ops that take
+    ``found_inf`` themselves (Adam(W), SGD, Adagrad), or, with :attr:`torch_form_in_place`,
+    :meth:`torch_form_`, the math written once in place, which the backend either runs on the
+    lists after reading the skip on the host (a CPU) or runs on working copies and copies back
+    unless skipped (any device): both the same function, so the same bits.
     """
 
     #: The update kernel; its lists are ``TensorLists``.
@@ -72,6 +79,9 @@ class Update(Protocol):
     #: gets are scaled by, as torch's fused Adam(W)/SGD/Adagrad take it): then, on a CPU, the
     #: torch-native backend leaves the grads scaled for it to unscale in its own read of them.
     torch_update_takes_grad_scale: ClassVar[bool]
+    #: Whether the torch form is :meth:`torch_form_` (in place, run by the backend's drivers)
+    #: rather than :meth:`torch_update`.
+    torch_form_in_place: ClassVar[bool]
     #: The optimizer's defaults: ``differentiable`` there turns autograd on around torch.optim's
     #: implementation, as torch.optim's ``step`` does.
     defaults: dict[str, Any]
@@ -100,11 +110,27 @@ class Update(Protocol):
         ...
 
     def torch_update(self, group: Group, lists: TensorLists, found_inf: Tensor | None) -> None:
-        """The same update with torch ops: 16-bit params arrive as fp32 working copies, grads
-        unscaled; it must skip on ``found_inf`` and advance ``steps`` itself, on device. With
+        """The same update with torch ops, for an update whose torch ops take ``found_inf``
+        themselves (torch's fused Adam(W), SGD, Adagrad; otherwise see :meth:`torch_form_`):
+        16-bit params arrive as fp32 working copies, grads unscaled; it must skip on
+        ``found_inf`` and advance ``steps`` itself, on device. With
         :attr:`torch_update_takes_grad_scale`, it is also called as ``torch_update(group,
         lists, found_inf, grad_scale=S)`` with grads still scaled by ``S`` (see
         ``ScaledTorchUpdate`` in this module)."""
+        ...
+
+    def torch_form_(self, group: Group, lists: TensorLists) -> None:
+        """The update with torch ops, in place over ``lists`` (``[params, grads, *state lists,
+        steps]``, without the rounding lists), taken unconditionally: it reads no ``found_inf``.
+
+        It writes the params and the state lists, nothing else (not the grads, which are the
+        user's), and reads ``steps`` as already counting this step (it may get them empty if
+        :attr:`elementwise`, when the backend calls it batch by batch). 16-bit params arrive as
+        fp32 working copies, grads unscaled. Hyper-parameters are Python numbers or 0-dim
+        tensors on the params' device, never read on the host: the backend calls it either on
+        the lists themselves after a host read of the skip (a CPU), or on working copies of the
+        params and state it writes, then copied back unless ``found_inf`` is set, on device
+        (``scaledoptim.fused.backends.torch_native``)."""
         ...
 
     def torch_optim_update(

@@ -33,8 +33,7 @@ from .launcher import (
 from .nvrtc import KernelCompileError
 from .rounding import ROUNDING_LISTS, rounding_lists
 from .sources import CUDA_SOURCE_DIR
-from .spec import CUDA_TYPE_NAMES, MultiTensorKernel, registered_kernels
-from .update import launch_update
+from .spec import CUDA_TYPE_NAMES, PER_TENSOR_NAMES, MultiTensorKernel, registered_kernels
 
 __all__ = [
     "CUDA_SOURCE_DIR",
@@ -42,6 +41,7 @@ __all__ = [
     "MAX_THREADS_PER_BLOCK",
     "NON_FINITE_CHECK",
     "NON_FINITE_CHECK_NORM",
+    "PER_TENSOR_NAMES",
     "PLAIN_TENSOR_TYPES",
     "ROUNDING_LISTS",
     "STEP_EPILOGUE",
@@ -59,7 +59,6 @@ __all__ = [
     "launch",
     "launch_config",
     "launch_op",
-    "launch_update",
     "non_finite_check_",
     "prepare_launch",
     "registered_kernels",

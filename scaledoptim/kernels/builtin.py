@@ -94,7 +94,6 @@ NON_FINITE_CHECK_NORM = MultiTensorKernel(
     ("tensors", "sq_partials"),
     NonFiniteCheckNormArgs,
     dtype_lists=(0,),
-    per_chunk_lists=(1,),
 )
 STEP_EPILOGUE = MultiTensorKernel(
     CUDA_SOURCE_DIR / "step_epilogue.cu",

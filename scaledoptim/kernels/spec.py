@@ -10,7 +10,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CUDA_TYPE_NAMES", "MultiTensorKernel", "registered_kernels"]
+__all__ = ["CUDA_TYPE_NAMES", "PER_TENSOR_NAMES", "MultiTensorKernel", "registered_kernels"]
+
+#: The names of the lists that hold one element per tensor of list 0 (the stochastic-rounding
+#: seeds, the step counters), unless a kernel gives its ``per_tensor_lists``.
+PER_TENSOR_NAMES = ("sr_seeds", "steps")
 
 # The C++ type each torch dtype is instantiated with (cuda/dtypes.cuh).
 CUDA_TYPE_NAMES: dict[torch.dtype, str] = {
@@ -36,10 +40,12 @@ class MultiTensorKernel:
         dtype_lists: indices of lists whose dtype (float32, float16 or bfloat16, may differ
             per tensor) is a template parameter; every other list must be float32.
         per_tensor_lists: indices of lists holding one element per tensor (e.g. step counters)
-            rather than one per element of the tensors of list 0.
+            rather than one per element of the tensors of list 0; by default, from the names:
+            every list but the first named in :data:`PER_TENSOR_NAMES`.
         per_chunk_lists: indices of lists holding one element per chunk of the tensors of list
             0 (``ceil(numel / launch_config.chunk_size)``; e.g. a reduction's per-block
-            partial sums, which block ``b`` stores at the chunk number of its chunk).
+            partial sums, which block ``b`` stores at the chunk number of its chunk); by
+            default, from the names: every list but the first whose name ends in ``_partials``.
 
     Example::
 
@@ -58,6 +64,13 @@ class MultiTensorKernel:
     per_chunk_lists: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        # The layout is declared once, by the names: the indices follow from them.
+        if not self.per_tensor_lists:
+            derived = tuple(i for i, n in enumerate(self.lists) if i and n in PER_TENSOR_NAMES)
+            object.__setattr__(self, "per_tensor_lists", derived)
+        if not self.per_chunk_lists:
+            derived = tuple(i for i, n in enumerate(self.lists) if i and n.endswith("_partials"))
+            object.__setattr__(self, "per_chunk_lists", derived)
         # Kernels register themselves: the NVRTC checks, the doctor and the launch op find
         # every kernel that was defined, with no hand-kept list.
         _registry.setdefault(self)

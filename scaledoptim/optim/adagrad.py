@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -20,12 +20,10 @@ from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
 from ..torch_ops import PackedSteps, advance_steps_
 
-__all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "adagrad_", "adagrad_args"]
+__all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "adagrad_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -49,7 +47,6 @@ ADAGRAD_KERNEL = MultiTensorKernel(
     ("params", "grads", "state_sums", *ROUNDING_LISTS, "steps"),
     AdagradArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(4, 5),
 )
 
 
@@ -104,10 +101,6 @@ class Adagrad(FusedOptimizer):
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adagrad
-
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _adagrad_options(group)
 
     def __init__(
         self,
@@ -193,7 +186,8 @@ class Adagrad(FusedOptimizer):
         grad_scale: torch.Tensor | None = None,
     ) -> None:
         """torch's fused Adagrad (checked against torch.optim.Adagrad's single-tensor math on
-        CPU, skips included), which reads the advanced counter."""
+        CPU, skips included), which reads the advanced counter and takes ``found_inf`` itself:
+        Adagrad's single torch form, on every device."""
         params, grads, sums, steps = tensor_lists
         advance_steps_(steps, found_inf)
         torch._fused_adagrad_(
@@ -227,34 +221,3 @@ def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
         maximize=group["maximize"],
     )
 
-
-def adagrad_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    state_sums: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused Adagrad step over all tensors (``torch.optim.Adagrad``, ``foreach=False`` math).
-
-    fp32 math whatever the param and grad dtypes; ``state_sums`` float32. If ``found_inf`` is
-    given and non-zero, nothing is modified; otherwise grads are unscaled in registers and each
-    ``steps[i]`` advances by one (the learning-rate decay uses the advanced value).
-
-    Args:
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: the keyword arguments of :func:`adagrad_args` (``lr``, ``lr_decay``,
-            ``weight_decay``, ``eps``, ``maximize``).
-    """
-    lists = [params, grads, state_sums, *rounding_lists(master_params, sr_seeds), steps]
-    launch_update(
-        ADAGRAD_KERNEL, lists, found_inf, inv_scale, lambda f, i: adagrad_args(f, i, **options)
-    )

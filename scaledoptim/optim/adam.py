@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -20,12 +20,10 @@ from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
 from ..torch_ops import advance_steps_
 
-__all__ = ["ADAM_KERNEL", "Adam", "AdamArgs", "AdamW", "adam_", "adam_args"]
+__all__ = ["ADAM_KERNEL", "Adam", "AdamArgs", "AdamW", "adam_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -55,7 +53,6 @@ ADAM_KERNEL = MultiTensorKernel(
     ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", *ROUNDING_LISTS, "steps"),
     AdamArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(6, 7),
 )
 
 
@@ -135,10 +132,6 @@ class Adam(FusedOptimizer):
         "differentiable": False, "decoupled_weight_decay": False, "fused": None,
     }
 
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _adam_options(group)
-
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -206,6 +199,8 @@ class Adam(FusedOptimizer):
         found_inf: torch.Tensor | None,
         grad_scale: torch.Tensor | None = None,
     ) -> None:
+        """torch's fused Adam(W), which takes ``found_inf`` (and ``grad_scale``) itself: Adam's
+        single torch form, on every device."""
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
         options = _adam_options(group)
@@ -322,42 +317,3 @@ def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
         maximize=group["maximize"],
     )
 
-
-def adam_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    exp_avg_sqs: Sequence[Tensor],
-    max_exp_avg_sqs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused Adam (``decoupled_weight_decay=False``) or AdamW step over all tensors.
-
-    The math of ``torch.optim.Adam``/``AdamW`` with ``foreach=False``, in fp32 whatever the
-    param (fp32/fp16/bf16, may differ per tensor) and grad dtypes; params are rounded once.
-    If ``found_inf`` is given and non-zero, nothing is modified. Otherwise each grad is
-    multiplied by ``inv_scale`` in registers (grad memory is not written), negated if
-    ``maximize``, and each ``steps[i]`` (0-dim float32 tensor counting taken steps) is advanced by
-    one; bias corrections use the advanced value.
-
-    Args:
-        params, grads, exp_avgs, exp_avg_sqs, steps: one tensor per parameter; state is float32.
-        max_exp_avg_sqs: one per parameter with ``amsgrad``, else an empty list.
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: the keyword arguments of :func:`adam_args` (``lr``, ``beta1``, ``beta2``,
-            ``eps``, ``weight_decay``, ``decoupled_weight_decay``, ``amsgrad``, ``maximize``).
-    """
-    if options["amsgrad"] and len(max_exp_avg_sqs) != len(params):
-        raise ValueError("adam_ with amsgrad=True needs one max_exp_avg_sq per param")
-    lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if options["amsgrad"] else [],
-             *rounding_lists(master_params, sr_seeds), steps]
-    launch_update(ADAM_KERNEL, lists, found_inf, inv_scale, lambda f, i: adam_args(f, i, **options))

@@ -1,35 +1,28 @@
-"""LAMB: the class, the kernels' arguments (cuda/lamb.cu) and the torch form."""
+"""LAMB: the class, the kernels' arguments (cuda/lamb.cu) and the torch form, once."""
 
 from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
-from ..fused.backends import TORCH_NATIVE
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
-    STEP_EPILOGUE,
     ChunkPartials,
     MultiTensorKernel,
-    StepEpilogueArgs,
     chunk_count,
-    prepare_launch,
-    rounding_lists,
-    scalar_pointer,
 )
-from ..torch_ops import MeshSums, advance_steps_, copy_unless_skipped_, skip_on_host
-from .lamb_in_place import _lamb_in_place_
+from ..torch_ops import BATCH, MeshSums, PackedSteps, batches, scalars, storage_flat
 
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
-    "LambNormArgs", "lamb_", "lamb_args",
+    "LambNormArgs", "lamb_args",
 ]
 
 
@@ -80,9 +73,9 @@ _LISTS = (
     *ROUNDING_LISTS,
     "steps",
 )
-# See Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums, added in chunk
-# order.
-_KERNEL_LISTS = dict(dtype_lists=(0, 1), per_chunk_lists=(4, 5), per_tensor_lists=(7, 8))
+# See Note [deterministic sums] in cuda/block_sums.cuh: per-chunk partial sums (the
+# ``_partials`` lists), added in chunk order.
+_KERNEL_LISTS = dict(dtype_lists=(0, 1))
 #: The update (the optimizer's ``kernel``): ``p -= lr * trust_ratio * update``.
 LAMB_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_kernel", _LISTS, LambArgs,
                                 **_KERNEL_LISTS)
@@ -92,7 +85,7 @@ LAMB_NORMS_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_norms_k
 #: The squared global norm of the unscaled grads, through per-chunk partial sums.
 LAMB_GRAD_NORM_KERNEL = MultiTensorKernel(CUDA_SOURCE_DIR / "lamb.cu", "lamb_grad_norm_kernel",
                                           ("grads", "grad_sq_partials"), LambNormArgs,
-                                          dtype_lists=(0,), per_chunk_lists=(1,))
+                                          dtype_lists=(0,))
 
 
 def _log(beta: float) -> float:
@@ -160,6 +153,7 @@ class LAMB(FusedOptimizer):
 
     kernel = LAMB_KERNEL
     kernels_before = (LAMB_NORMS_KERNEL,)
+    torch_form_in_place = True
     # Per-device buffers of the squared global grad norm and of its per-chunk partials, and
     # per-param scratch of the kernels' per-chunk partial norms: kept across steps so that the
     # kernels' tables stay cached (and a captured CUDA graph's pointers valid); created on first
@@ -167,10 +161,6 @@ class LAMB(FusedOptimizer):
     _grad_norms_sq: dict[torch.device, Tensor] | None = None
     _grad_partials: dict[torch.device, ChunkPartials] | None = None
     _norm_scratch: dict[Tensor, tuple[Tensor, Tensor]] | None = None
-
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _lamb_options(group)
 
     def __init__(
         self,
@@ -240,69 +230,13 @@ class LAMB(FusedOptimizer):
             found_inf, inv_scale, self._grad_norm_sq(device).data_ptr(), **_lamb_options(group)
         )
 
-    def torch_update(
-        self,
-        group: dict[str, Any],
-        tensor_lists: list[list[Tensor]],
-        found_inf: Tensor | None,
-    ) -> None:
-        """The same update with torch's foreach ops; the grads arrive unscaled, and the squared
-        global grad norm computed (``_GlobalGradNorm.torch_form``)."""
+    def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
+        """The update in place and taken unconditionally, on grads unscaled and the squared
+        global grad norm computed: the torch-native backend skips it, on the host on a CPU, else
+        on working copies."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
-        o = _lamb_options(group)
-        # See Note [sums over the mesh]: DTensors step on their local shards, their norms summed
-        # over the mesh.
-        sums = MeshSums(params)
-        params, grads, exp_avgs, exp_avg_sqs = map(
-            sums.local, (params, grads, exp_avgs, exp_avg_sqs)
-        )
-        # See Note [host skip]: the engine's parameter says whether a host read is free here.
-        host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
-        skip = skip_on_host(found_inf, host_reads) if params else None
-        # See Note [host skip]: on a CPU, in place.
-        if skip is not None and (skip or not sums.sharded):
-            if not skip:
-                advance_steps_(steps, None)
-                norm_sq = self._grad_norm_sq(params[0].device)
-                _lamb_in_place_(params, grads, exp_avgs, exp_avg_sqs, steps, norm_sq, o)
-            return
-        advance_steps_(steps, found_inf)  # the moments' bias corrections read the new count
-        norm = self._grad_norm_sq(params[0].device).sqrt()
-        if o["max_grad_norm"] > 0:
-            grads = list(torch._foreach_div(grads, torch.clamp(norm / o["max_grad_norm"], min=1.0)))
-        wd = o["weight_decay"]
-        if not o["adam_w_mode"] and wd != 0:
-            grads = list(torch._foreach_add(grads, params, alpha=wd))
-        m = torch._foreach_mul(exp_avgs, o["beta1"])
-        torch._foreach_add_(m, grads, alpha=1 - o["beta1"] if o["grad_averaging"] else 1.0)
-        v = torch._foreach_mul(exp_avg_sqs, o["beta2"])
-        torch._foreach_addcmul_(v, grads, grads, value=1 - o["beta2"])
-        if o["bias_correction"]:
-            # -expm1(step * log(beta)), as the kernel: 1 - beta**step cancels.
-            c1 = [-torch.expm1(s * _log(o["beta1"])) for s in steps]
-            c2 = [-torch.expm1(s * _log(o["beta2"])) for s in steps]
-            update = torch._foreach_div(
-                torch._foreach_div(m, c1),
-                torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, c2)), o["eps"]),
-            )
-        else:
-            update = torch._foreach_div(m, torch._foreach_add(torch._foreach_sqrt(v), o["eps"]))
-        if o["adam_w_mode"] and wd != 0:
-            torch._foreach_add_(update, params, alpha=wd)
-        step_sizes = [torch.full((), -o["lr"], device=p.device) for p in params]
-        if o["use_nvlamb"] or wd != 0:
-            p_norms, u_norms = torch._foreach_norm(params), torch._foreach_norm(update)
-            if sums.sharded:
-                squares = torch.stack([torch.stack(p_norms), torch.stack(u_norms)]).square()
-                p_norms, u_norms = (n.unbind() for n in sums.reduce_(squares).sqrt())
-            step_sizes = [
-                torch.where((pn > 0) & (un > 0), -o["lr"] * pn / un, s)
-                for pn, un, s in zip(p_norms, u_norms, step_sizes)
-            ]
-        new_params = torch._foreach_add(params, torch._foreach_mul(update, step_sizes))
-        copy_unless_skipped_(params, new_params, found_inf)
-        copy_unless_skipped_(exp_avgs, m, found_inf)
-        copy_unless_skipped_(exp_avg_sqs, v, found_inf)
+        norm_sq = self._grad_norm_sq(params[0].device)
+        _lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, norm_sq, _lamb_options(group))
 
     def _grad_norm_sq(self, device: torch.device) -> Tensor:
         if self._grad_norms_sq is None:
@@ -351,6 +285,143 @@ class _GlobalGradNorm:
             self.out.zero_()
 
 
+def _lamb_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[Tensor],
+    grad_norm_sq: Tensor,
+    o: dict[str, Any],
+) -> None:
+    """LAMB's torch form, the only one: the update in place, taken unconditionally, on device
+    (no host read; ``steps`` count this step). The bias-corrected direction
+    ``(m / bc1) / (sqrt(v / bc2) + eps)`` is ``k * m / (sqrt(v) + eps * sqrt(bc2))`` with
+    ``k = sqrt(bc2) / bc1``, where ``k`` (and so the weight decay's ``wd / k``) cancels out of
+    the trust ratio. On a CPU the tensors are updated by batches of about ``BATCH`` elements
+    with two temporary lists each (the clipped grads and the direction), a larger tensor by
+    pieces of that size (:func:`_lamb_large_`): its data passes through the cache once or twice
+    instead of a dozen times. Elsewhere, and for DTensors, over the whole lists."""
+    # See Note [sums over the mesh]: DTensors step on their local shards, their norms summed over
+    # the mesh.
+    sums = MeshSums(params)
+    params, grads, exp_avgs, exp_avg_sqs = map(sums.local, (params, grads, exp_avgs, exp_avg_sqs))
+    c = _Coefficients(params, steps, grad_norm_sq, o)
+    by_batch = params[0].device.type == "cpu" and not sums.sharded
+    for run in batches(params) if by_batch else [slice(None)]:
+        p, g, m, v = params[run], grads[run], exp_avgs[run], exp_avg_sqs[run]
+        if by_batch and len(p) == 1 and p[0].numel() > BATCH:
+            _lamb_large_(p[0], g[0], m[0], v[0], c, run)
+            continue
+        _lamb_moments_(p, g, m, v, c)
+        u = _lamb_direction(p, m, v, c, run)
+        factors = c.step_sizes[run]
+        if c.trust_ratio:
+            norms = torch.stack([torch.stack(torch._foreach_norm(ts)) for ts in (p, u)])
+            if sums.sharded:
+                norms = sums.reduce_(norms.square()).sqrt()
+            factors = c.trust_ratio_factors(norms[0], norms[1], factors)
+        torch._foreach_addcmul_(p, u, list(factors.unbind()))
+
+
+#: The largest tensor whose whole direction the CPU form keeps while it computes its norm (8 MB
+#: in float32); a larger one computes it again, piece by piece (a second sqrt pass costs less
+#: than writing and reading back a direction out of the cache).
+KEPT_DIRECTION = 1 << 21
+
+
+def _lamb_large_(p: Tensor, g: Tensor, m: Tensor, v: Tensor, c: _Coefficients, run: slice) -> None:
+    """One tensor of more than ``BATCH`` elements on a CPU, by pieces of ``BATCH``: each piece's
+    moments and direction while it is in the cache. With the trust ratio, which needs the norm
+    of the whole direction, the pieces' directions are kept (up to :data:`KEPT_DIRECTION`
+    elements) or computed again once the norm is known (the kernels' way)."""
+    pieces = list(zip(*(storage_flat(t).split(BATCH) for t in (p, g, m, v))))
+    factor = c.step_sizes[run]
+    kept: list[Tensor] = []
+    squares = torch.zeros(2, dtype=torch.float64, device=p.device)
+    for piece_p, piece_g, piece_m, piece_v in pieces:
+        _lamb_moments_([piece_p], [piece_g], [piece_m], [piece_v], c)
+        (piece_u,) = _lamb_direction([piece_p], [piece_m], [piece_v], c, run)
+        if not c.trust_ratio:
+            piece_p.addcmul_(piece_u, factor[0])
+            continue
+        squares += torch.stack(torch._foreach_norm([piece_p, piece_u])).double().square()
+        if p.numel() <= KEPT_DIRECTION:
+            kept.append(piece_u)
+    if not c.trust_ratio:
+        return
+    p_norm, u_norm = squares.sqrt().unbind()
+    factor = c.trust_ratio_factors(p_norm.view(1), u_norm.view(1), factor)
+    for i, (piece_p, _, piece_m, piece_v) in enumerate(pieces):
+        piece_u = kept[i] if kept else _lamb_direction([piece_p], [piece_m], [piece_v], c, run)[0]
+        piece_p.addcmul_(piece_u, factor[0])
+
+
+class _Coefficients:
+    """The factors of one LAMB step, on device: scalars, the clipping divisor (0-dim), and 1-D
+    tensors of one factor per param where it depends on the param's step count."""
+
+    def __init__(
+        self, params: list[Tensor], steps: list[Tensor], grad_norm_sq: Tensor, o: dict[str, Any]
+    ) -> None:
+        beta1, beta2, wd, lr = o["beta1"], o["beta2"], o["weight_decay"], o["lr"]
+        self.clip = None
+        if o["max_grad_norm"] > 0:
+            self.clip = torch.clamp(grad_norm_sq.sqrt() / o["max_grad_norm"], min=1.0)
+        self.lr, self.weight_decay, self.beta1, self.beta2 = lr, wd, beta1, beta2
+        self.l2 = not o["adam_w_mode"] and wd != 0
+        self.grad_averaging = o["grad_averaging"]
+        self.b1, self.b2 = scalars(params, beta1, beta2)
+        counts = (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).double()
+        root_bc2 = torch.ones_like(counts)
+        k = root_bc2
+        if o["bias_correction"]:
+            root_bc2 = (1 - torch.pow(beta2, counts)).sqrt()
+            k = root_bc2 / (1 - torch.pow(beta1, counts))
+        dtype = params[0].dtype
+        self.epsilons = (o["eps"] * root_bc2).to(dtype)
+        self.step_sizes = (-lr * k).to(dtype)
+        self.decays = (wd / k).to(dtype) if o["adam_w_mode"] and wd != 0 else None
+        self.trust_ratio = o["use_nvlamb"] or wd != 0
+
+    def trust_ratio_factors(self, p_norms: Tensor, u_norms: Tensor, step_sizes: Tensor) -> Tensor:
+        """``-lr * ||p|| / ||u||`` where both norms are non-zero, else the step sizes."""
+        ratios = (-self.lr * p_norms / u_norms).to(step_sizes.dtype)
+        return torch.where((p_norms > 0) & (u_norms > 0), ratios, step_sizes)
+
+
+def _lamb_moments_(
+    p: list[Tensor], g: list[Tensor], m: list[Tensor], v: list[Tensor], c: _Coefficients
+) -> None:
+    """The new moments, in place, from the grads clipped (and with the L2 term): new tensors,
+    the grads are the user's."""
+    if c.clip is not None:
+        g = list(torch._foreach_div(g, c.clip))
+    if c.l2:
+        g = list(torch._foreach_add(g, p, alpha=c.weight_decay))
+    if c.grad_averaging:
+        torch._foreach_lerp_(m, g, 1 - c.beta1)  # beta1 * m + (1 - beta1) * g in one pass
+    else:
+        torch._foreach_mul_(m, c.b1)
+        torch._foreach_add_(m, g)
+    torch._foreach_mul_(v, c.b2)
+    torch._foreach_addcmul_(v, g, g, value=1 - c.beta2)
+
+
+def _lamb_direction(
+    p: list[Tensor], m: list[Tensor], v: list[Tensor], c: _Coefficients, run: slice
+) -> list[Tensor]:
+    """``m / (sqrt(v) + eps * sqrt(bc2)) (+ wd / k * p)``: the direction over ``k``, new tensors
+    (``run``: the params' slice of the per-param factors)."""
+    u = list(torch._foreach_sqrt(v))
+    torch._foreach_add_(u, list(c.epsilons[run].expand(len(u)).unbind()))
+    torch._foreach_reciprocal_(u)
+    torch._foreach_mul_(u, m)
+    if c.decays is not None:
+        torch._foreach_addcmul_(u, p, list(c.decays[run].expand(len(u)).unbind()))
+    return u
+
+
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
     beta1, beta2 = group["betas"]
     return dict(
@@ -366,65 +437,3 @@ def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
         use_nvlamb=group["use_nvlamb"],
     )
 
-
-def lamb_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    exp_avg_sqs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    norms_sq: tuple[Sequence[Tensor], Sequence[Tensor]] | None = None,
-    **options: Any,
-) -> None:
-    r"""One fused LAMB step over all tensors (Apex FusedLAMB's semantics), with no host sync.
-
-    The global norm of the unscaled grads (all of ``grads``) clips them by
-    ``max(norm / max_grad_norm, 1)``; Adam moments; the update
-    ``m_hat / (sqrt(v_hat) + eps) (+ weight_decay * p in adam_w_mode)``; per tensor the trust
-    ratio ``||p|| / ||update||`` (when ``use_nvlamb`` or ``weight_decay != 0``, and both norms
-    are non-zero); ``p -= lr * ratio * update``. Nothing changes when ``found_inf`` is set.
-
-    Args:
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        norms_sq: two lists of float32 scratch tensors (one per param each, of one element
-            per chunk of the param: :func:`~scaledoptim.kernels.chunk_count`) receiving the
-            partial squared norms of params and updates, or ``None`` to allocate them.
-        options: the keyword arguments of :func:`lamb_args` but the pointers.
-    """
-    if not params:
-        return
-    device = params[0].device
-    norms = norms_sq or [
-        [torch.zeros(chunk_count(p.numel()), device=device) for p in params] for _ in range(2)
-    ]
-    lists = [
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        *norms,
-        *rounding_lists(master_params, sr_seeds),
-        steps,
-    ]
-    grad_norm = _GlobalGradNorm(
-        torch.zeros((), device=device),
-        ChunkPartials(sum(chunk_count(g.numel()) for g in grads), device),
-    )
-    grad_norm_launch = prepare_launch(LAMB_GRAD_NORM_KERNEL, grad_norm.tensor_lists(list(grads)))
-    update = [prepare_launch(kernel, lists) for kernel in (LAMB_NORMS_KERNEL, LAMB_KERNEL)]
-    epilogue = prepare_launch(STEP_EPILOGUE, [steps])
-    found = scalar_pointer(found_inf, "found_inf", device)
-    inv = scalar_pointer(inv_scale, "inv_scale", device)
-    grad_norm_launch.run(grad_norm.kernel_args(found, inv))
-    args = lamb_args(found, inv, grad_norm.out.data_ptr(), **options)
-    for launch in update:
-        launch.run(args)
-    epilogue.run(StepEpilogueArgs(found_inf=found))  # See Note [step counters]: after the update

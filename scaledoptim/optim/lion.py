@@ -1,32 +1,23 @@
-"""Lion: the class, the kernel's arguments (cuda/lion.cu) and the torch form."""
+"""Lion: the class, the kernel's arguments (cuda/lion.cu) and the torch form, once."""
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
-from ..fused.backends import TORCH_NATIVE
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
-from ..torch_ops import (
-    advance_steps_,
-    copy_unless_skipped_,
-    elementwise_batches,
-    scalars,
-    skip_on_host,
-)
+from ..torch_ops import scalars
 
-__all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_", "lion_args"]
+__all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -50,7 +41,6 @@ LION_KERNEL = MultiTensorKernel(
     ("params", "grads", "exp_avgs", *ROUNDING_LISTS, "steps"),
     LionArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(4, 5),
 )
 
 
@@ -107,10 +97,7 @@ class Lion(FusedOptimizer):
 
     kernel = LION_KERNEL
     elementwise = True
-
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _lion_options(group)
+    torch_form_in_place = True
 
     def __init__(
         self,
@@ -143,51 +130,30 @@ class Lion(FusedOptimizer):
     ) -> LionArgs:
         return lion_args(found_inf, inv_scale, **_lion_options(group))
 
-    def torch_update(
-        self,
-        group: dict[str, Any],
-        tensor_lists: list[list[torch.Tensor]],
-        found_inf: torch.Tensor | None,
-    ) -> None:
-        params, grads, exp_avgs, steps = tensor_lists
-        o = _lion_options(group)
-        # See Note [host skip]: the engine's parameter says whether a host read is free here.
-        host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
-        skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None:  # See Note [host skip]: on a CPU, in place
-            if not skip:
-                _lion_in_place_(params, grads, exp_avgs, o)
-                advance_steps_(steps, None)
-            return
-        if o["maximize"]:
-            grads = list(torch._foreach_neg(grads))
-        c = torch._foreach_lerp(exp_avgs, grads, 1 - o["beta1"])
-        new_params = torch._foreach_mul(params, 1 - o["lr"] * o["weight_decay"])
-        torch._foreach_sub_(new_params, torch._foreach_mul(torch._foreach_sign(c), o["lr"]))
-        new_exp_avgs = torch._foreach_lerp(exp_avgs, grads, 1 - o["beta2"])
-        copy_unless_skipped_(params, new_params, found_inf)
-        copy_unless_skipped_(exp_avgs, new_exp_avgs, found_inf)
-        advance_steps_(steps, found_inf)
+    def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
+        """The kernel's arithmetic in place and taken unconditionally: the torch-native backend
+        skips it, on the host on a CPU, else on working copies."""
+        params, grads, exp_avgs, _ = tensor_lists
+        _lion_(params, grads, exp_avgs, _lion_options(group))
 
 
-def _lion_in_place_(
+def _lion_(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], o: dict[str, Any]
 ) -> None:
-    """The update in place, by batches of tensors of about ``BATCH`` elements, with the kernel's
-    arithmetic (the same bits, which stochastic rounding relies on); one temporary list per batch
-    (two with ``maximize``)."""
+    """Lion's torch form, the only one: the update in place, taken unconditionally, with the
+    kernel's arithmetic (the same bits, which stochastic rounding relies on); one temporary
+    list (two with ``maximize``)."""
     lr = o["lr"]
     (decay,) = scalars(params, 1 - lr * o["weight_decay"])
-    for p, g, m in elementwise_batches([params, grads, exp_avgs]):
-        if o["maximize"]:
-            g = list(torch._foreach_neg(g))
-        c = torch._foreach_lerp(m, g, 1 - o["beta1"])
-        torch._foreach_sign_(c)
-        if o["weight_decay"] != 0:  # (times 1 is exact)
-            torch._foreach_mul_(p, decay)
-        torch._foreach_add_(p, c, alpha=-lr)  # sign(c) * lr is exact: fused or not, one rounding
-        del c
-        torch._foreach_lerp_(m, g, 1 - o["beta2"])
+    if o["maximize"]:
+        grads = list(torch._foreach_neg(grads))
+    c = torch._foreach_lerp(exp_avgs, grads, 1 - o["beta1"])
+    torch._foreach_sign_(c)
+    if o["weight_decay"] != 0:  # (times 1 is exact)
+        torch._foreach_mul_(params, decay)
+    torch._foreach_add_(params, c, alpha=-lr)  # sign(c) * lr is exact: fused or not, one rounding
+    del c
+    torch._foreach_lerp_(exp_avgs, grads, 1 - o["beta2"])
 
 
 def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -195,35 +161,3 @@ def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
     return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
                 maximize=group["maximize"])
 
-
-def lion_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused Lion step over all tensors, in fp32 whatever the param and grad dtypes.
-
-    ``c = beta1 * m + (1 - beta1) * g``; ``p = p * (1 - lr * weight_decay) - lr * sign(c)``;
-    ``m = beta2 * m + (1 - beta2) * g`` (``g`` unscaled by ``inv_scale`` in registers, negated
-    if ``maximize``). If ``found_inf`` is given and non-zero, nothing is modified; otherwise each
-    ``steps[i]`` advances by one.
-
-    Args:
-        params, grads, exp_avgs, steps: one tensor per parameter; exp_avgs float32, steps 0-dim
-            float32 counters of taken steps.
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: the keyword arguments of :func:`lion_args` (``lr``, ``beta1``, ``beta2``,
-            ``weight_decay``, ``maximize``).
-    """
-    lists = [params, grads, exp_avgs, *rounding_lists(master_params, sr_seeds), steps]
-    launch_update(LION_KERNEL, lists, found_inf, inv_scale, lambda f, i: lion_args(f, i, **options))

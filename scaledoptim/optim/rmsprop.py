@@ -1,9 +1,9 @@
-"""RMSprop: the class, the kernel's arguments (cuda/rmsprop.cu) and the torch form."""
+"""RMSprop: the class, the kernel's arguments (cuda/rmsprop.cu) and the torch form, once."""
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -11,23 +11,14 @@ from torch import Tensor
 from torch.optim.rmsprop import rmsprop as torch_rmsprop
 
 from ..fused import FusedOptimizer, check_tensor_hyperparameter, hyperparameter
-from ..fused.backends import TORCH_NATIVE
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
-from ..torch_ops import (
-    advance_steps_,
-    copy_unless_skipped_,
-    elementwise_batches,
-    scalars,
-    skip_on_host,
-)
+from ..torch_ops import scalars
 
-__all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_", "rmsprop_args"]
+__all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -54,12 +45,12 @@ RMSPROP_KERNEL = MultiTensorKernel(
     ("params", "grads", "square_avgs", "momentum_buffers", "grad_avgs", *ROUNDING_LISTS, "steps"),
     RmspropArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(6, 7),
 )
 
 
 def rmsprop_args(found_inf: int | None, inv_scale: int | None, **options: Any) -> RmspropArgs:
-    """The kernel's arguments: device scalar pointers, and the options of :func:`rmsprop_`."""
+    """The kernel's arguments: device scalar pointers, and a group's options (``lr``, ``alpha``,
+    ``eps``, ``weight_decay``, ``momentum``, ``centered``, ``maximize``)."""
     return RmspropArgs(
         found_inf=found_inf, inv_scale=inv_scale, one_minus_alpha=1 - options["alpha"], **options
     )
@@ -106,15 +97,12 @@ class RMSprop(FusedOptimizer):
 
     kernel = RMSPROP_KERNEL
     elementwise = True
+    torch_form_in_place = True
     torch_optim = torch.optim.RMSprop
     _legacy_options: ClassVar[dict[str, Any]] = {
         "momentum": 0, "centered": False, "foreach": None, "maximize": False,
         "differentiable": False, "capturable": False,
     }
-
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _rmsprop_options(group)
 
     def __init__(
         self,
@@ -170,40 +158,11 @@ class RMSprop(FusedOptimizer):
     ) -> RmspropArgs:
         return rmsprop_args(found_inf, inv_scale, **_rmsprop_options(group))
 
-    def torch_update(
-        self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
-    ) -> None:
-        """torch.optim.RMSprop's foreach math: on a CPU the skip is read on the host (free
-        there) and the update runs in place; elsewhere it is skipped on device where
-        ``found_inf`` is set."""
-        params, grads, square_avgs, buffers, grad_avgs, steps = tensor_lists
-        o = _rmsprop_options(group)
-        # See Note [host skip]: the engine's parameter says whether a host read is free here.
-        host_reads = bool(params) and TORCH_NATIVE.host_reads_free(params[0].device)
-        skip = skip_on_host(found_inf, host_reads) if params else None
-        if skip is not None:
-            if not skip:
-                _rmsprop_in_place_(params, grads, square_avgs, buffers, grad_avgs, o)
-                advance_steps_(steps, None)
-            return
-        grads = _rmsprop_grads(grads, params, o)
-        new_square_avgs = list(torch._foreach_mul(square_avgs, o["alpha"]))
-        torch._foreach_addcmul_(new_square_avgs, grads, grads, value=1 - o["alpha"])
-        new_grad_avgs: list[Tensor] = []
-        if o["centered"]:
-            new_grad_avgs = list(torch._foreach_lerp(grad_avgs, grads, 1 - o["alpha"]))
-            copy_unless_skipped_(grad_avgs, new_grad_avgs, found_inf)
-        avg = _rmsprop_denominators(new_square_avgs, new_grad_avgs, o["eps"])
-        if o["momentum"] > 0:
-            new_buffers = torch._foreach_mul(buffers, o["momentum"])
-            torch._foreach_addcdiv_(new_buffers, grads, avg)
-            new_params = torch._foreach_add(params, new_buffers, alpha=-o["lr"])
-            copy_unless_skipped_(buffers, new_buffers, found_inf)
-        else:
-            new_params = torch._foreach_addcdiv(params, grads, avg, value=-o["lr"])
-        copy_unless_skipped_(params, new_params, found_inf)
-        copy_unless_skipped_(square_avgs, new_square_avgs, found_inf)
-        advance_steps_(steps, found_inf)
+    def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
+        """torch.optim.RMSprop's foreach math, in place and taken unconditionally: the
+        torch-native backend skips it, on the host on a CPU, else on working copies."""
+        params, grads, square_avgs, buffers, grad_avgs, _ = tensor_lists
+        _rmsprop_(params, grads, square_avgs, buffers, grad_avgs, _rmsprop_options(group))
 
     def torch_optim_update(
         self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
@@ -241,11 +200,14 @@ def _rmsprop_denominators(
         torch._foreach_sqrt_(avg)
     else:
         avg = list(torch._foreach_sqrt(square_avgs))
-    torch._foreach_add_(avg, eps)
+    if isinstance(eps, Tensor):  # alpha= takes the Tensor overload, not the Scalar's .item()
+        torch._foreach_add_(avg, eps, alpha=1)
+    else:
+        torch._foreach_add_(avg, eps)
     return avg
 
 
-def _rmsprop_in_place_(
+def _rmsprop_(
     params: list[Tensor],
     grads: list[Tensor],
     square_avgs: list[Tensor],
@@ -253,26 +215,23 @@ def _rmsprop_in_place_(
     grad_avgs: list[Tensor],
     o: dict[str, Any],
 ) -> None:
-    """The update on a CPU, in place, by batches of about ``BATCH`` elements: the sync-free
-    form's ops in its order on the same operands, so the same bits (0-dim tensors for the
-    Python scalars that torch's CPU foreach ops would wrap per tensor, the same value rounded
-    once either way); at most two temporary lists per batch, the grads the update reads (with
-    ``maximize`` or weight decay) and the denominators (Note [host skip])."""
+    """RMSprop's torch form, the only one: the update in place, taken unconditionally (0-dim
+    tensors on a CPU for the Python scalars that torch's CPU foreach ops would wrap per tensor,
+    the same value rounded once either way); two temporary lists, the grads the update reads
+    (with ``maximize`` or weight decay) and the denominators."""
     alpha, eps, momentum = scalars(params, o["alpha"], o["eps"], o["momentum"])
-    lists = [params, grads, square_avgs, buffers, grad_avgs]
-    for p, g, v, b, g_avg in elementwise_batches(lists):
-        g = _rmsprop_grads(g, p, o)
-        torch._foreach_mul_(v, alpha)
-        torch._foreach_addcmul_(v, g, g, value=1 - o["alpha"])  # a Scalar: no per-tensor wrap
-        if o["centered"]:
-            torch._foreach_lerp_(g_avg, g, 1 - o["alpha"])
-        avg = _rmsprop_denominators(v, g_avg, eps)
-        if o["momentum"] > 0:
-            torch._foreach_mul_(b, momentum)
-            torch._foreach_addcdiv_(b, g, avg)
-            torch._foreach_add_(p, b, alpha=-o["lr"])
-        else:
-            torch._foreach_addcdiv_(p, g, avg, value=-o["lr"])
+    grads = _rmsprop_grads(grads, params, o)
+    torch._foreach_mul_(square_avgs, alpha)
+    torch._foreach_addcmul_(square_avgs, grads, grads, value=1 - o["alpha"])  # a Scalar
+    if o["centered"]:
+        torch._foreach_lerp_(grad_avgs, grads, 1 - o["alpha"])
+    avg = _rmsprop_denominators(square_avgs, grad_avgs, eps)
+    if o["momentum"] > 0:
+        torch._foreach_mul_(buffers, momentum)
+        torch._foreach_addcdiv_(buffers, grads, avg)
+        torch._foreach_add_(params, buffers, alpha=-o["lr"])
+    else:
+        torch._foreach_addcdiv_(params, grads, avg, value=-o["lr"])
 
 
 def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -282,39 +241,3 @@ def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
         centered=group["centered"], maximize=group["maximize"],
     )
 
-
-def rmsprop_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    square_avgs: Sequence[Tensor],
-    momentum_buffers: Sequence[Tensor],
-    grad_avgs: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused RMSprop step over all tensors (``torch.optim.RMSprop``, ``foreach=False`` math).
-
-    fp32 math; params fp32/fp16/bf16 rounded once; grads fp32/fp16/bf16; state float32. If
-    ``found_inf`` is given and non-zero, nothing is modified. Otherwise grads are unscaled in
-    registers by ``inv_scale`` and ``steps[i]`` advances by one.
-
-    Args:
-        momentum_buffers: one float32 tensor per param, or an empty list when ``momentum == 0``.
-        grad_avgs: one float32 tensor per param, or an empty list unless ``centered``.
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: ``lr``, ``alpha``, ``eps``, ``weight_decay``, ``momentum``, ``centered``,
-            ``maximize``.
-    """
-    lists = [params, grads, square_avgs, momentum_buffers, grad_avgs,
-             *rounding_lists(master_params, sr_seeds), steps]
-    launch_update(
-        RMSPROP_KERNEL, lists, found_inf, inv_scale, lambda f, i: rmsprop_args(f, i, **options)
-    )

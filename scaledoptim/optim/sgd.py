@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, ClassVar, cast
 
 import torch
@@ -19,12 +19,10 @@ from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
-    launch_update,
-    rounding_lists,
 )
 from ..torch_ops import advance_steps_
 
-__all__ = ["SGD", "SGD_KERNEL", "SgdArgs", "sgd_", "sgd_args"]
+__all__ = ["SGD", "SGD_KERNEL", "SgdArgs", "sgd_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -49,7 +47,6 @@ SGD_KERNEL = MultiTensorKernel(
     ("params", "grads", "momentum_buffers", *ROUNDING_LISTS, "steps"),
     SgdArgs,
     dtype_lists=(0, 1),
-    per_tensor_lists=(4, 5),
 )
 
 
@@ -123,10 +120,6 @@ class SGD(FusedOptimizer):
     }
     _state_may_lack_step = True
 
-    @staticmethod
-    def update_options(group: dict[str, Any]) -> dict[str, Any]:
-        return _sgd_options(group)
-
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -186,7 +179,8 @@ class SGD(FusedOptimizer):
         found_inf: torch.Tensor | None,
         grad_scale: torch.Tensor | None = None,
     ) -> None:
-        """torch's fused SGD, with the first step decided on device.
+        """torch's fused SGD, with the first step decided on device; it takes ``found_inf`` (and
+        ``grad_scale``) itself: SGD's single torch form, on every device.
 
         The momentum buffers start at zero, so ``momentum * 0 + (1 - dampening) * d_p`` is
         torch's first-step ``buf = d_p`` whenever ``dampening == 0``; with dampening they are
@@ -269,39 +263,3 @@ def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
         maximize=group["maximize"],
     )
 
-
-def sgd_(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    momentum_buffers: Sequence[Tensor],
-    steps: Sequence[Tensor],
-    *,
-    found_inf: Tensor | None,
-    inv_scale: Tensor | None,
-    master_params: Sequence[Tensor] = (),
-    sr_seeds: Sequence[Tensor] = (),
-    **options: Any,
-) -> None:
-    r"""One fused SGD step over all tensors (``torch.optim.SGD``, ``foreach=False`` math).
-
-    fp32 math; params fp32/fp16/bf16 rounded once; grads fp32/fp16/bf16; buffers float32.
-    If ``found_inf`` is given and non-zero, nothing is modified. Otherwise grads are unscaled in
-    registers by ``inv_scale`` and ``steps[i]`` advances by one. On a parameter's first taken
-    step (``steps[i] == 0`` before it) the momentum buffer is set to the gradient, as torch does
-    when it creates the buffer, so buffers may start with any content.
-
-    Args:
-        momentum_buffers: one float32 tensor per param, or an empty list when ``momentum == 0``.
-        steps: one 0-dim float32 tensor per param, counting taken steps.
-        found_inf: 0-dim float32 device tensor, or ``None`` to always step.
-        inv_scale: 0-dim float32 device tensor, or ``None`` when grads are not scaled.
-        master_params, sr_seeds: the param rounding lists (see
-            :func:`scaledoptim.kernels.rounding_lists`), empty to round to nearest.
-        options: the keyword arguments of :func:`sgd_args` (``lr``, ``momentum``,
-            ``dampening``, ``nesterov``, ``weight_decay``, ``maximize``).
-    """
-    if options["momentum"] != 0 and len(momentum_buffers) != len(params):
-        raise ValueError("sgd_ with momentum != 0 needs one momentum buffer per param")
-    lists = [params, grads, momentum_buffers if options["momentum"] != 0 else [],
-             *rounding_lists(master_params, sr_seeds), steps]
-    launch_update(SGD_KERNEL, lists, found_inf, inv_scale, lambda f, i: sgd_args(f, i, **options))

@@ -5,8 +5,7 @@ Like torch's ``torch.testing._internal.common_optimizers.optim_db``: a generic t
 is adding a row. Rows are chosen by name or property (:func:`row`, :func:`rows`), never by
 position. A row is written by keyword and names its configs and error inputs by function (in
 ``optim_inputs.py``), as torch's ``OptimizerInfo`` names its ``optim_inputs_func`` and
-``optim_error_inputs_func``; it reads an optimizer's options through its public
-``update_options``, no private of the optimizer.
+``optim_error_inputs_func``; it reads no private of the optimizer.
 
 Each row names its reference: the ``torch.optim`` class of the same math, or ``None`` when torch
 has none (Lion, LAMB); then the reference is the optimizer's own torch form run in float64
@@ -30,7 +29,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from scaledoptim.fused import FusedOptimizer
 from scaledoptim.kernels import MultiTensorKernel
@@ -42,12 +40,6 @@ from scaledoptim.optim import (
     AdamW,
     Lion,
     RMSprop,
-    adagrad,
-    adam,
-    lamb,
-    lion,
-    rmsprop,
-    sgd,
 )
 from scaledoptim.protocol import LBFGS
 
@@ -75,7 +67,7 @@ from .optim_inputs import (
 )
 
 __all__ = [
-    "Config", "ErrorInput", "Functional", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
+    "Config", "ErrorInput", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
     "rows", "sweep",
 ]
 
@@ -94,12 +86,6 @@ class Tolerance:
     state_atol: float = 1e-7
     trajectory_rtol: float = 1e-5
     trajectory_atol: float = 1e-7
-
-
-#: ``functional(group, lists, found_inf, inv_scale)``: an optimizer's public functional entry point
-#: (``scaledoptim.optim.x.x_``) called on its kernel's tensor lists, in the kernel's order (the
-#: stochastic-rounding seeds as the int32 tensors a caller passes), with ``group``'s options.
-Functional = Callable[[dict[str, Any], list[list[Tensor]], Tensor | None, Tensor | None], None]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,9 +111,6 @@ class OptimInfo:
         mixed_param_dtypes: the param dtypes a test may mix in one launch (a float64 reference
             can hold a 16-bit param that nearly cancels its update to more than an ulp).
         needs_closure: ``step()`` evaluates a closure (LBFGS).
-        functional_entry: its public functional entry point, called as ``entry(*lists, steps,
-            found_inf=, inv_scale=, master_params=, sr_seeds=, **options)`` over its kernel's
-            lists, the options being ``cls.update_options(group)``; or ``None``.
     """
 
     name: str
@@ -140,7 +123,6 @@ class OptimInfo:
     tolerance: Tolerance = Tolerance()
     mixed_param_dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
     needs_closure: bool = False
-    functional_entry: Callable[..., None] | None = None
     #: ``configs_func()``, called once.
     configs: tuple[Config, ...] = dataclasses.field(init=False)
     #: ``error_inputs_func()``, called once.
@@ -157,25 +139,6 @@ class OptimInfo:
     def fused(self) -> bool:
         """Whether its update is one of our kernels (a :class:`~scaledoptim.FusedOptimizer`)."""
         return issubclass(self.cls, FusedOptimizer)
-
-    @property
-    def functional(self) -> Functional | None:
-        """Its :data:`Functional`: :attr:`functional_entry` called on a kernel's lists with a
-        group's options as the optimizer's update takes them (``cls.update_options``)."""
-        entry = self.functional_entry
-        if entry is None:
-            return None
-        options = self.cls.update_options  # type: ignore[attr-defined]  # a FusedOptimizer
-
-        def call(
-            group: dict[str, Any], lists: list[list[Tensor]], found_inf: Tensor | None,
-            inv_scale: Tensor | None,
-        ) -> None:
-            *tensors, masters, seeds, steps = lists
-            entry(*tensors, steps, found_inf=found_inf, inv_scale=inv_scale,
-                  master_params=masters, sr_seeds=seeds, **options(group))
-
-        return call
 
     @property
     def kernels(self) -> tuple[MultiTensorKernel, ...]:
@@ -242,16 +205,6 @@ class OptimInfo:
         return torch.float64 if self.reference is None else None
 
 
-def _lamb_entry(
-    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-    param_norms_sq: list[Tensor], update_norms_sq: list[Tensor], steps: list[Tensor],
-    **options: Any,
-) -> None:
-    """``lamb.lamb_`` taking its kernel's norm lists in place, as every other entry point."""
-    lamb.lamb_(params, grads, exp_avgs, exp_avg_sqs, steps,
-               norms_sq=(param_norms_sq, update_norms_sq), **options)
-
-
 _ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps": (1e-10, 1e-3)}
 
 optim_db: tuple[OptimInfo, ...] = (
@@ -262,7 +215,6 @@ optim_db: tuple[OptimInfo, ...] = (
         configs_func=configs_adamw,
         error_inputs_func=error_inputs_adam,
         ranges=_ADAM_RANGES,
-        functional_entry=adam.adam_,
     ),
     OptimInfo(
         name="Adam",
@@ -271,7 +223,6 @@ optim_db: tuple[OptimInfo, ...] = (
         configs_func=configs_adam,
         error_inputs_func=error_inputs_adam,
         ranges=_ADAM_RANGES,
-        functional_entry=adam.adam_,
     ),
     OptimInfo(
         name="SGD",
@@ -280,7 +231,6 @@ optim_db: tuple[OptimInfo, ...] = (
         configs_func=configs_sgd,
         error_inputs_func=error_inputs_sgd,
         ranges={"lr": (1e-4, 1.0)},
-        functional_entry=sgd.sgd_,
     ),
     OptimInfo(
         name="Adagrad",
@@ -289,7 +239,6 @@ optim_db: tuple[OptimInfo, ...] = (
         configs_func=configs_adagrad,
         error_inputs_func=error_inputs_adagrad,
         ranges={"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
-        functional_entry=adagrad.adagrad_,
     ),
     OptimInfo(
         name="RMSprop",
@@ -304,7 +253,6 @@ optim_db: tuple[OptimInfo, ...] = (
         tolerance=Tolerance(
             param_rtol=1e-5, state_rtol=1e-5, state_atol=1e-5, trajectory_atol=1e-6
         ),
-        functional_entry=rmsprop.rmsprop_,
     ),
     OptimInfo(
         name="Lion",
@@ -313,7 +261,6 @@ optim_db: tuple[OptimInfo, ...] = (
         configs_func=configs_lion,
         error_inputs_func=error_inputs_lion,
         ranges={"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.999))},
-        functional_entry=lion.lion_,
     ),
     OptimInfo(
         name="LAMB",
@@ -327,7 +274,6 @@ optim_db: tuple[OptimInfo, ...] = (
         # Against a float64 reference, a 16-bit param that nearly cancels its update is off by
         # more than an ulp (the every-dtype tests hold them to one ulp at boundary sizes).
         mixed_param_dtypes=(torch.float32,),
-        functional_entry=_lamb_entry,
     ),
     OptimInfo(
         name="LBFGS",
@@ -354,12 +300,10 @@ def rows(
     reference: bool | None = None,
     closure: bool | None = None,
     rounding: bool | None = None,
-    functional: bool | None = None,
 ) -> tuple[OptimInfo, ...]:
     """The rows with these properties (``None``: either): ``fused`` (our kernels),
     ``reference`` (a torch.optim reference), ``closure`` (``step()`` needs a closure),
-    ``rounding`` (takes ``master_weights`` and ``stochastic_rounding``), ``functional`` (has a
-    functional entry point)."""
+    ``rounding`` (takes ``master_weights`` and ``stochastic_rounding``)."""
     return tuple(
         info
         for info in optim_db
@@ -367,5 +311,4 @@ def rows(
         and (reference is None or (info.reference is not None) == reference)
         and (closure is None or info.needs_closure == closure)
         and (rounding is None or info.rounding == rounding)
-        and (functional is None or (info.functional is not None) == functional)
     )

@@ -1,4 +1,4 @@
-"""The batches and 0-dim hyper-parameters of the in-place CPU forms."""
+"""The batches and 0-dim hyper-parameters of the optimizers' in-place torch forms."""
 
 from __future__ import annotations
 
@@ -33,13 +33,19 @@ def batches(tensors: Sequence[Tensor], limit: int = BATCH) -> list[slice]:
 
 
 def scalars(like: Sequence[Tensor], *values: float) -> list[Any]:
-    """``values`` as 0-dim tensors of the dtype and device of the tensors ``like`` (Python
-    floats when they mix dtypes). torch's CPU foreach ops loop over the tensors and wrap a
-    Python scalar into a double tensor and convert it for each (~4 us a tensor: 9 ms a step
-    over 2000 tensors); a 0-dim tensor of their dtype is used as it is, with the same value
-    (the scalar rounded once to the dtype either way)."""
+    """``values`` as 0-dim tensors of the dtype and device of the CPU tensors ``like`` (Python
+    floats when they mix dtypes or are not on a CPU). torch's CPU foreach ops loop over the
+    tensors and wrap a Python scalar into a double tensor and convert it for each (~4 us a
+    tensor: 9 ms a step over 2000 tensors); a 0-dim tensor of their dtype is used as it is,
+    with the same value (the scalar rounded once to the dtype either way). Elsewhere a foreach
+    kernel takes the Python scalar as an argument, where a tensor made from it would be a copy
+    from the host."""
     dtype = like[0].dtype if like else None
-    if dtype is None or not all(map(dtype.__eq__, map(_DTYPE, like))):
+    if (
+        dtype is None
+        or like[0].device.type != "cpu"
+        or not all(map(dtype.__eq__, map(_DTYPE, like)))
+    ):
         return list(values)
     return [torch.tensor(value, dtype=dtype, device=like[0].device) for value in values]
 

@@ -125,9 +125,10 @@ def copy_unless_skipped_(
 # The sync-free contract (found_inf stays on device, a skipped step is a no-op decided there)
 # exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
 # so on a CPU the torch forms read found_inf and skip on the host, and update in place with
-# foreach ops; the sync-free form (a `torch.where` + copy per list, every intermediate a new
-# full-size tensor) stays for every other device, and for a step autograd records (a
-# differentiable step). Whether host reads are allowed is the engine's parameter
+# foreach ops; the sync-free way (the same form on working copies, then a `torch.where` + copy per
+# list: see Note [one torch form] in fused/backends/torch_native.py) stays for every other
+# device, and for a step autograd records (a differentiable step). Whether host reads are allowed
+# is the engine's parameter
 # (`TorchNativeBackend.host_skip` in fused/backends/torch_native.py), passed by whoever calls
 # `skip_on_host` or `stochastic_round_`: this package keeps no switch. The engine's
 # `decide_skips_on_device()` makes the CPU take the sync-free forms too, so the suite and the

@@ -4,7 +4,7 @@ as the kernel backend launches it (tests/support/launches.py).
 
 Every config of every row (the sweep: a config is a few emulated launches) in every param x grad
 dtype pair, on boundary sizes and misaligned views; mixed dtypes and hyper-parameters drawn from
-the row's ranges by hypothesis; and each row's functional entry point against the launch.
+the row's ranges by hypothesis; and the launches against a step of the optimizer itself.
 """
 
 from __future__ import annotations
@@ -74,20 +74,25 @@ def test_matches_reference_for_mixed_dtypes_and_hyperparameters(info, data, size
     check_parity(info, config, params, grads, inv_scale, n_steps=2, seed=seed, **changes)
 
 
-@pytest.mark.parametrize("info", rows(fused=True, functional=True), ids=str)
-def test_the_functional_entry_point_launches_what_the_optimizer_does(info):
-    """``scaledoptim.optim.x.x_(*lists, ...)`` launches exactly what the optimizer's path does."""
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def test_the_launches_here_are_what_a_step_of_the_optimizer_launches(info, monkeypatch):
+    """The kernel tests launch a row's update from the optimizer's own planning hooks
+    (tests/support/launches.py): a step of the optimizer on the emulator writes the same bytes."""
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
     for config in info.configs:
         generator = torch.Generator().manual_seed(2)
-        params, grads = boundary_params_and_grads(torch.bfloat16, torch.float16, generator)
-        ours = row_update(info, params, grads, config)
+        params, grads = boundary_params_and_grads(torch.bfloat16, torch.bfloat16, generator)
         # Copies aligned as the originals: a reduction (LAMB's norms) sums vector lanes in an
         # order that depends on the alignment.
-        theirs = [
-            [misaligned(t) if t.storage_offset() else t.clone() for t in ts] for ts in ours.lists
-        ]
-        found_inf, inv_scale = torch.zeros(()), torch.tensor(0.5)
-        ours.launch(found_inf, inv_scale)
-        assert info.functional is not None
-        info.functional(ours.group, theirs, found_inf, inv_scale)
-        assert_bytes_unchanged([t for ts in theirs for t in ts], ours.tensors)
+        copies = [misaligned(p) if p.storage_offset() else p.clone() for p in params]
+        ours = row_update(info, params, grads, config)
+        ours.launch(torch.zeros(()), torch.tensor(0.5))
+        opt = info.make(copies, config)
+        for p, g in zip(copies, grads):
+            p.grad = g.clone()
+        _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=2.0)
+        assert found_inf.item() == 0
+        assert_bytes_unchanged(copies, ours.params)
+        theirs = [opt.state[p] for p in copies]
+        for state, expected in zip(theirs, ours.state_dicts()):
+            assert_bytes_unchanged([state[key] for key in expected], list(expected.values()))

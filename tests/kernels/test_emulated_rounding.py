@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scaledoptim import kernels
 from scaledoptim.testing.optim_db import OptimInfo, row, rows
 from scaledoptim.torch_ops import initial_seed, stochastic_round_
 from tests.support.launches import RowUpdate, row_update
@@ -88,16 +89,10 @@ def test_stochastic_rounding_is_unbiased():
     assert abs((values > 1).float().mean().item() - 0.3) < 0.006
 
 
-@pytest.mark.parametrize("info", rows(fused=True, rounding=True, functional=True), ids=str)
-def test_masters_and_seeds_are_exclusive_and_seeds_are_int32(info):
-    params, grads = _bf16_params_and_grads()
-    update = row_update(info, params, grads)
-    *lists, steps = [*update.lists[:-3], update.steps]
+def test_masters_and_seeds_are_exclusive_and_seeds_are_int32():
+    params, _ = _bf16_params_and_grads()
     masters, seeds = [p.float() for p in params], [initial_seed(i) for i in range(len(params))]
-    assert info.functional is not None
     with pytest.raises(ValueError, match="exclusive"):
-        info.functional(update.group, [*lists, masters, seeds, steps], None, None)
+        kernels.rounding_lists(masters, seeds)
     with pytest.raises(ValueError, match="0-dim int32"):
-        info.functional(
-            update.group, [*lists, [], [torch.zeros(())] * len(params), steps], None, None
-        )
+        kernels.rounding_lists([], [torch.zeros(())] * len(params))

@@ -1,5 +1,7 @@
-"""The torch-native backend: each optimizer's torch form (``Update.torch_update``), sync-free on
-any device.
+"""The torch-native backend: each optimizer's torch form, sync-free on any device: its
+``Update.torch_update`` over torch's fused ops, or its ``Update.torch_form_`` through one of the
+two drivers here (on a CPU, the skip read on the host; or working copies copied back unless
+skipped).
 
 torch's ``_fused_adam(w)_`` / ``_fused_sgd_`` read ``found_inf`` on device and skip the whole
 update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they need params,
@@ -31,12 +33,27 @@ from torch import Tensor
 from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
-from ...torch_ops import stochastic_round_, unscale_dense_, unscale_in_place_
+from ...torch_ops import (
+    advance_steps_,
+    copy_unless_skipped_,
+    elementwise_batches,
+    skip_on_host,
+    stochastic_round_,
+    unscale_dense_,
+    unscale_in_place_,
+)
 from ..update import GradReduction, Group, ScaledTorchUpdate, TensorLists, Update
 from .base import Backend, PreparedUpdate
 from .working_copies import UnscaledCheck, WorkingCopies
 
-__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate", "decide_skips_on_device"]
+__all__ = [
+    "TORCH_NATIVE",
+    "TorchNativeBackend",
+    "TorchUpdate",
+    "decide_skips_on_device",
+    "update_in_place_",
+    "update_on_working_copies_",
+]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -311,11 +328,77 @@ class TorchUpdate:
             torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
 
     def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
-        """The update over the working lists."""
-        self.update.torch_update(self.group, lists, found_inf)
+        """The update over the working lists: ``Update.torch_update``, or one of the two
+        drivers of ``Update.torch_form_``."""
+        # See Note [one torch form].
+        update = self.update
+        if not update.torch_form_in_place:  # torch's fused ops: they skip on found_inf
+            update.torch_update(self.group, lists, found_inf)
+            return
+        params = lists[0]
+        if not params:
+            return
+        skip = skip_on_host(found_inf, TORCH_NATIVE.host_reads_free(params[0].device))
+        if skip:
+            return
+        if skip is None and (found_inf is not None or torch.is_grad_enabled()):
+            update_on_working_copies_(update, self.group, lists, found_inf)
+            return
+        advance_steps_(lists[-1], None)  # the step is taken: the form reads the new count
+        update_in_place_(update, self.group, lists, batched=skip is not None)
 
     def repoint(self, pointers: list[int]) -> None:
         pass  # it holds no grads
+
+
+# Note [one torch form]
+# ~~~~~~~~~~~~~~~~~~~~~
+# RMSprop, Lion and LAMB have no torch op that takes found_inf, so each writes its torch math
+# once, in place over lists and taken unconditionally (``Update.torch_form_``), and this module
+# owns the two ways to skip it:
+# * on the host (a CPU, Note [host skip] in torch_ops/skip.py): the skip is read, and a taken
+#   step runs the form on the lists themselves, an elementwise update batch by batch
+#   (``elementwise_batches``: the temporaries stay in the cache), LAMB (per-tensor and global
+#   norms) over the whole lists, which it batches itself;
+# * on device (any device: a GPU, a differentiable step, ``decide_skips_on_device``): the counters
+#   advance unless skipped, the form runs on working copies (clones) of what it writes, the
+#   params and state lists, and they are copied back unless found_inf is set.
+# Both run the same function over the same values, so they give the same bits by construction
+# (tests/fused/test_host_skip.py checks it still). Adam(W), SGD and Adagrad call torch's fused
+# ops, which take found_inf themselves: they keep their single form, ``Update.torch_update``.
+
+
+def update_in_place_(update: Update, group: Group, lists: TensorLists, batched: bool) -> None:
+    """``update.torch_form_`` on ``lists`` themselves (the step is taken; the counters already
+    count it): by batches of about ``BATCH`` elements if ``batched`` and the update is
+    elementwise (without the counters, which an elementwise form does not read), else over the
+    whole lists: the same function as :func:`update_on_working_copies_` runs, so the same
+    bits."""
+    if not (batched and update.elementwise):
+        update.torch_form_(group, lists)
+        return
+    for batch in elementwise_batches(lists[:-1]):
+        update.torch_form_(group, [*batch, []])
+
+
+def update_on_working_copies_(
+    update: Update, group: Group, lists: TensorLists, found_inf: Tensor | None
+) -> None:
+    """``update.torch_form_`` on clones of the params and state lists (what it writes), copied
+    back unless ``found_inf`` is set, and the counters advanced unless it is: all on device, no
+    host read."""
+    steps = lists[-1]
+    advance_steps_(steps, found_inf)  # first: the form reads the new count (unused if skipped)
+    # Not the grads (1), nor the kernels' per-chunk scratch, which the form leaves alone.
+    scratch = update.kernel.per_chunk_lists
+    written = [i for i in range(len(lists) - 1) if i != 1 and i not in scratch]
+    work = list(lists)
+    for i in written:
+        work[i] = [t.clone() for t in lists[i]]
+    update.torch_form_(group, work)
+    for i in written:
+        # See Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
+        copy_unless_skipped_(_local_shards(lists[i]), _local_shards(work[i]), found_inf)
 
 
 class _TorchReduction:
