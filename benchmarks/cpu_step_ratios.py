@@ -163,37 +163,25 @@ RMSPROP = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, centered=False)
 # The clip case's max_grad_norm: the unscaled grads (randn) have a norm of ~sqrt(numel), so
 # every step clips.
 CLIP = 1.0
-CASES: dict[str, dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]] = {
-    "AdamW": {
-        "ours": (torch.float32, lambda p: ours(scaledoptim.AdamW(p, **ADAMW))),
-        "GS+fused": (
-            torch.float32,
-            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, fused=True)),
-        ),
+Contenders = dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]
+
+
+def _ours_and_gs(ours_class: type, torch_class: type, options: dict[str, Any]) -> Contenders:
+    """Ours against GradScaler around torch's fused and foreach forms of the same optimizer."""
+    return {
+        "ours": (torch.float32, lambda p: ours(ours_class(p, **options))),
+        "GS+fused": (torch.float32, lambda p: gradscaler(torch_class(p, **options, fused=True))),
         "GS+foreach": (
             torch.float32,
-            lambda p: gradscaler(torch.optim.AdamW(p, **ADAMW, foreach=True)),
+            lambda p: gradscaler(torch_class(p, **options, foreach=True)),
         ),
-    },
-    "Adagrad": {
-        "ours": (torch.float32, lambda p: ours(scaledoptim.Adagrad(p, **ADAGRAD))),
-        "GS+fused": (
-            torch.float32,
-            lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, fused=True)),
-        ),
-        "GS+foreach": (
-            torch.float32,
-            lambda p: gradscaler(torch.optim.Adagrad(p, **ADAGRAD, foreach=True)),
-        ),
-    },
-    "SGD": {
-        "ours": (torch.float32, lambda p: ours(scaledoptim.SGD(p, **SGD))),
-        "GS+fused": (torch.float32, lambda p: gradscaler(torch.optim.SGD(p, **SGD, fused=True))),
-        "GS+foreach": (
-            torch.float32,
-            lambda p: gradscaler(torch.optim.SGD(p, **SGD, foreach=True)),
-        ),
-    },
+    }
+
+
+CASES: dict[str, Contenders] = {
+    "AdamW": _ours_and_gs(scaledoptim.AdamW, torch.optim.AdamW, ADAMW),
+    "Adagrad": _ours_and_gs(scaledoptim.Adagrad, torch.optim.Adagrad, ADAGRAD),
+    "SGD": _ours_and_gs(scaledoptim.SGD, torch.optim.SGD, SGD),
     "RMSprop": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.RMSprop(p, **RMSPROP))),
         "GS+foreach": (
