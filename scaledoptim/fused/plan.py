@@ -16,7 +16,7 @@ from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ..protocol.clipping import clip_in_place_
 from ..protocol.plans import PendingStep
 from ..protocol.validation import check_param_grads
-from ..torch_ops import PackedSteps, refuse_during_capture
+from ..torch_ops import PackedSteps, local_tensors, refuse_during_capture
 from .backends import (
     TORCH_NATIVE,
     TORCH_OPTIM,
@@ -37,7 +37,7 @@ from .rounding import (
     resync_masters_,
     stage_rounding_state,
 )
-from .sharded import MeshAgreement, check_dtensor_update, kernels_take_shards, local_tensors
+from .sharded import MeshAgreement, check_dtensor_update, kernels_take_shards
 from .state import stage_state
 from .update import Group, TensorLists, Update
 

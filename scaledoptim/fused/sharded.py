@@ -46,10 +46,10 @@ from torch import Tensor
 from ..kernels import PLAIN_TENSOR_TYPES
 from ..protocol.clipping import agree_on_sum_of_squares
 from ..scale import agree_on_found_inf
-from ..torch_ops import MeshSums
+from ..torch_ops import MeshSums, local_tensors
 from .update import Group, Update
 
-__all__ = ["MeshAgreement", "check_dtensor_update", "kernels_take_shards", "local_tensors"]
+__all__ = ["MeshAgreement", "check_dtensor_update", "kernels_take_shards"]
 
 
 def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
@@ -79,21 +79,11 @@ def kernels_take_shards(update: Update, params: list[Tensor]) -> bool:
     for param in params:
         if type(param) in PLAIN_TENSOR_TYPES:
             continue
-        if not isinstance(param, DTensor) or type(_local(param)) not in PLAIN_TENSOR_TYPES:
+        if not isinstance(param, DTensor) or type(param.to_local()) not in PLAIN_TENSOR_TYPES:
             return False
         if any(placement.is_partial() for placement in param.placements):
             return False
     return True
-
-
-def local_tensors(tensors: list[Tensor]) -> list[Tensor]:
-    """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
-    return [t if type(t) in PLAIN_TENSOR_TYPES else _local(t) for t in tensors]
-
-
-def _local(tensor: Any) -> Tensor:
-    local: Tensor = tensor.to_local()
-    return local
 
 
 class MeshAgreement:

@@ -14,7 +14,7 @@
   counter-based hash of stochastic rounding, the same integer arithmetic as ``so_sr_noise`` in
   ``cuda/dtypes.cuh`` (Note [stochastic rounding]), so both backends round to the same bits.
 * :class:`MeshSums`: per-tensor sums over whole DTensors, each shard's partial summed over the
-  mesh (Note [sums over the mesh]).
+  mesh (Note [sums over the mesh]); :func:`local_tensors`: each DTensor's local shard.
 * :func:`capturing` and :func:`refuse_during_capture`: CUDA-graph capture guards.
 """
 
@@ -31,7 +31,7 @@ from .batches import (
 )
 from .capture import capturing, refuse_during_capture
 from .rounding import SR_CHUNK, StochasticRounding, initial_seed, stochastic_round_
-from .sharded import MeshSums
+from .sharded import MeshSums, local_tensors
 from .skip import (
     PackedSteps,
     advance_steps_,
@@ -54,6 +54,7 @@ __all__ = [
     "copy_unless_skipped_",
     "elementwise_batches",
     "initial_seed",
+    "local_tensors",
     "refuse_during_capture",
     "scalars",
     "skip_on_host",

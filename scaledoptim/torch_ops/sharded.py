@@ -21,7 +21,16 @@ from torch import Tensor
 # subclasses] in fused/backends/torch_native.py) and the reduction runs on skipped steps too.
 # Plain tensors are whole on every rank: their sums are not reduced.
 
-_PLAIN = (Tensor, torch.nn.Parameter)
+_PLAIN = frozenset((Tensor, torch.nn.Parameter))
+
+
+def local_tensors(tensors: list[Tensor]) -> list[Tensor]:
+    """Each DTensor's local tensor (a view of its storage), every other tensor as it is (a
+    ``__torch_dispatch__`` wrapper subclass is a whole tensor: its ops see all of it)."""
+    return [
+        t if type(t) in _PLAIN or not hasattr(t, "to_local") else t.to_local()
+        for t in tensors
+    ]
 
 
 class MeshSums:
@@ -64,10 +73,7 @@ class MeshSums:
 
     def local(self, tensors: list[Tensor]) -> list[Tensor]:
         """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
-        if not self.sharded:
-            return tensors
-        # Other subclasses (a __torch_dispatch__ wrapper) are whole tensors: their ops sum them.
-        return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return local_tensors(tensors) if self.sharded else tensors
 
 
     def reduce_(self, partials: Tensor) -> Tensor:

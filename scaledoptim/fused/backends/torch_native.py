@@ -37,6 +37,7 @@ from ...torch_ops import (
     advance_steps_,
     copy_unless_skipped_,
     elementwise_batches,
+    local_tensors,
     skip_on_host,
     stochastic_round_,
     unscale_dense_,
@@ -73,14 +74,6 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # reaches the plain ``found_inf``, so every rank of the mesh sees an overflow in any shard and
 # skips with the others, with or without ``process_group`` (tests/distributed/
 # test_dist_sharded.py, an inf in one rank's shard of FSDP2 params on both backends).
-
-
-def _local_shards(tensors: list[Tensor]) -> list[Tensor]:
-    """Each DTensor's local tensor (a view of its storage), every other tensor as it is."""
-    return [
-        t if type(t) in PLAIN_TENSOR_TYPES or not hasattr(t, "to_local") else t.to_local()
-        for t in tensors
-    ]
 
 
 class TorchNativeBackend(Backend):
@@ -303,8 +296,8 @@ class TorchUpdate:
             scaled.torch_update(self.group, lists, found_inf, grad_scale=inv_scale.reciprocal())
             return
         if self.on_shards:
-            params, grads, masters = map(_local_shards, (params, grads, masters))
-            state_lists = [_local_shards(state) for state in state_lists]
+            params, grads, masters = map(local_tensors, (params, grads, masters))
+            state_lists = [local_tensors(state) for state in state_lists]
         if self.in_place:
             self.run([params, grads, *state_lists, steps], found_inf)
             return
@@ -313,7 +306,7 @@ class TorchUpdate:
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
         self.run([work, work_grads, *state_lists, steps], found_inf)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
-            seeds = _local_shards(self.seeds) if self.on_shards else self.seeds
+            seeds = local_tensors(self.seeds) if self.on_shards else self.seeds
             on_host = TORCH_NATIVE.host_reads_free(params[0].device) if params else False
             stochastic_round_(params, work, seeds, steps, on_host=on_host)
             return
@@ -398,7 +391,7 @@ def update_on_working_copies_(
     update.torch_form_(group, work)
     for i in written:
         # See Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
-        copy_unless_skipped_(_local_shards(lists[i]), _local_shards(work[i]), found_inf)
+        copy_unless_skipped_(local_tensors(lists[i]), local_tensors(work[i]), found_inf)
 
 
 class _TorchReduction:
