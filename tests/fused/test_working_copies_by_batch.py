@@ -15,6 +15,7 @@ import torch
 import scaledoptim
 from scaledoptim.doctor.sync_free import no_host_reads
 from scaledoptim.fused.backends import working_copies
+from scaledoptim.fused.backends.torch_native import TorchUpdate
 from scaledoptim.torch_ops import BATCH, SR_CHUNK, storage_flat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ CASES = {
         scaledoptim.RMSprop, torch.bfloat16, {"momentum": 0.9, "stochastic_rounding": True}
     ),
     "Lion masters": (scaledoptim.Lion, torch.bfloat16, {"master_weights": True}),
-}  # fmt: skip
+}
 
 
 def _run(case: str, grad_dtype: torch.dtype | None, on_device: bool) -> list[torch.Tensor]:
@@ -142,3 +143,19 @@ def test_a_grad_that_overflows_when_unscaled_skips_the_step(on_device: bool) -> 
         _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
     assert found_inf.item() == 1.0
     assert torch.equal(param.detach(), before)
+
+
+def test_working_copies_are_made_by_batch_on_a_cpu_only() -> None:
+    # On a GPU the caching allocator hands out whole copies with no page faults, and batches of
+    # BATCH elements would multiply a step's launches: another device keeps whole copies.
+    opt = scaledoptim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+
+    def lists(device: str) -> list[list[torch.Tensor]]:
+        param = torch.zeros(BATCH + 1, dtype=torch.bfloat16, device=device)
+        exp_avg, exp_avg_sq = (torch.zeros(BATCH + 1, device=device) for _ in range(2))
+        step = torch.zeros((), device=device)
+        return [[param], [torch.zeros_like(param)], [exp_avg], [exp_avg_sq], [], [], [], [step]]
+
+    group = opt.param_groups[0]
+    assert TorchUpdate(opt, group, lists("cpu")).copies is not None
+    assert TorchUpdate(opt, group, lists("meta")).copies is None

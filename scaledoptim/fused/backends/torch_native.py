@@ -263,10 +263,14 @@ class TorchUpdate:
         self.in_place = not self.masters and all(
             p.dtype not in _LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
         )
-        # See Note [working copies by batch] in working_copies.py.
+        # See Note [working copies by batch] in working_copies.py: on a CPU only (on a GPU the
+        # caching allocator hands out whole copies with no page faults, and batches of BATCH
+        # elements would multiply the launches of a step by the tensors' sizes).
         self.copies: WorkingCopies | None = None
         if (
             self.batches_copies
+            and bool(params)
+            and params[0].device.type == "cpu"
             and update.elementwise
             and not self.in_place
             and not self.on_shards

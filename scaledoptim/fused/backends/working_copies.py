@@ -46,8 +46,10 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # skipped on the host (Note [host skip] in torch_ops/skip.py) changes nothing; skipped on device,
 # each batch's form leaves its working copies as they were, which round back to the same bits
 # (a value exactly representable in the param's dtype, or a master rounded with the same key).
-# LAMB (not elementwise), DTensor shards, torch.optim's implementations, layouts with gaps and
-# working copies of float64 keep whole tensors.
+# Other devices (a GPU's caching allocator hands out whole copies with no page faults, and a
+# batch per BATCH elements would multiply a step's launches), LAMB (not elementwise), DTensor
+# shards, torch.optim's implementations, layouts with gaps and working copies of float64 keep
+# whole tensors.
 
 
 def is_dense(t: Tensor) -> bool:
@@ -111,13 +113,13 @@ class WorkingCopies:
         self.batch_size = max(sum(pieces.sizes[run]) for run in pieces.runs)
         # With masters, an fp32 param is its own master: only the others are rounded back.
         kept = {i for i, (p, m) in enumerate(zip(params, masters)) if p is m}
-        self.rounded = [
-            ([self.params[j] for j in run_pieces], [self.masters[j] for j in run_pieces])
-            for run_pieces in (
-                [j for j in range(run.start, run.stop) if pieces.owners[j] not in kept]
-                for run in pieces.runs
-            )
-        ] if self.masters is not None else []  # fmt: skip
+        self.rounded: list[tuple[list[Tensor], list[Tensor]]] = []
+        if self.masters is not None:
+            for run in pieces.runs:
+                run_pieces = [j for j in range(run.start, run.stop) if pieces.owners[j] not in kept]
+                self.rounded.append(
+                    ([self.params[j] for j in run_pieces], [self.masters[j] for j in run_pieces])
+                )
         self.work: _Buffer | None = None
         self.grad_buffer: _Buffer | None = None
         self.counters: Tensor | None = None
