@@ -159,3 +159,30 @@ def test_working_copies_are_made_by_batch_on_a_cpu_only() -> None:
     group = opt.param_groups[0]
     assert TorchUpdate(opt, group, lists("cpu")).copies is not None
     assert TorchUpdate(opt, group, lists("meta")).copies is None
+
+
+@pytest.mark.parametrize("init_scale", [2.0**16, 3 * 2.0**14], ids=["power of two", "not"])
+@pytest.mark.parametrize("case", ["AdamW nearest", "SGD stochastic", "Adagrad nearest"])
+def test_the_unscale_in_the_update_gives_the_bits_of_the_multiply(
+    case: str, init_scale: float, monkeypatch
+) -> None:
+    """16-bit grads unscaled by torch's fused op where it reads them (a division by the scale)
+    give the bits of the multiplication by ``inv_scale`` of the whole-tensor copies; where the
+    scale is not a power of two (the division would differ), by the multiplication."""
+    optimizer, dtype, kwargs = CASES[case]
+
+    def run() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(n).to(dtype)) for n in (BATCH + 5, 7)]
+        opt = optimizer(params, lr=1e-2, **kwargs)
+        opt.configure_scaling(init_scale=init_scale, growth_interval=10**6)
+        for _ in range(2):
+            for p in params:
+                p.grad = (torch.randn(p.shape) * 1e-3 * opt.scale).to(dtype)
+            opt.unscale_and_step(grads_scaled_by=opt.scale)
+        state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return [p.detach().view(torch.int16) for p in params] + state
+
+    ours = run()
+    monkeypatch.setattr(working_copies.WorkingCopies, "fits", staticmethod(lambda *a: False))
+    _bit_equal(ours, run())

@@ -277,7 +277,13 @@ class TorchUpdate:
             and WorkingCopies.fits(params, lists[1], self.masters, state_lists)
         ):
             self.copies = WorkingCopies(
-                params, lists[1], self.masters, state_lists, self.seeds, steps
+                params,
+                lists[1],
+                self.masters,
+                state_lists,
+                self.seeds,
+                steps,
+                takes_grad_scale=update.torch_update_takes_grad_scale,
             )
 
     def takes_grad_scale(self) -> bool:
@@ -324,11 +330,18 @@ class TorchUpdate:
         else:
             torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
 
-    def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
+    def run(
+        self, lists: TensorLists, found_inf: Tensor | None, grad_scale: Tensor | None = None
+    ) -> None:
         """The update over the working lists: ``Update.torch_update``, or one of the two
-        drivers of ``Update.torch_form_``."""
+        drivers of ``Update.torch_form_``; with ``grad_scale``, the grads are still scaled by
+        it (an update that takes them so, ``Update.torch_update_takes_grad_scale``)."""
         # See Note [one torch form].
         update = self.update
+        if grad_scale is not None:
+            scaled = cast(ScaledTorchUpdate, update)
+            scaled.torch_update(self.group, lists, found_inf, grad_scale=grad_scale)
+            return
         if not update.torch_form_in_place:  # torch's fused ops: they skip on found_inf
             update.torch_update(self.group, lists, found_inf)
             return

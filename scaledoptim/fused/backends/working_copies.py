@@ -3,6 +3,7 @@ the torch-native backend (Note [working copies by batch])."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -32,8 +33,11 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # needs no whole tensor, so its group's tensors are cut into pieces of at most ``BATCH`` elements
 # (a larger tensor into views of its storage, in storage order: ``torch_ops.Pieces``) and run in
 # batches of about ``BATCH`` elements. Per batch: the params copied into one fp32 buffer (or the
-# fp32 masters updated in place), 16-bit grads copied into another (and unscaled there when the
-# unscale left them scaled: ``UnscaledCheck``), the torch form over the batch, then the batch
+# fp32 masters updated in place), 16-bit grads copied into another (and, when the unscale left
+# them scaled, ``UnscaledCheck``, unscaled there; or, by a form that takes a ``grad_scale``,
+# torch's fused Adam(W), SGD and Adagrad, where it reads them: one pass over the batch fewer,
+# where the scale is a power of two read on the host, so dividing by it gives the bits of
+# multiplying by ``inv_scale``), the torch form over the batch, then the batch
 # rounded back: to nearest, or stochastically with each piece's tensor's key and its elements'
 # indices in that tensor (``torch_ops.StochasticRounding``), so the bits are those of a
 # whole-tensor rounding and of the kernels. The buffers (BATCH floats each) are allocated once per
@@ -93,6 +97,8 @@ class WorkingCopies:
     Args:
         params, grads, masters, state_lists, seeds, steps: the group's lists, as the plan gave
             them (``masters`` and ``seeds`` empty when the group keeps none).
+        takes_grad_scale: whether the form takes grads still scaled, with their ``grad_scale``
+            (``Update.torch_update_takes_grad_scale``).
     """
 
     def __init__(
@@ -103,8 +109,10 @@ class WorkingCopies:
         state_lists: TensorLists,
         seeds: list[Tensor],
         steps: list[Tensor],
+        takes_grad_scale: bool = False,
     ) -> None:
         self.pieces = pieces = Pieces(params)
+        self.takes_grad_scale = takes_grad_scale
         self.params = pieces.cut(params)
         self.masters = pieces.cut(masters) if masters else None
         self.state_lists = [pieces.cut(state) for state in state_lists]
@@ -164,13 +172,15 @@ class WorkingCopies:
 
     def __call__(
         self,
-        form: Callable[[TensorLists, Tensor | None], None],
+        form: Callable[[TensorLists, Tensor | None, Tensor | None], None],
         found_inf: Tensor | None,
         grads: list[Tensor],
         inv_scale: Tensor | None,
         host_reads: bool,
     ) -> None:
-        """The step: ``form(lists, found_inf)`` over each batch's working lists.
+        """The step: ``form(lists, found_inf, grad_scale)`` over each batch's working lists,
+        their grads unscaled, or left scaled by ``grad_scale`` for the form to unscale where it
+        reads them.
 
         Args:
             grads: the group's grads, scaled by ``1 / inv_scale`` unless ``inv_scale`` is None.
@@ -196,6 +206,9 @@ class WorkingCopies:
             sr = StochasticRounding(
                 self.seeds, steps, self.batch_size, on_host=host_reads, pieces=pieces
             )
+        grad_scale = None
+        if self.grad_buffer is not None and self.takes_grad_scale and host_reads:
+            grad_scale = _exact_reciprocal(inv_scale)
         grads = pieces.cut(grads)
         for b, run in enumerate(pieces.runs):
             params = self.params[run]
@@ -209,12 +222,12 @@ class WorkingCopies:
             if self.grad_buffer is not None:
                 torch._foreach_copy_(self.grad_buffer.views[b], batch_grads)
                 batch_grads = self.grad_buffer.views[b]
-                if inv_scale is not None:  # one op over the batch, not one per tensor
+                if inv_scale is not None and grad_scale is None:  # one op over the batch
                     self.grad_buffer.flats[b].mul_(inv_scale)
             elif inv_scale is not None:
                 batch_grads = list(torch._foreach_mul(batch_grads, inv_scale))
             states = [state[run] for state in self.state_lists]
-            form([work, batch_grads, *states, self.batch_steps[b]], found_inf)
+            form([work, batch_grads, *states, self.batch_steps[b]], found_inf, grad_scale)
             if sr is not None:
                 assert self.work is not None
                 sr.round_(params, work, run, self.work.flats[b])
@@ -222,6 +235,15 @@ class WorkingCopies:
                 torch._foreach_copy_(params, work)
             elif self.rounded[b][0]:
                 torch._foreach_copy_(*self.rounded[b])
+
+
+def _exact_reciprocal(inv_scale: Tensor | None) -> Tensor | None:
+    """``1 / inv_scale`` where dividing a grad by it gives the bits of multiplying it by
+    ``inv_scale``: a power of two whose reciprocal is a normal float32 (read on the host)."""
+    if inv_scale is None:
+        return None
+    mantissa, exponent = math.frexp(inv_scale.item())
+    return inv_scale.reciprocal() if mantissa == 0.5 and -125 <= exponent <= 127 else None
 
 
 class UnscaledCheck:
