@@ -133,7 +133,7 @@ def test_a_chunk_rounds_to_the_kernels_bits(
     SR_CHUNK``, with the host's NaN check or the device's where, against the kernels' formula."""
     start, n = chunk * SR_CHUNK, len(bits)
     buffers = rounding._SrBuffers(SR_CHUNK, torch.device("cpu"), on_host)
-    h = buffers.index[first : first + n] ^ rounding._chunk_key(torch.tensor(key), start)
+    h = buffers.mixed[first : first + n] ^ rounding._chunk_key(torch.tensor(key), start)
     signed = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32)
     rounded = rounding._round_bits_(h, signed, buffers)
     expected = [_kernel_bits(b, start + first + i, key) for i, b in enumerate(bits)]

@@ -59,7 +59,8 @@ def stochastic_round_(
 class StochasticRounding:
     r"""One step's stochastic rounding of bf16 params, by runs of tensors or pieces of them:
     the keys of every tensor hashed once, and the chunk buffers allocated once, for
-    :meth:`round_` to round any run of them.
+    :meth:`round_` to round any run of them; :meth:`rekey` readies it for another step of the
+    same params, with the same buffers.
 
     Args:
         seeds, steps: every param's seed and taken-step count including this step, as
@@ -81,24 +82,32 @@ class StochasticRounding:
         on_host: bool = False,
         pieces: Pieces | None = None,
     ) -> None:
-        keys = _sr_key(
-            torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
-            (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
-            & _MASK32,
-        )
-        self.starts: list[int] | None = None
         if pieces is not None and pieces.limit % SR_CHUNK:
             raise ValueError(
                 f"pieces of {pieces.limit} elements do not start where chunks of {SR_CHUNK} do "
                 "(Note [stochastic rounding in int32]); cut them at a multiple of SR_CHUNK"
             )
+        self.pieces = pieces
+        cut = pieces is not None and pieces.owner_index is not None
+        self.starts = pieces.starts if pieces is not None and cut else None
+        self.buffers = _SrBuffers(min(SR_CHUNK, size), seeds[0].device, on_host)
+        self.rekey(seeds, steps, on_host=on_host)
+
+    def rekey(self, seeds: list[Tensor], steps: list[Tensor], *, on_host: bool = False) -> None:
+        """The keys of another step (``seeds``, ``steps`` and ``on_host`` as the constructor
+        takes them), for the same params or pieces."""
+        keys = _sr_key(
+            torch.stack(seeds).view(torch.int32).to(torch.int64) & _MASK32,
+            (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).to(torch.int64)
+            & _MASK32,
+        )
+        pieces = self.pieces
         if pieces is not None and pieces.owner_index is not None:
             keys = keys[pieces.owner_index]
-            self.starts = pieces.starts
         self.keys = keys
         starts = 0 if pieces is None or pieces.start_index is None else pieces.start_index
         self.small_keys = _chunk_key(keys, starts)
-        self.buffers = _SrBuffers(min(SR_CHUNK, size), keys.device, on_host)
+        self.buffers.on_host = on_host
 
     def round_(
         self,
@@ -134,13 +143,13 @@ class StochasticRounding:
 # add, xor and multiplication give the same 32 bits as uint32's; a right shift is arithmetic,
 # masked where it must be logical. It leaves out every step that cannot change the result:
 # * fmix32's last step, h ^= h >> 16, changes only the low 16 bits, which the noise drops.
-# * Its first step, h ^= h >> 16 on h = c ^ i, is done on c alone where i < 2**16:
-#   (c ^ i) ^ ((c ^ i) >> 16) = (c ^ (c >> 16)) ^ i. A tensor of at most SR_CHUNK elements has
-#   indices i < 2**16 (c = key); a chunk of a larger one starts at a multiple of SR_CHUNK, a
-#   power of two of at most 2**16, so its element i has the index start ^ i (c = key ^ start).
-#   So does a piece of a tensor cut by `Pieces` (its start a multiple of the batch, itself a
-#   multiple of SR_CHUNK), and a piece of at most SR_CHUNK elements is one such chunk.
-#   `_chunk_key` mixes c once per tensor, piece or chunk.
+# * Its first step, f(h) = h ^ (h >> 16) on h = c ^ i, is linear over xor: f(c ^ i) =
+#   f(c) ^ f(i). A tensor of at most SR_CHUNK elements has indices i < SR_CHUNK (c = key); a
+#   chunk of a larger one starts at a multiple of SR_CHUNK, a power of two, so its element i
+#   has the index start ^ i (c = key ^ start). So does a piece of a tensor cut by `Pieces` (its
+#   start a multiple of the batch, itself a multiple of SR_CHUNK), and a piece of at most
+#   SR_CHUNK elements is one such chunk. `_chunk_key` mixes c once per tensor, piece or chunk;
+#   f(i) is a constant buffer (`_SrBuffers.mixed`: i itself below 2**16).
 # * For a non-NaN x, b + noise (noise in [0, 2**16)) does not overflow int32: b <= 0x7F800000
 #   (+inf), or, for a negative x, -2**31 <= b <= -2**23 (-inf), so the sum stays negative. Its
 #   arithmetic >> 16 is then the uint32 (b + noise) >> 16 less 2**16 when negative: the bf16
@@ -164,6 +173,8 @@ class _SrBuffers:
 
     def __init__(self, size: int, device: torch.device, on_host: bool) -> None:
         self.index = torch.arange(size, dtype=torch.int32, device=device)
+        #: Each index's first step of fmix32, f(i) (Note [stochastic rounding in int32]).
+        self.mixed = self.index ^ (self.index >> 16) if size > _UNMIXED else self.index
         self.values = torch.empty(size, dtype=torch.float32, device=device)
         self.h = torch.empty(size, dtype=torch.int32, device=device)
         self.scratch = torch.empty(size, dtype=torch.int32, device=device)
@@ -212,19 +223,23 @@ def _round_run_(
 
 
 def _index_xor_keys(h: Tensor, sizes: list[int], keys: Tensor, buffers: _SrBuffers) -> None:
-    """``h`` = each element's index in its tensor (of ``sizes``), xor its tensor's key."""
-    index = buffers.index
+    """``h`` = the first step of fmix32 (Note [stochastic rounding in int32]) of each element's
+    index in its tensor (of ``sizes``), xor its tensor's key."""
+    mixed = buffers.mixed
     if all(n == sizes[0] for n in sizes):  # equal sizes (layers of a model): broadcast
         rows = h.view(len(sizes), -1)
-        torch.bitwise_xor(index[: sizes[0]].view(1, -1), keys.view(-1, 1), out=rows)
+        torch.bitwise_xor(mixed[: sizes[0]].view(1, -1), keys.view(-1, 1), out=rows)
     elif buffers.on_host:  # from the sizes as a tensor: no op per tensor
         total = h.numel()
         counts = torch.tensor(sizes, device=h.device)
         starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-        torch.sub(index[:total], torch.repeat_interleave(starts, counts, output_size=total), out=h)
+        index = buffers.index[:total]
+        torch.sub(index, torch.repeat_interleave(starts, counts, output_size=total), out=h)
+        if max(sizes) > _UNMIXED:  # indices past 2**16: mixed
+            h ^= torch.bitwise_right_shift(h, buffers.shift16, out=buffers.scratch[:total])
         h ^= torch.repeat_interleave(keys, counts, output_size=total)
     else:  # copying the sizes to the device would sync: views of device tensors, concatenated
-        torch.cat([index[:n] for n in sizes], out=h)
+        torch.cat([mixed[:n] for n in sizes], out=h)
         pieces = [key.expand(n) for key, n in zip(keys.unbind(), sizes)]
         h ^= torch.cat(pieces, out=buffers.scratch[: h.numel()])
 
@@ -242,7 +257,7 @@ def _round_large_(
     chunk_keys = _chunk_key(key, starts)
     for chunk_bits, chunk_out, chunk_key in zip(bits, out, chunk_keys.unbind()):
         m = chunk_bits.numel()
-        h = torch.bitwise_xor(buffers.index[:m], chunk_key, out=buffers.h[:m])
+        h = torch.bitwise_xor(buffers.mixed[:m], chunk_key, out=buffers.h[:m])
         chunk_out.copy_(_round_bits_(h, chunk_bits, buffers))
 
 
@@ -329,6 +344,8 @@ def _to_int32(u: int) -> int:
 #: fmix32's multipliers as int32 (two's complement of the uint32 constants).
 _C1, _C2 = _to_int32(0x85EBCA6B), _to_int32(0xC2B2AE35)
 #: Elements per chunk of :func:`stochastic_round_` (its buffers are this long): a power of two
-#: of at most 2**16, so the indices of a chunk share their high 16 bits (Note [stochastic
-#: rounding in int32]).
-SR_CHUNK = 1 << 16
+#: (Note [stochastic rounding in int32]), as large as a batch of the working copies (a piece of
+#: theirs is one chunk: 12 ops, where chunks of 2**16 took 48 and 1.3x the time).
+SR_CHUNK = 1 << 18
+#: Indices below it are their own first step of fmix32 (Note [stochastic rounding in int32]).
+_UNMIXED = 1 << 16

@@ -40,8 +40,9 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 # multiplying by ``inv_scale``), the torch form over the batch, then the batch
 # rounded back: to nearest, or stochastically with each piece's tensor's key and its elements'
 # indices in that tensor (``torch_ops.StochasticRounding``), so the bits are those of a
-# whole-tensor rounding and of the kernels. The buffers (BATCH floats each) are allocated once per
-# plan and stay in cache from the copy to the rounding.
+# whole-tensor rounding and of the kernels. The buffers (BATCH floats each, and the stochastic
+# rounding's) are allocated once per plan and stay in cache from the copy to the rounding:
+# allocated at each step, the rounding's 5 MB were fresh pages to fault in.
 #
 # The forms advance the counters they are given (once per call), and a cut tensor's pieces fall
 # in several batches: so each piece gets its own copy of its tensor's counter (one op over all of
@@ -132,6 +133,7 @@ class WorkingCopies:
         self.grad_buffer: _Buffer | None = None
         self.counters: Tensor | None = None
         self.batch_steps: list[PackedSteps] = []
+        self.rounding: StochasticRounding | None = None
 
     @staticmethod
     def fits(
@@ -169,6 +171,10 @@ class WorkingCopies:
         step = self.steps[0]
         self.counters = torch.empty(len(pieces.sizes), dtype=step.dtype, device=step.device)
         self.batch_steps = [PackedSteps(self.counters[run]) for run in pieces.runs]
+        if self.seeds:  # its keys remade at each step (rekey), its buffers kept
+            self.rounding = StochasticRounding(
+                self.seeds, self.steps, self.batch_size, pieces=pieces
+            )
 
     def __call__(
         self,
@@ -201,11 +207,9 @@ class WorkingCopies:
         else:
             torch.index_select(counters, 0, pieces.owner_index, out=self.counters)
         advance_steps_(steps, found_inf)  # the rounding's keys read them
-        sr = None
-        if self.seeds:
-            sr = StochasticRounding(
-                self.seeds, steps, self.batch_size, on_host=host_reads, pieces=pieces
-            )
+        sr = self.rounding
+        if sr is not None:
+            sr.rekey(self.seeds, steps, on_host=host_reads)
         grad_scale = None
         if self.grad_buffer is not None and self.takes_grad_scale and host_reads:
             grad_scale = _exact_reciprocal(inv_scale)
