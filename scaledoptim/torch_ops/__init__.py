@@ -6,7 +6,7 @@
   for :class:`PackedSteps`, Note [packed counters]).
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
 * :func:`skip_on_host`: a step's skip read on the host where the caller says that is free
-  (Note [host skip]).
+  (Note [host skip]); :data:`LOW_PRECISION`: the 16-bit float dtypes.
 * :func:`elementwise_batches`, :func:`batches`, :func:`split_large`, :class:`Pieces` and
   :func:`scalars`: the batches and 0-dim hyper-parameters of the in-place CPU forms and of the
   working copies of 16-bit params.
@@ -33,6 +33,7 @@ from .capture import capturing, refuse_during_capture
 from .rounding import SR_CHUNK, StochasticRounding, initial_seed, stochastic_round_
 from .sharded import MeshSums, local_tensors
 from .skip import (
+    LOW_PRECISION,
     PackedSteps,
     advance_steps_,
     copy_unless_skipped_,
@@ -43,6 +44,7 @@ from .skip import (
 
 __all__ = [
     "BATCH",
+    "LOW_PRECISION",
     "SR_CHUNK",
     "MeshSums",
     "PackedSteps",

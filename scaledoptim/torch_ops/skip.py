@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "LOW_PRECISION",
     "PackedSteps",
     "advance_steps_",
     "copy_unless_skipped_",
@@ -19,7 +20,8 @@ __all__ = [
     "unscale_in_place_",
 ]
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: The 16-bit float dtypes: their grads are unscaled into fp32, their params computed in fp32.
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 _DTYPE = attrgetter("dtype")
 _IS_SPARSE = attrgetter("is_sparse")
 _IS_COMPLEX = attrgetter("is_complex")
@@ -44,7 +46,7 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     sparse_16bit: list[Tensor] = []
     for grad in grads:
         if grad.is_sparse:
-            if grad.dtype in _LOW_PRECISION and not grad.is_coalesced():
+            if grad.dtype in LOW_PRECISION and not grad.is_coalesced():
                 sparse_16bit.append(grad)
             grad = grad._values()
         if grad.is_complex():

@@ -34,6 +34,7 @@ from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ...torch_ops import (
+    LOW_PRECISION,
     advance_steps_,
     copy_unless_skipped_,
     elementwise_batches,
@@ -55,8 +56,6 @@ __all__ = [
     "update_in_place_",
     "update_on_working_copies_",
 ]
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 # Note [tensor subclasses]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -210,7 +209,7 @@ class _TorchUnscale:
         # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
         for grads in grad_lists:
             for i, grad in enumerate(grads):
-                if grad.dtype in _LOW_PRECISION:
+                if grad.dtype in LOW_PRECISION:
                     grads[i] = grad.float()
         grads = list(chain.from_iterable(grad_lists))
         unscale_in_place_(grads, found_inf, inv_scale)
@@ -261,7 +260,7 @@ class TorchUpdate:
         # No working copies: no masters, no 16-bit params, grads of their params' dtypes (the
         # step cache keeps the dtypes as planned, Note [step cache]).
         self.in_place = not self.masters and all(
-            p.dtype not in _LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
+            p.dtype not in LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
         )
         # See Note [working copies by batch] in working_copies.py: on a CPU only (on a GPU the
         # caching allocator hands out whole copies with no page faults, and batches of BATCH
@@ -312,7 +311,7 @@ class TorchUpdate:
             self.run([params, grads, *state_lists, steps], found_inf)
             return
         # See Note [param rounding]: with masters the update runs on them in place.
-        work = masters or [p.float() if p.dtype in _LOW_PRECISION else p for p in params]
+        work = masters or [p.float() if p.dtype in LOW_PRECISION else p for p in params]
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
         self.run([work, work_grads, *state_lists, steps], found_inf)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
@@ -423,7 +422,7 @@ class _TorchReduction:
         self.reduction.out.zero_()
         grads = list(chain.from_iterable(grad_lists))
         if inv_scale is not None:  # left scaled for updates that unscale in their own read
-            grads = [g.float() if g.dtype in _LOW_PRECISION else g for g in grads]
+            grads = [g.float() if g.dtype in LOW_PRECISION else g for g in grads]
             grads = list(torch._foreach_mul(grads, inv_scale))
         self.reduction.torch_form(grads)
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ...torch_ops import (
+    LOW_PRECISION,
     PackedSteps,
     Pieces,
     StochasticRounding,
@@ -20,8 +21,6 @@ from ...torch_ops import (
 from ..update import TensorLists
 
 __all__ = ["UnscaledCheck", "WorkingCopies"]
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 # Note [working copies by batch]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -118,7 +117,7 @@ class WorkingCopies:
         self.masters = pieces.cut(masters) if masters else None
         self.state_lists = [pieces.cut(state) for state in state_lists]
         self.seeds, self.steps = seeds, steps
-        self.convert_grads = grads[0].dtype in _LOW_PRECISION
+        self.convert_grads = grads[0].dtype in LOW_PRECISION
         self.batch_size = max(sum(pieces.sizes[run]) for run in pieces.runs)
         # With masters, an fp32 param is its own master: only the others are rounded back.
         kept = {i for i, (p, m) in enumerate(zip(params, masters)) if p is m}
@@ -150,10 +149,10 @@ class WorkingCopies:
         if masters:
             if any(m.dtype != torch.float32 for m in masters):
                 return False
-        elif any(p.dtype not in _LOW_PRECISION for p in params):
+        elif any(p.dtype not in LOW_PRECISION for p in params):
             return False
         if not (
-            all(g.dtype in _LOW_PRECISION for g in grads)
+            all(g.dtype in LOW_PRECISION for g in grads)
             or all(g.dtype == torch.float32 for g in grads)
         ):
             return False
