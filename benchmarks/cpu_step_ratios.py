@@ -51,6 +51,7 @@ The options per case:
         ``scaler.step(opt)``, ``scaler.update()`` (torch's clipping recipe); ours-split:
         ``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()``.
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
+        GS + torch fused AdamW on fp32 params; and a row of ours rounding to nearest over
         GS + torch fused AdamW on fp32 params.
 """
 
@@ -294,6 +295,10 @@ class Option:
 
 Record = dict[str, Any]  # one option's times at one (case, shape): see measure()
 
+#: Rows of two options of a case other than ours, the first over the second, labelled as the
+#: table prints them: bf16 AdamW rounding to nearest against GS + fused AdamW on fp32 params.
+BETWEEN = {"GS+fused-fp32, for ours-nearest": ("SR", "ours-nearest", "GS+fused-fp32")}
+
 
 def measure(case: str, shape: str, rounds: int, reps: int) -> list[Record]:
     """Each option's median step time per repetition (seconds) and its transient bytes/param;
@@ -339,6 +344,12 @@ def run_ratios(records: list[Record]) -> dict[tuple[str, str, str], list[float]]
             ratios[r["case"], r["shape"], r["option"]] = [
                 a / b for a, b in zip(ours["seconds"], r["seconds"])
             ]
+    seconds = {(r["case"], r["shape"], r["option"]): r["seconds"] for r in records}
+    for label, (case, top, bottom) in BETWEEN.items():  # see BETWEEN
+        for shape in {shape for c, shape, _ in seconds if c == case}:
+            if (case, shape, top) in seconds and (case, shape, bottom) in seconds:
+                pairs = zip(seconds[case, shape, top], seconds[case, shape, bottom])
+                ratios[case, shape, label] = [a / b for a, b in pairs]
     return ratios
 
 
@@ -390,9 +401,10 @@ def table(runs: list[list[Record]], shapes: list[str]) -> list[str]:
     ]
     for case, option in rows:
         cells = [cell(values[case, shape, option]) for shape in shapes]
+        _, mine, theirs = BETWEEN.get(option, (case, ours[case], option))
         lines.append(
             f"| {case} | {option} | {' | '.join(cells)} | "
-            f"{span(memory[case, ours[case]])} | {span(memory[case, option])} |"
+            f"{span(memory[case, mine])} | {span(memory[case, theirs])} |"
         )
     return lines
 

@@ -111,6 +111,20 @@ def test_the_table_has_one_value_per_process_and_docs_layout() -> None:
     assert row == "| AdamW | GS+fused | 0.50 | 0.1 | 0.0 |"
 
 
+def test_the_sr_case_has_a_row_of_nearest_over_fused_fp32() -> None:
+    """bf16 AdamW rounding to nearest over GS + fused AdamW on fp32 params: a row of its own."""
+    module = cpu_step_ratios()
+    options = (("ours", [3.0], 0.5), ("ours-nearest", [1.5], 0.2), ("GS+fused-fp32", [1.0], 0.0))
+    run = [
+        dict(case="SR", shape="2000x1k", option=option, seconds=seconds, bytes_per_param=b)
+        for option, seconds, b in options
+    ]
+    *_, over_nearest, over_fused, nearest_over_fused = module.table([run], ["2000x1k"])
+    assert over_nearest == "| SR | ours-nearest | 2.00 | 0.5 | 0.2 |"
+    assert over_fused == "| SR | GS+fused-fp32 | 3.00 | 0.5 | 0.0 |"
+    assert nearest_over_fused == "| SR | GS+fused-fp32, for ours-nearest | 1.50 | 0.2 | 0.0 |"
+
+
 def test_bad_counts_are_refused_with_the_fix(capsys) -> None:
     parse_args = cpu_step_ratios().parse_args
     for argv, message in (
