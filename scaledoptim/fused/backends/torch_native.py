@@ -297,7 +297,7 @@ class TorchUpdate:
         steps = self.steps
         if self.copies is not None:  # grads left scaled by UnscaledCheck where inv_scale is set
             host_reads = TORCH_NATIVE.host_reads_free(params[0].device)
-            self.copies(self.run, found_inf, grads, inv_scale, host_reads)
+            self.copies(self.run_batch, found_inf, grads, inv_scale, host_reads)
             return
         if inv_scale is not None:  # grads left scaled for it: Note [unscale in the update on a CPU]
             scaled = cast(ScaledTorchUpdate, self.update)
@@ -329,18 +329,23 @@ class TorchUpdate:
         else:
             torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
 
-    def run(
-        self, lists: TensorLists, found_inf: Tensor | None, grad_scale: Tensor | None = None
+    def run_batch(
+        self, lists: TensorLists, found_inf: Tensor | None, grad_scale: Tensor | None
     ) -> None:
+        """:meth:`run` over a batch of working copies, whose grads are still scaled by
+        ``grad_scale`` unless it is None (see Note [working copies by batch] in
+        working_copies.py)."""
+        if grad_scale is None:
+            self.run(lists, found_inf)
+            return
+        scaled = cast(ScaledTorchUpdate, self.update)
+        scaled.torch_update(self.group, lists, found_inf, grad_scale=grad_scale)
+
+    def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
         """The update over the working lists: ``Update.torch_update``, or one of the two
-        drivers of ``Update.torch_form_``; with ``grad_scale``, the grads are still scaled by
-        it (an update that takes them so, ``Update.torch_update_takes_grad_scale``)."""
+        drivers of ``Update.torch_form_``."""
         # See Note [one torch form].
         update = self.update
-        if grad_scale is not None:
-            scaled = cast(ScaledTorchUpdate, update)
-            scaled.torch_update(self.group, lists, found_inf, grad_scale=grad_scale)
-            return
         if not update.torch_form_in_place:  # torch's fused ops: they skip on found_inf
             update.torch_update(self.group, lists, found_inf)
             return
