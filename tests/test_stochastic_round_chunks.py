@@ -48,6 +48,10 @@ SHAPES = {
     "one large tensor": [(SR_CHUNK * 2 + 3,)],
     "equal small tensors": [(7, 5)] * 9,
     "a run of unequal sizes": [(3,), (SR_CHUNK - 2,), (5,), (0,), (11,), (SR_CHUNK + 1,), (9,)],
+    "a few unequal sizes in a run, one past 2**16": [(3,), (2**16 + 7,), (5,)],
+    # A run of many: its indices and keys from its sizes as a tensor, not an op per tensor.
+    "many unequal small tensors, one past 2**16": [(1 + i % 7,) for i in range(100)]
+    + [(2**16 + 5,)],
 }
 
 
