@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from functools import partial
 from itertools import chain
 from typing import cast
 
@@ -275,14 +276,11 @@ class TorchUpdate:
             and not self.on_shards
             and WorkingCopies.fits(params, lists[1], self.masters, state_lists)
         ):
+            scaled_form = None  # where the update can unscale the grads in its own read
+            if update.torch_update_takes_grad_scale:
+                scaled_form = partial(cast(ScaledTorchUpdate, update).torch_update, group)
             self.copies = WorkingCopies(
-                params,
-                lists[1],
-                self.masters,
-                state_lists,
-                self.seeds,
-                steps,
-                takes_grad_scale=update.torch_update_takes_grad_scale,
+                params, lists[1], self.masters, state_lists, self.seeds, steps, scaled_form
             )
 
     def takes_grad_scale(self) -> bool:
@@ -297,7 +295,7 @@ class TorchUpdate:
         steps = self.steps
         if self.copies is not None:  # grads left scaled by UnscaledCheck where inv_scale is set
             host_reads = TORCH_NATIVE.host_reads_free(params[0].device)
-            self.copies(self.run_batch, found_inf, grads, inv_scale, host_reads)
+            self.copies(self.run, found_inf, grads, inv_scale, host_reads)
             return
         if inv_scale is not None:  # grads left scaled for it: Note [unscale in the update on a CPU]
             scaled = cast(ScaledTorchUpdate, self.update)
@@ -328,18 +326,6 @@ class TorchUpdate:
                 param.copy_(value)
         else:
             torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
-
-    def run_batch(
-        self, lists: TensorLists, found_inf: Tensor | None, grad_scale: Tensor | None
-    ) -> None:
-        """:meth:`run` over a batch of working copies, whose grads are still scaled by
-        ``grad_scale`` unless it is None (see Note [working copies by batch] in
-        working_copies.py)."""
-        if grad_scale is None:
-            self.run(lists, found_inf)
-            return
-        scaled = cast(ScaledTorchUpdate, self.update)
-        scaled.torch_update(self.group, lists, found_inf, grad_scale=grad_scale)
 
     def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
         """The update over the working lists: ``Update.torch_update``, or one of the two

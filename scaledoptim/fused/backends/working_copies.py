@@ -97,8 +97,9 @@ class WorkingCopies:
     Args:
         params, grads, masters, state_lists, seeds, steps: the group's lists, as the plan gave
             them (``masters`` and ``seeds`` empty when the group keeps none).
-        takes_grad_scale: whether the form takes grads still scaled, with their ``grad_scale``
-            (``Update.torch_update_takes_grad_scale``).
+        scaled_form: the update over grads still scaled by ``grad_scale``, as
+            ``scaled_form(lists, found_inf, grad_scale=grad_scale)``, where it takes them so
+            (``Update.torch_update_takes_grad_scale``); else ``None``.
     """
 
     def __init__(
@@ -109,10 +110,10 @@ class WorkingCopies:
         state_lists: TensorLists,
         seeds: list[Tensor],
         steps: list[Tensor],
-        takes_grad_scale: bool = False,
+        scaled_form: Callable[..., None] | None = None,
     ) -> None:
         self.pieces = pieces = Pieces(params)
-        self.takes_grad_scale = takes_grad_scale
+        self.scaled_form = scaled_form
         self.params = pieces.cut(params)
         self.masters = pieces.cut(masters) if masters else None
         self.state_lists = [pieces.cut(state) for state in state_lists]
@@ -177,15 +178,14 @@ class WorkingCopies:
 
     def __call__(
         self,
-        form: Callable[[TensorLists, Tensor | None, Tensor | None], None],
+        form: Callable[[TensorLists, Tensor | None], None],
         found_inf: Tensor | None,
         grads: list[Tensor],
         inv_scale: Tensor | None,
         host_reads: bool,
     ) -> None:
-        """The step: ``form(lists, found_inf, grad_scale)`` over each batch's working lists,
-        their grads unscaled, or left scaled by ``grad_scale`` for the form to unscale where it
-        reads them.
+        """The step: ``form(lists, found_inf)`` over each batch's working lists (or
+        ``scaled_form``, with their grads left scaled, where it unscales them in its own read).
 
         Args:
             grads: the group's grads, scaled by ``1 / inv_scale`` unless ``inv_scale`` is None.
@@ -210,7 +210,7 @@ class WorkingCopies:
         if sr is not None:
             sr.rekey(self.seeds, steps, on_host=host_reads)
         grad_scale = None
-        if self.grad_buffer is not None and self.takes_grad_scale and host_reads:
+        if self.grad_buffer is not None and self.scaled_form is not None and host_reads:
             grad_scale = _exact_reciprocal(inv_scale)
         grads = pieces.cut(grads)
         for b, run in enumerate(pieces.runs):
@@ -230,7 +230,12 @@ class WorkingCopies:
             elif inv_scale is not None:
                 batch_grads = list(torch._foreach_mul(batch_grads, inv_scale))
             states = [state[run] for state in self.state_lists]
-            form([work, batch_grads, *states, self.batch_steps[b]], found_inf, grad_scale)
+            lists = [work, batch_grads, *states, self.batch_steps[b]]
+            if grad_scale is None:
+                form(lists, found_inf)
+            else:
+                assert self.scaled_form is not None
+                self.scaled_form(lists, found_inf, grad_scale=grad_scale)
             if sr is not None:
                 assert self.work is not None
                 sr.round_(params, work, run, self.work.flats[b])
