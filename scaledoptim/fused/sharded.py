@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import PLAIN_TENSOR_TYPES
-from ..protocol.clipping import agree_on_sum_of_squares
+from ..protocol.clipping import agree_on_sum_of_squares, norms_by_dtype
 from ..scale import agree_on_found_inf
 from ..torch_ops import MeshSums, local_tensors
 from .update import Group, Update
@@ -120,14 +120,9 @@ class MeshAgreement:
         if self.alike or not grads:
             return
         local = local_tensors(grads)
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for index, grad in enumerate(local):
-            by_dtype.setdefault(grad.dtype, []).append(index)
         norms: list[Tensor] = [inv_scale] * len(local)
-        for indices in by_dtype.values():
-            same = [local[i] for i in indices]
-            # float32 norms of 16-bit grads, as clip_grad_norm_'s sums in clipping.py
-            for i, norm in zip(indices, torch._foreach_norm(same, 2.0, dtype=torch.float32)):
+        for indices, same in norms_by_dtype(local, float64=False):  # in order, for the sums
+            for i, norm in zip(indices, same):
                 norms[i] = norm
         # unscaled before squaring: a scaled square can overflow where the unscaled one does not
         squares = (torch.stack(norms) * inv_scale).square()

@@ -66,6 +66,7 @@ __all__ = [
     "clip_in_place_",
     "clipping_each_call",
     "norm_and_coefficient",
+    "norms_by_dtype",
     "sum_of_squares",
     "sums_over_process_group",
 ]
@@ -105,27 +106,43 @@ def sum_of_squares(grads: list[Tensor], device: torch.device | None = None) -> T
     grads is over the whole sharded tensors.
     """
     device = grads[0].device
-    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    dense = []
     for grad in grads:
         if grad.is_sparse:
             grad = grad.coalesce()._values()
         if grad.is_complex():
             grad = torch.view_as_real(grad)
-        by_dtype.setdefault(grad.dtype, []).append(grad)
-    norms: list[Tensor] = []
-    for dtype, same in by_dtype.items():
-        # 16-bit norms in float32: a 16-bit result would overflow (and round) where fp32 does not.
-        wide = dtype in (torch.float32, torch.float64)
-        if wide:
-            norms.extend(torch._foreach_norm(same, 2.0))
-        else:
-            norms.extend(torch._foreach_norm(same, 2.0, dtype=torch.float32))
+        dense.append(grad)
+    # Stacked dtype by dtype, in the order clip_grad_norm_ stacks them (the sum's rounding).
+    norms = [norm for _, same in norms_by_dtype(dense) for norm in same]
     total = torch.linalg.vector_norm(torch.stack(norms))
     full_tensor = getattr(total, "full_tensor", None)  # a DTensor: reduce over its mesh
     if full_tensor is not None:
         total = full_tensor()
     total = total.to(device=device, dtype=torch.float32)
     return total * total
+
+
+def norms_by_dtype(
+    grads: list[Tensor], float64: bool = True
+) -> list[tuple[list[int], list[Tensor]]]:
+    """The 2-norm of each of ``grads``, one foreach norm per dtype: for each dtype in the order
+    of its first grad, the indices of its grads and their norms. 16-bit grads' norms are
+    float32 (a 16-bit result would overflow, and round, where float32's does not), as
+    :func:`torch.nn.utils.clip_grad_norm_` takes them; float64 grads' are float64 if
+    ``float64``, else float32."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, grad in enumerate(grads):
+        by_dtype.setdefault(grad.dtype, []).append(index)
+    groups = []
+    for dtype, indices in by_dtype.items():
+        same = [grads[i] for i in indices]
+        if dtype == torch.float32 or (float64 and dtype == torch.float64):
+            groups.append((indices, list(torch._foreach_norm(same, 2.0))))
+        else:
+            norms = torch._foreach_norm(same, 2.0, dtype=torch.float32)
+            groups.append((indices, list(norms)))
+    return groups
 
 
 def check_grads_across_ranks(grads_across_ranks: Any, process_group: Any) -> None:

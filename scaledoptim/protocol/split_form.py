@@ -121,5 +121,11 @@ class SplitForm(UnscalePlanner):
                 "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
             )
         self._check_can_step_without_closure("step_after_unscale")
+        # The step plans again, not with unscale()'s plan: code between the two calls may have
+        # changed anything a plan rests on (``p.data = ...``, ``p.grad = other``, a state
+        # tensor, an option), and no cheaper signal covers all of it (``.data =`` moves no
+        # version counter: a storage is seen only through its pointer). A fused step's check
+        # is the step cache's with the grads unmoved, so it repoints nothing
+        # (Note [step cache] in fused/cache.py).
         self._run_step(StepRequest(unscale=False, found_inf=state.found_inf))
         return None
