@@ -13,7 +13,7 @@ struct AdagradArgs {
   int maximize;
 };
 
-enum AdagradList { kAdagradParam, kAdagradGrad, kAdagradSum, kAdagradMaster, kAdagradSeed, kAdagradStep, kAdagradLists };
+// AdagradList: generated from ADAGRAD_KERNEL.lists; See Note [list enums] in kernels/sources.py
 
 // One element of Adagrad in fp32. `g` is already unscaled; `clr` the decayed learning rate.
 __device__ __forceinline__ void adagrad_update(float& p, float g, float& sum, float clr, const AdagradArgs& a) {
@@ -27,7 +27,7 @@ __device__ __forceinline__ void adagrad_update(float& p, float g, float& sum, fl
 template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     adagrad_kernel(TensorTable<kAdagradLists> table, AdagradArgs args) {
-  update_each<P, G, kAdagradSum>(table, args, [&](StepCount step) {
+  update_each<P, G, kAdagradStateSums>(table, args, [&](StepCount step) {
     const float clr = args.lr / (1.0f + (step.number - 1.0f) * args.lr_decay);
     return [&, clr](float& p, float g, float& sum) { adagrad_update(p, g, sum, clr, args); };
   });

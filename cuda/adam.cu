@@ -21,11 +21,7 @@ struct AdamArgs {
   int maximize;
 };
 
-enum AdamList {
-  kAdamParam, kAdamGrad, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq,
-  kAdamMaster, kAdamSeed,  // See Note [param rounding]
-  kAdamStep, kAdamLists
-};
+// AdamList: generated from ADAM_KERNEL.lists; See Note [list enums] in kernels/sources.py
 
 struct AdamStepScalars {
   float step_size;              // lr / (1 - beta1^step)
@@ -66,10 +62,11 @@ __device__ __forceinline__ void adam_update(float& p, float g, float& m, float& 
 template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     adam_kernel(TensorTable<kAdamLists> table, AdamArgs args) {
-  update_each<P, G, kAdamExpAvg, kAdamExpAvgSq, kAdamMaxExpAvgSq>(table, args, [&](StepCount step) {
-    const AdamStepScalars s = adam_step_scalars(args, step.number);
-    return [&, s](float& p, float g, float& m, float& v, float& v_max) {
-      adam_update(p, g, m, v, v_max, args, s);
-    };
-  });
+  update_each<P, G, kAdamExpAvgs, kAdamExpAvgSqs, kAdamMaxExpAvgSqs>(
+      table, args, [&](StepCount step) {
+        const AdamStepScalars s = adam_step_scalars(args, step.number);
+        return [&, s](float& p, float g, float& m, float& v, float& v_max) {
+          adam_update(p, g, m, v, v_max, args, s);
+        };
+      });
 }

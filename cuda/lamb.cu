@@ -37,22 +37,16 @@ struct LambNormArgs {
   unsigned n_chunks;    // chunks of every grad of the step, over all launches
 };
 
-enum LambNormList { kLambNormGrad, kLambNormPartial, kLambNormLists };
-
-enum LambList {
-  kLambParam, kLambGrad, kLambExpAvg, kLambExpAvgSq,
-  kLambParamNormSq, kLambUpdateNormSq,  // per chunk: partial sums stored by lamb_norms_kernel
-  kLambMaster, kLambSeed,               // See Note [param rounding]
-  kLambStep, kLambLists
-};
+// LambGradNormList, LambNormsList, LambList: generated from the .lists of LAMB_GRAD_NORM_KERNEL,
+// LAMB_NORMS_KERNEL and LAMB_KERNEL; See Note [list enums] in kernels/sources.py
 
 template <typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    lamb_grad_norm_kernel(TensorTable<kLambNormLists> table, LambNormArgs args) {
+    lamb_grad_norm_kernel(TensorTable<kLambGradNormLists> table, LambNormArgs args) {
   __shared__ float scratch[kMaxThreadsPerBlock];
   if (step_is_skipped(args.found_inf)) return;
   const Chunk c = this_blocks_chunk(table);
-  const G* g = chunk_data<const G>(table, kLambNormGrad, c);
+  const G* g = chunk_data<const G>(table, kLambGradNormGrads, c);
   const float inv_scale = read_inv_scale(args.inv_scale);
   float sum = 0.0f;
   for_each_lanes(c.size, all_aligned(g), [&](const Lanes& l) {
@@ -63,8 +57,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   });
   // See Note [deterministic sums]: the partials of all the step's grads lie in one buffer, in the
   // order of the grads and their chunks, whichever launch stored them.
-  finish_chunked_sum(table, kLambNormPartial, c, block_sum(sum, scratch), args.partials,
-                     args.arrivals, args.n_chunks, args.grad_norm_sq, scratch);
+  finish_chunked_sum(table, kLambGradNormGradSqPartials, c, block_sum(sum, scratch),
+                     args.partials, args.arrivals, args.n_chunks, args.grad_norm_sq, scratch);
 }
 
 struct LambStepScalars {
@@ -104,15 +98,15 @@ __device__ __forceinline__ float lamb_direction(float p, float m, float v, const
 
 template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    lamb_norms_kernel(TensorTable<kLambLists> table, LambArgs args) {
+    lamb_norms_kernel(TensorTable<kLambNormsLists> table, LambArgs args) {
   __shared__ float scratch[kMaxThreadsPerBlock];
   if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   const Chunk& c = u.chunk;
-  const P* p = chunk_data<const P>(table, kLambParam, c);
-  const G* g = chunk_data<const G>(table, kLambGrad, c);
-  float* m = chunk_data<float>(table, kLambExpAvg, c);
-  float* v = chunk_data<float>(table, kLambExpAvgSq, c);
+  const P* p = chunk_data<const P>(table, kLambNormsParams, c);
+  const G* g = chunk_data<const G>(table, kLambNormsGrads, c);
+  float* m = chunk_data<float>(table, kLambNormsExpAvgs, c);
+  float* v = chunk_data<float>(table, kLambNormsExpAvgSqs, c);
   const LambStepScalars s = lamb_step_scalars(args, u.step.number);
   float p_sq = 0.0f, u_sq = 0.0f;
   for_each_lanes(c.size, all_aligned(p, g, m, v, u.rounding.master), [&](const Lanes& l) {
@@ -137,8 +131,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   const float u_total = block_sum(u_sq, scratch);
   if (threadIdx.x == 0) {
     const int chunk = this_blocks_chunk_number(table);
-    tensor_scalar<float>(table, kLambParamNormSq, c)[chunk] = p_total;
-    tensor_scalar<float>(table, kLambUpdateNormSq, c)[chunk] = u_total;
+    tensor_scalar<float>(table, kLambNormsParamSqPartials, c)[chunk] = p_total;
+    tensor_scalar<float>(table, kLambNormsUpdateSqPartials, c)[chunk] = u_total;
   }
 }
 
@@ -149,16 +143,16 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const UpdateChunk u = update_chunk(table, args);
   const Chunk& c = u.chunk;
-  P* p = chunk_data<P>(table, kLambParam, c);
-  const float* m = chunk_data<const float>(table, kLambExpAvg, c);
-  const float* v = chunk_data<const float>(table, kLambExpAvgSq, c);
+  P* p = chunk_data<P>(table, kLambParams, c);
+  const float* m = chunk_data<const float>(table, kLambExpAvgs, c);
+  const float* v = chunk_data<const float>(table, kLambExpAvgSqs, c);
   const LambStepScalars s = lamb_step_scalars(args, u.step.number);
   float ratio = 1.0f;
   if (args.trust_ratio) {
     // Every block of the tensor adds the same partials in the same order: the same norms.
     const long long chunks = chunks_of_tensor(table, c);
-    const float* p_partials = tensor_scalar<const float>(table, kLambParamNormSq, c);
-    const float* u_partials = tensor_scalar<const float>(table, kLambUpdateNormSq, c);
+    const float* p_partials = tensor_scalar<const float>(table, kLambParamSqPartials, c);
+    const float* u_partials = tensor_scalar<const float>(table, kLambUpdateSqPartials, c);
     const float p_norm = sqrtf(fixed_order_sum(p_partials, chunks, scratch));
     const float u_norm = sqrtf(fixed_order_sum(u_partials, chunks, scratch));
     if (p_norm > 0.0f && u_norm > 0.0f) ratio = p_norm / u_norm;

@@ -14,7 +14,7 @@ struct LionArgs {
   int maximize;
 };
 
-enum LionList { kLionParam, kLionGrad, kLionExpAvg, kLionMaster, kLionSeed, kLionStep, kLionLists };
+// LionList: generated from LION_KERNEL.lists; See Note [list enums] in kernels/sources.py
 
 // One element of Lion in fp32. `g` is already unscaled. The interpolations are torch's lerp
 // (`m.lerp(g, 1 - beta)`), so the torch form is one foreach op each, with these bits.
@@ -29,7 +29,7 @@ __device__ __forceinline__ void lion_update(float& p, float g, float& m, const L
 template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     lion_kernel(TensorTable<kLionLists> table, LionArgs args) {
-  update_each<P, G, kLionExpAvg>(table, args, [&](StepCount) {
+  update_each<P, G, kLionExpAvgs>(table, args, [&](StepCount) {
     return [&](float& p, float g, float& m) { lion_update(p, g, m, args); };
   });
 }

@@ -3,6 +3,9 @@
 // global grad norm of clipping: Note [clipping in the step] in scaledoptim/protocol/clipping.py).
 #include "block_sums.cuh"
 
+// NonFiniteCheckList, NonFiniteCheckNormList: generated from NON_FINITE_CHECK.lists and
+// NON_FINITE_CHECK_NORM.lists; See Note [list enums] in kernels/sources.py
+
 // Mirrored by NonFiniteCheckArgs in scaledoptim/kernels/builtin.py.
 struct NonFiniteCheckArgs {
   float* found_inf;        // See Note [found_inf contract]: only ever set to 1
@@ -11,9 +14,9 @@ struct NonFiniteCheckArgs {
 
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    non_finite_check_kernel(TensorTable<1> table, NonFiniteCheckArgs args) {
+    non_finite_check_kernel(TensorTable<kNonFiniteCheckLists> table, NonFiniteCheckArgs args) {
   const Chunk c = this_blocks_chunk(table);
-  const T* x = chunk_data<const T>(table, 0, c);
+  const T* x = chunk_data<const T>(table, kNonFiniteCheckTensors, c);
   // The product the update kernels compute in registers (rg[k] * u.inv_scale): at a scale below
   // 1 a finite scaled grad can unscale to inf, and that is what the update would read.
   const float inv_scale = read_inv_scale(args.inv_scale);
@@ -38,16 +41,15 @@ struct NonFiniteCheckNormArgs {
   unsigned n_chunks;       // chunks of every tensor, over all launches
 };
 
-enum NonFiniteCheckNormList { kCheckNormTensor, kCheckNormPartial, kCheckNormLists };
-
 // The check and, in the same read, the fp32 sum of squares of the unscaled values. It runs
 // whatever found_inf says (a non-finite value makes the sum non-finite too).
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    non_finite_check_norm_kernel(TensorTable<kCheckNormLists> table, NonFiniteCheckNormArgs args) {
+    non_finite_check_norm_kernel(TensorTable<kNonFiniteCheckNormLists> table,
+                                 NonFiniteCheckNormArgs args) {
   __shared__ float scratch[kMaxThreadsPerBlock];
   const Chunk c = this_blocks_chunk(table);
-  const T* x = chunk_data<const T>(table, kCheckNormTensor, c);
+  const T* x = chunk_data<const T>(table, kNonFiniteCheckNormTensors, c);
   const float inv_scale = read_inv_scale(args.inv_scale);
   int seen = 0;
   float sum = 0.0f;
@@ -62,6 +64,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     }
   });
   if (__syncthreads_or(seen) && threadIdx.x == 0) *args.found_inf = 1.0f;
-  finish_chunked_sum(table, kCheckNormPartial, c, block_sum(sum, scratch), args.partials,
-                     args.arrivals, args.n_chunks, args.norm_sq, scratch);
+  finish_chunked_sum(table, kNonFiniteCheckNormSqPartials, c, block_sum(sum, scratch),
+                     args.partials, args.arrivals, args.n_chunks, args.norm_sq, scratch);
 }

@@ -17,11 +17,7 @@ struct RmspropArgs {
   int maximize;
 };
 
-enum RmspropList {
-  kRmspropParam, kRmspropGrad, kRmspropSquareAvg, kRmspropMomentumBuffer, kRmspropGradAvg,
-  kRmspropMaster, kRmspropSeed,  // See Note [param rounding]
-  kRmspropStep, kRmspropLists
-};
+// RmspropList: generated from RMSPROP_KERNEL.lists; See Note [list enums] in kernels/sources.py
 
 // One element of RMSprop in fp32. `g` is already unscaled.
 __device__ __forceinline__ void rmsprop_update(float& p, float g, float& square_avg, float& buf,
@@ -49,7 +45,7 @@ __device__ __forceinline__ void rmsprop_update(float& p, float g, float& square_
 template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rmsprop_kernel(TensorTable<kRmspropLists> table, RmspropArgs args) {
-  update_each<P, G, kRmspropSquareAvg, kRmspropMomentumBuffer, kRmspropGradAvg>(
+  update_each<P, G, kRmspropSquareAvgs, kRmspropMomentumBuffers, kRmspropGradAvgs>(
       table, args, [&](StepCount) {
         return [&](float& p, float g, float& square_avg, float& buf, float& grad_avg) {
           rmsprop_update(p, g, square_avg, buf, grad_avg, args);

@@ -15,11 +15,7 @@ struct SgdArgs {
   int maximize;
 };
 
-enum SgdList {
-  kSgdParam, kSgdGrad, kSgdMomentumBuffer,
-  kSgdMaster, kSgdSeed,  // See Note [param rounding]
-  kSgdStep, kSgdLists
-};
+// SgdList: generated from SGD_KERNEL.lists; See Note [list enums] in kernels/sources.py
 
 // One element of SGD in fp32. `g` is already unscaled; `first_step` is true on the first taken
 // step, where torch creates the momentum buffer as a copy of the gradient.
@@ -39,7 +35,7 @@ __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool f
 template <typename P, typename G>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     sgd_kernel(TensorTable<kSgdLists> table, SgdArgs args) {
-  update_each<P, G, kSgdMomentumBuffer>(table, args, [&](StepCount step) {
+  update_each<P, G, kSgdMomentumBuffers>(table, args, [&](StepCount step) {
     const bool first_step = step.taken == 0.0f;
     return [&, first_step](float& p, float g, float& buf) {
       sgd_update(p, g, buf, first_step, args);

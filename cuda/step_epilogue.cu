@@ -2,6 +2,8 @@
 // (Note [step counters]) and, in the first block of the first launch, moves the loss scale.
 #include "multi_tensor_apply.cuh"
 
+// StepEpilogueList: generated from STEP_EPILOGUE.lists; See Note [list enums] in kernels/sources.py
+
 // Mirrored by StepEpilogueArgs in scaledoptim/kernels/builtin.py.
 struct StepEpilogueArgs {
   const float* found_inf;        // gates the counters (Note [found_inf contract]); may be null
@@ -55,12 +57,12 @@ __device__ __forceinline__ void update_scale(const StepEpilogueArgs& a) {
 }
 
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    step_epilogue_kernel(TensorTable<1> table, StepEpilogueArgs args) {
+    step_epilogue_kernel(TensorTable<kStepEpilogueLists> table, StepEpilogueArgs args) {
   // One thread moves the scale; no other block reads it or its trackers in this launch.
   if (args.scale_found_inf != nullptr && blockIdx.x == 0 && threadIdx.x == 0) update_scale(args);
   if (step_is_skipped(args.found_inf)) return;  // See Note [found_inf contract]
   const Chunk c = this_blocks_chunk(table);
-  float* steps = chunk_data<float>(table, 0, c);
+  float* steps = chunk_data<float>(table, kStepEpilogueSteps, c);
   for_each_lanes(c.size, is_aligned(steps), [&](const Lanes& l) {
     float r[kILP];
     load(r, steps, l);

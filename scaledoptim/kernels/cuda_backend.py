@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from .nvrtc import KernelCompileError, compile_options, program_source
+from .nvrtc import KernelCompileError, compile_options
+from .sources import kernel_source
 from .spec import MultiTensorKernel
 
 __all__ = ["launch", "unmet_requirement"]
@@ -78,7 +79,7 @@ def _function(kernel: MultiTensorKernel, instantiation: str, device_index: int) 
             module = _modules.get((kernel, device_index))
             if module is None:
                 module = cupy.RawModule(
-                    code=program_source(kernel),
+                    code=kernel_source(kernel),
                     options=compile_options(kernel),
                     name_expressions=kernel.instantiations(),
                 )

@@ -1,8 +1,9 @@
-"""NVRTC program text and options, shared by the CUDA backend and the compile check."""
+"""NVRTC's options, target archs and compile check, shared by the CUDA backend and the compile
+check (the program text is :func:`~scaledoptim.kernels.sources.kernel_source`)."""
 
 from __future__ import annotations
 
-from .sources import CUDA_SOURCE_DIR, sources_fingerprint
+from .sources import CUDA_SOURCE_DIR, kernel_source
 from .spec import MultiTensorKernel
 
 __all__ = [
@@ -11,7 +12,6 @@ __all__ = [
     "compile_for_arch",
     "compile_options",
     "installed_archs",
-    "program_source",
     "supported_archs",
 ]
 
@@ -30,20 +30,6 @@ TARGET_ARCHS = (70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 107, 110, 120
 
 class KernelCompileError(RuntimeError):
     """NVRTC rejected a kernel source; the message carries the compiler log."""
-
-
-def program_source(kernel: MultiTensorKernel) -> str:
-    """The kernel's source as NVRTC sees it.
-
-    The first line fingerprints every header the source may include, because CuPy's on-disk
-    cache keys on the program text only and would otherwise keep a module built from old headers.
-    """
-    fingerprint = sources_fingerprint(CUDA_SOURCE_DIR, kernel.source.resolve().parent)
-    return (
-        f"// scaledoptim sources {fingerprint}\n"
-        f'#line 1 "{kernel.source.name}"\n'
-        f"{kernel.source.read_text()}"
-    )
 
 
 def compile_options(kernel: MultiTensorKernel) -> tuple[str, ...]:
@@ -78,7 +64,7 @@ def compile_for_arch(kernel: MultiTensorKernel, arch: int) -> bytes:
     """
     from cupy.cuda import nvrtc
 
-    program = nvrtc.createProgram(program_source(kernel), kernel.source.name, [], [])
+    program = nvrtc.createProgram(kernel_source(kernel), kernel.source.name, [], [])
     try:
         for name in kernel.instantiations():
             nvrtc.addNameExpression(program, name)

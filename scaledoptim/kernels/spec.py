@@ -35,7 +35,9 @@ class MultiTensorKernel:
     Args:
         source: the ``.cu`` file. It may include the headers of ``cuda/`` and of its own folder.
         name: the kernel (template) name, e.g. ``"adam_kernel"``.
-        lists: a name per tensor list, in table order (used in error messages).
+        lists: a name per tensor list, in table order: distinct C identifiers, the one
+            declaration of the kernel's layout. Error messages name them, and every compile
+            of ``source`` is given the C++ enum they make (:attr:`list_enum`).
         args_type: the ``ctypes.Structure`` mirroring the kernel's ``Args`` struct.
         dtype_lists: indices of lists whose dtype (float32, float16 or bfloat16, may differ
             per tensor) is a template parameter; every other list must be float32.
@@ -46,6 +48,10 @@ class MultiTensorKernel:
             0 (``ceil(numel / launch_config.chunk_size)``; e.g. a reduction's per-block
             partial sums, which block ``b`` stores at the chunk number of its chunk); by
             default, from the names: every list but the first whose name ends in ``_partials``.
+
+    Raises:
+        ValueError: the kernel's name or a list name is not a C identifier, or two names make
+            the same enum member (``exp_avg`` and ``expAvg``).
 
     Example::
 
@@ -64,7 +70,15 @@ class MultiTensorKernel:
     per_chunk_lists: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        # The layout is declared once, by the names: the indices follow from them.
+        # The layout is declared once, by the names: the indices follow from them, and the enum
+        # the source is compiled with (See Note [list enums] in kernels/sources.py).
+        names, members = (self.name.rsplit("::", 1)[-1], *self.lists), self._enum_members()
+        if not all(_IDENTIFIER.fullmatch(n) for n in names) or len(set(members)) < len(members):
+            raise ValueError(
+                f"{self.name}: the kernel's name and its list names {self.lists} must be C "
+                f"identifiers that make distinct enum members (here {members}); name the lists "
+                "in snake_case, each once"
+            )
         if not self.per_tensor_lists:
             derived = tuple(i for i, n in enumerate(self.lists) if i and n in PER_TENSOR_NAMES)
             object.__setattr__(self, "per_tensor_lists", derived)
@@ -79,6 +93,27 @@ class MultiTensorKernel:
     def n_lists(self) -> int:
         return len(self.lists)
 
+    @property
+    def list_enum_name(self) -> str:
+        """The name of :attr:`list_enum`: the kernel's name less ``_kernel``, in CamelCase, and
+        ``List`` (``AdamList`` for ``adam_kernel``)."""
+        return f"{self._enum_prefix()}List"
+
+    @property
+    def list_enum(self) -> str:
+        """The C++ enum of the lists, made from their names and given to every compile of the
+        source: one member per list in table order, then the count that sizes the kernel's
+        table. For ``adam_kernel``, ``enum AdamList { kAdamParams, kAdamGrads, ...,
+        kAdamSteps, kAdamLists };``."""
+        return f"enum {self.list_enum_name} {{ {', '.join(self._enum_members())} }};"
+
+    def _enum_prefix(self) -> str:
+        return _camel(self.name.rsplit("::", 1)[-1].removesuffix("_kernel"))
+
+    def _enum_members(self) -> list[str]:
+        prefix = self._enum_prefix()
+        return [f"k{prefix}{_camel(name)}" for name in (*self.lists, "lists")]
+
     def instantiation(self, dtypes: tuple[torch.dtype, ...]) -> str:
         """The C++ name expression of the kernel for the template ``dtypes``."""
         if not self.dtype_lists:
@@ -92,6 +127,12 @@ class MultiTensorKernel:
 
 
 _registry: dict[MultiTensorKernel, None] = {}  # insertion-ordered set
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _camel(snake: str) -> str:
+    """``exp_avg_sqs`` -> ``ExpAvgSqs``."""
+    return "".join(part[:1].upper() + part[1:] for part in snake.split("_"))
 
 
 def registered_kernels() -> tuple[MultiTensorKernel, ...]:

@@ -35,9 +35,10 @@ def _ptx_entries(kernel: MultiTensorKernel, arch: int = 90) -> dict[str, str]:
     """Each instantiation's PTX, compiled by NVRTC as the CUDA backend compiles it."""
     from cupy.cuda import nvrtc
 
-    from scaledoptim.kernels.nvrtc import compile_options, program_source
+    from scaledoptim.kernels.nvrtc import compile_options
+    from scaledoptim.kernels.sources import kernel_source
 
-    program = nvrtc.createProgram(program_source(kernel), kernel.source.name, [], [])
+    program = nvrtc.createProgram(kernel_source(kernel), kernel.source.name, [], [])
     try:
         for name in kernel.instantiations():
             nvrtc.addNameExpression(program, name)

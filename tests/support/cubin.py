@@ -26,20 +26,17 @@ def cubin(kernel: MultiTensorKernel, arch: int) -> bytes:
     core (one process each: NVRTC holds the GIL); a compile error is raised for its kernel."""
     from scaledoptim.kernels.nvrtc import compile_for_arch
 
-    if kernel not in builtin_kernels():
-        return compile_for_arch(kernel, arch)
-    return _builtin_compiles(arch)[_key(kernel)].result()
-
-
-def _key(kernel: MultiTensorKernel) -> tuple[str, str]:
-    """What names a built-in kernel in another process: its source file and its name."""
-    return kernel.source.name, kernel.name
+    # By the whole kernel, as this cache: a variant of a built-in kernel with other lists has
+    # another text (See Note [list enums] in kernels/sources.py).
+    if kernel in builtin_kernels() and kernel in (compiles := _builtin_compiles(arch)):
+        return compiles[kernel].result()
+    return compile_for_arch(kernel, arch)
 
 
 @functools.cache
-def _builtin_compiles(arch: int) -> dict[tuple[str, str], Future[bytes]]:
+def _builtin_compiles(arch: int) -> dict[MultiTensorKernel, Future[bytes]]:
     pool = _pool()
-    return {_key(k): pool.submit(_compile_builtin, _key(k), arch) for k in builtin_kernels()}
+    return {k: pool.submit(_compile, k, arch) for k in builtin_kernels()}
 
 
 @functools.cache
@@ -49,11 +46,12 @@ def _pool() -> ProcessPoolExecutor:
     return pool
 
 
-def _compile_builtin(key: tuple[str, str], arch: int) -> bytes:
-    import scaledoptim  # noqa: F401  # defines every built-in kernel
+def _compile(kernel: MultiTensorKernel, arch: int) -> bytes:
+    # The kernel travels pickled (its args type by reference, so its module is imported). Every
+    # built-in kernel is defined here too: the enums of a file's other kernels are in its text.
+    import scaledoptim  # noqa: F401
     from scaledoptim.kernels.nvrtc import compile_for_arch
 
-    (kernel,) = [k for k in builtin_kernels() if _key(k) == key]
     return compile_for_arch(kernel, arch)
 
 _EIATTR_REGCOUNT = 0x2F

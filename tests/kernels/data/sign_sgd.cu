@@ -8,11 +8,7 @@ struct SignSgdArgs {
 };
 
 // See Note [update kernel lists]: no state lists.
-enum SignSgdList {
-  kSignSgdParam, kSignSgdGrad,
-  kSignSgdMaster, kSignSgdSeed,  // See Note [param rounding]
-  kSignSgdStep, kSignSgdLists
-};
+// SignSgdList: generated from SignSGD.kernel.lists; See Note [list enums] in kernels/sources.py
 
 __device__ __forceinline__ void sign_sgd_update(float& p, float g, const SignSgdArgs& a) {
   p -= a.lr * (float)((g > 0.0f) - (g < 0.0f));
