@@ -20,6 +20,7 @@ kernel, with other lists, on the same file).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from .spec import MultiTensorKernel, registered_kernels
@@ -68,10 +69,19 @@ def kernel_source(kernel: MultiTensorKernel) -> str:
     on_file = [k for k in registered_kernels() if k.source.resolve() == source]
     enums = {k.list_enum_name: k.list_enum for k in on_file}
     enums[kernel.list_enum_name] = kernel.list_enum  # its own where a variant shares the name
+    text = kernel.source.read_text()
+    # A source written before the enums were generated would fail to compile on a redefinition,
+    # a message that names neither the cause nor the fix.
+    written = [name for name in enums if re.search(rf"\benum\s+(class\s+)?{name}\b", text)]
+    if written:
+        raise ValueError(
+            f"{kernel.source} defines the list enum {written[0]} itself; it is generated from "
+            f"the kernel's lists ({enums[written[0]]}): delete the enum from the source"
+        )
     fingerprint = sources_fingerprint(CUDA_SOURCE_DIR, source.parent)
     return (
         f"// scaledoptim sources {fingerprint}\n"
         + "".join(f"{enum}\n" for enum in enums.values())
         + f'#line 1 "{kernel.source.name}"\n'
-        + kernel.source.read_text()
+        + text
     )

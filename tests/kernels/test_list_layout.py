@@ -105,6 +105,17 @@ def test_a_kernel_has_its_own_enum_where_a_variant_shares_its_name(tmp_path: Pat
     assert kernel_source(variant).splitlines()[1:3] == [variant.list_enum, other.list_enum]
 
 
+@pytest.mark.parametrize("written", ["enum SignSgdList { kA };", "enum class SignSgdList {kA};"])
+def test_a_source_that_writes_its_list_enum_is_refused_naming_the_fix(
+    tmp_path: Path, written: str
+) -> None:
+    source = tmp_path / "sign_sgd.cu"
+    source.write_text(f"// a kernel written before the enums were generated\n{written}\n")
+    kernel = MultiTensorKernel(source, "sign_sgd_kernel", ("params", "grads"), _Args)
+    with pytest.raises(ValueError, match=r"defines the list enum SignSgdList itself.*delete"):
+        kernel_source(kernel)
+
+
 @pytest.mark.parametrize(
     "changed",
     [("params", "gradients", "steps"), ("grads", "params", "steps")],
