@@ -1,7 +1,8 @@
-"""minGPT-ddp's ``mingpt/trainer.py`` (pytorch/examples, distributed/minGPT-ddp), reduced by
-hand for the port test: the ``Trainer`` with its DDP wrapper and ``_run_batch`` as
-minGPT-ddp has them, clipping the grads right after ``scaler.scale(loss).backward()`` (so,
-upstream, the *scaled* grads); on a CPU (gloo) instead of ``LOCAL_RANK``'s GPU."""
+"""minGPT-ddp's ``mingpt/trainer.py`` (pytorch/examples,
+distributed/minGPT-ddp), reduced by hand for the port test: the ``Trainer``
+with its DDP wrapper and ``_run_batch`` as minGPT-ddp has them, clipping the
+grads right after ``scaler.scale(loss).backward()`` (so, upstream, the *scaled*
+grads); on a CPU (gloo) instead of ``LOCAL_RANK``'s GPU."""
 
 from dataclasses import dataclass
 
@@ -20,7 +21,13 @@ class TrainerConfig:
 
 
 class Trainer:
-    def __init__(self, trainer_config: TrainerConfig, model, optimizer, train_dataset: Dataset):
+    def __init__(
+        self,
+        trainer_config: TrainerConfig,
+        model,
+        optimizer,
+        train_dataset: Dataset,
+    ):
         self.config = trainer_config
         self.train_loader = DataLoader(
             train_dataset,
@@ -36,8 +43,13 @@ class Trainer:
         self.model = DDP(self.model)
 
     def _run_batch(self, source, targets, train: bool = True) -> float:
-        with torch.set_grad_enabled(train), torch.amp.autocast(
-            device_type="cpu", dtype=torch.float16, enabled=(self.config.use_amp)
+        with (
+            torch.set_grad_enabled(train),
+            torch.amp.autocast(
+                device_type="cpu",
+                dtype=torch.float16,
+                enabled=(self.config.use_amp),
+            ),
         ):
             _, loss = self.model(source, targets)
 
@@ -45,18 +57,27 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             if self.config.use_amp:
                 self.scaler.scale(loss).backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
+                torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.config.grad_norm_clip
+                )
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
             else:
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
+                torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.config.grad_norm_clip
+                )
                 self.optimizer.step()
         return loss.item()
 
-    def _run_epoch(self, epoch: int, dataloader: DataLoader, train: bool = True):
+    def _run_epoch(
+        self, epoch: int, dataloader: DataLoader, train: bool = True
+    ):
         dataloader.sampler.set_epoch(epoch)
-        return [self._run_batch(source, targets, train) for source, targets in dataloader]
+        return [
+            self._run_batch(source, targets, train)
+            for source, targets in dataloader
+        ]
 
     def train(self):
         losses = []

@@ -1,6 +1,7 @@
-"""nanoGPT's ``model.py`` (karpathy/nanoGPT), reduced by hand for the port test: a GPT small
-enough for a CPU and ``configure_optimizers`` as nanoGPT builds its AdamW (decay for matrices,
-none for vectors, ``fused=True`` on CUDA)."""
+"""nanoGPT's ``model.py`` (karpathy/nanoGPT), reduced by hand for the port
+test: a GPT small enough for a CPU and ``configure_optimizers`` as nanoGPT
+builds its AdamW (decay for matrices, none for vectors, ``fused=True`` on
+CUDA)."""
 
 import inspect
 from dataclasses import dataclass
@@ -37,17 +38,31 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(pos)
         x = x + self.mlp(self.ln_1(x))
         logits = self.lm_head(self.ln_f(x))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        loss = F.cross_entropy(
+            logits.view(-1, logits.size(-1)).float(), targets.view(-1)
+        )
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(
+        self, weight_decay, learning_rate, betas, device_type
+    ):
         params = [p for p in self.parameters() if p.requires_grad]
         optim_groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            {
+                "params": [p for p in params if p.dim() >= 2],
+                "weight_decay": weight_decay,
+            },
+            {
+                "params": [p for p in params if p.dim() < 2],
+                "weight_decay": 0.0,
+            },
         ]
-        fused_available = "fused" in inspect.signature(torch.optim.AdamW).parameters
+        fused_available = (
+            "fused" in inspect.signature(torch.optim.AdamW).parameters
+        )
         use_fused = fused_available and device_type == "cuda"
         extra_args = dict(fused=True) if use_fused else dict()
-        optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **extra_args)
+        optimizer = torch.optim.AdamW(
+            optim_groups, lr=learning_rate, betas=betas, **extra_args
+        )
         return optimizer

@@ -1,7 +1,8 @@
-"""open_clip's ``src/open_clip_train/train.py`` (mlfoundations/open_clip), reduced by hand for
-the port test: ``backward(total_loss, scaler)`` and ``train_one_epoch``'s step as open_clip has
-them (``scaler.unscale_`` + ``clip_grad_norm_`` when ``args.grad_clip_norm`` is set, then
-``scaler.step`` and ``scaler.update``), without logging, accumulation and distillation."""
+"""open_clip's ``src/open_clip_train/train.py`` (mlfoundations/open_clip),
+reduced by hand for the port test: ``backward(total_loss, scaler)`` and
+``train_one_epoch``'s step as open_clip has them (``scaler.unscale_`` +
+``clip_grad_norm_`` when ``args.grad_clip_norm`` is set, then ``scaler.step``
+and ``scaler.update``), without logging, accumulation and distillation."""
 
 import torch
 
@@ -28,14 +29,14 @@ def train_one_epoch(model, data, loss, epoch, optimizer, scaler, args):
             if args.grad_clip_norm is not None:
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(
-                    model.parameters(), args.grad_clip_norm, norm_type=2.0,
+                    model.parameters(), args.grad_clip_norm, norm_type=2.0
                 )
             scaler.step(optimizer)
             scaler.update()
         else:
             if args.grad_clip_norm is not None:
                 torch.nn.utils.clip_grad_norm_(
-                    model.parameters(), args.grad_clip_norm, norm_type=2.0,
+                    model.parameters(), args.grad_clip_norm, norm_type=2.0
                 )
             optimizer.step()
         with torch.no_grad():

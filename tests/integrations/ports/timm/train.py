@@ -1,17 +1,20 @@
-"""timm's ``train.py`` (huggingface/pytorch-image-models), reduced by hand for the port test: the
-loss scaler created in ``main`` and handed to ``train_one_epoch`` as ``loss_scaler=``, called by
-its ``_backward`` with timm's arguments (clipping by norm, gradient accumulation), and
-checkpointed under its ``state_dict_key``; the ``timm.utils``/``timm.optim`` pieces it imports are
-the stand-ins of ``timm_utils.py``."""
+"""timm's ``train.py`` (huggingface/pytorch-image-models), reduced by hand for
+the port test: the loss scaler created in ``main`` and handed to
+``train_one_epoch`` as ``loss_scaler=``, called by its ``_backward`` with
+timm's arguments (clipping by norm, gradient accumulation), and checkpointed
+under its ``state_dict_key``; the ``timm.utils``/``timm.optim`` pieces it
+imports are the stand-ins of ``timm_utils.py``."""
 
 from argparse import Namespace
 from functools import partial
 
 import torch
-from timm_utils import NativeScaler, create_optimizer_v2
+from timm_utils import NativeScaler, create_optimizer_v2, optimizer_kwargs
 
 
-def train_one_epoch(epoch, model, loader, optimizer, loss_fn, args, amp_autocast, loss_scaler):
+def train_one_epoch(
+    epoch, model, loader, optimizer, loss_fn, args, amp_autocast, loss_scaler
+):
     accum_steps = args.grad_accum_steps
     losses = []
     model.train()
@@ -47,7 +50,11 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, args, amp_autocast
 
 def main(epochs=3, resume=None):
     args = Namespace(
-        opt="adamw", lr=1e-2, weight_decay=0.05, clip_grad=0.25, clip_mode="norm",
+        opt="adamw",
+        lr=1e-2,
+        weight_decay=0.05,
+        clip_grad=0.25,
+        clip_mode="norm",
         grad_accum_steps=2,
     )
     device = torch.device("cpu")
@@ -55,8 +62,10 @@ def main(epochs=3, resume=None):
     model = torch.nn.Sequential(
         torch.nn.Linear(12, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5)
     )
-    optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
-    amp_autocast = partial(torch.autocast, device_type=device.type, dtype=torch.float16)
+    optimizer = create_optimizer_v2(model, **optimizer_kwargs(cfg=args))
+    amp_autocast = partial(
+        torch.autocast, device_type=device.type, dtype=torch.float16
+    )
     loss_scaler = NativeScaler(device=device.type)
     start_epoch = 0
     if resume is not None:
@@ -65,13 +74,22 @@ def main(epochs=3, resume=None):
         loss_scaler.load_state_dict(resume[loss_scaler.state_dict_key])
         start_epoch = resume["epoch"] + 1
     inputs = torch.randn(96, 12, generator=torch.Generator().manual_seed(0))
-    dataset = torch.utils.data.TensorDataset(inputs, (4 * inputs[:, :5]).softmax(-1))
+    dataset = torch.utils.data.TensorDataset(
+        inputs, (4 * inputs[:, :5]).softmax(-1)
+    )
     loader = torch.utils.data.DataLoader(dataset, batch_size=12)
     loss_fn = torch.nn.CrossEntropyLoss()
     losses = []
     for epoch in range(start_epoch, epochs):
         losses += train_one_epoch(
-            epoch, model, loader, optimizer, loss_fn, args, amp_autocast, loss_scaler
+            epoch,
+            model,
+            loader,
+            optimizer,
+            loss_fn,
+            args,
+            amp_autocast,
+            loss_scaler,
         )
     checkpoint = {
         "epoch": epochs - 1,
