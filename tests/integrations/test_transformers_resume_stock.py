@@ -193,10 +193,12 @@ def test_scaling_config_must_be_a_scaling_config(tmp_path):
         )
 
 
-def test_the_trainer_still_loads_the_scaler_through_its_private_hook():
-    """See Note [ScaledTrainer hooks]: the one private method overridden is still called on resume,
-    after the optimizer's state is loaded."""
+def test_the_trainer_still_saves_and_loads_the_scaler_through_its_private_hooks():
+    """See Note [ScaledTrainer hooks]: the two private methods overridden are still called, on
+    save and on resume after the optimizer's state is loaded."""
     source = inspect.getsource(transformers.Trainer)
     assert source.index(
         "self._load_optimizer_and_scheduler(resume_from_checkpoint)"
     ) < source.index("self._load_scaler(resume_from_checkpoint)")
+    saving = inspect.getsource(transformers.Trainer._save_checkpoint)
+    assert "self._save_scaler(output_dir)" in saving
