@@ -280,7 +280,7 @@ OTHER_CLAIMS = (
     "the transformer: scaledoptim skips exactly the steps torch.amp skips (the demo prints both "
     "lists) and ends at the same scale",
     "the CNN: scaledoptim and torch.amp skip the same number of steps, the first at the same "
-    "step, and end at the same scale, but the later skips drift a step or more apart",
+    "step, and end at the same scale; the later skips may fall on other steps",
     "the replay adds two reads per closure evaluation (the scale and `found_inf`",
     "`AdamW(fused=True)` bit for bit, skips included",
 )
