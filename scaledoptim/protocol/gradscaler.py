@@ -46,6 +46,7 @@ from .gradscaler_clip import (
     clip_norm_or_none,
     step_clipping_torch_optimizer,
 )
+from .optimizer import Optimizer
 from .outputs import scale_outputs
 from .ownership import ScaleOwner
 from .plans import StepRequest
@@ -277,6 +278,7 @@ class GradScaler(torch.amp.GradScaler):
                     self, optimizer, max_grad_norm, *args, **kwargs
                 )
             if not self._enabled:  # not scaled: the optimizer's own step clips
+                assert isinstance(optimizer, Optimizer)  # (every ScaleOwner is one)
                 optimizer.unscale_and_step(max_grad_norm=max_grad_norm)
                 return None
         if not self._enabled:
