@@ -14,10 +14,10 @@ import torch
 
 __all__ = ["user_stacklevel"]
 
-_LIBRARIES = tuple(
-    os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-    for module in (sys.modules[__name__.partition(".")[0]], torch)
-    if module.__file__ is not None
+# scaledoptim's folder (this file is scaledoptim/protocol/user_frames.py) and torch's.
+_LIBRARIES = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 )
 
 
