@@ -469,6 +469,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run each repetition set in N fresh processes, one after the other",
     )
     parser.add_argument(
+        "--json",
+        type=Path,
+        help="also write the run (environment, load, every record) to this file, for "
+        "benchmarks/plot_performance.py",
+    )
+    parser.add_argument(
         "--one-process",
         action="store_true",
         help="(used by --processes) print this process's times as JSON",
@@ -492,14 +498,24 @@ def main(argv: list[str] | None = None) -> None:
         return
     start = time.perf_counter()
     print("\n".join(environment(args.threads)))
-    print(f"at the start, {load_average()}", flush=True)
+    loads = [load_average()]
+    print(f"at the start, {loads[0]}", flush=True)
     if args.processes is None:
         runs = [measure_all(args)]
         over = f"{args.reps} repetitions in one process"
     else:
         runs = fresh_processes(args)
         over = f"{args.processes} fresh processes ({args.reps} repetition(s) each)"
-    print(f"at the end, {load_average()}; {time.perf_counter() - start:.0f} s")
+    loads.append(load_average())
+    print(f"at the end, {loads[-1]}; {time.perf_counter() - start:.0f} s")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "command": "python benchmarks/cpu_step_ratios.py "
+            + " ".join(sys.argv[1:] if argv is None else argv),
+            "environment": environment(args.threads), "load": {"start": loads[0],
+            "end": loads[-1]}, "seconds": time.perf_counter() - start, "shapes": args.shapes,
+            "runs": runs,
+        }, indent=1))
     print(f"\nours / alternative, median [min-max] over {over} of {args.rounds} rotated rounds "
           f"each, {args.threads} thread(s); < 1: ours is faster; a cell whose values disagree "
           f"by more than {DISAGREEMENT:.0%} is the range with the reason")

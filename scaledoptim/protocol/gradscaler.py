@@ -41,10 +41,17 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
+from .gradscaler_clip import (
+    check_no_unscale_before_clip,
+    clip_norm_or_none,
+    step_clipping_torch_optimizer,
+)
+from .optimizer import Optimizer
 from .outputs import scale_outputs
 from .ownership import ScaleOwner
 from .plans import StepRequest
 from .torch_scaler_interop import asked_by_torch_scaler, torch_scaler_request
+from .user_frames import user_stacklevel
 
 __all__ = ["GradScaler", "asked_by_torch_scaler", "torch_scaler_request"]
 
@@ -226,8 +233,15 @@ class GradScaler(torch.amp.GradScaler):
         state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
         state["stage"] = OptState.UNSCALED
 
-    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        """Unscales the grads (unless :meth:`unscale_` did) and steps, skipping on inf/nan.
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *args: Any,
+        max_grad_norm: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Unscales the grads (unless :meth:`unscale_` did) and steps, skipping on inf/nan; with
+        ``max_grad_norm``, clips the global norm of the unscaled grads inside the step.
 
         As :meth:`torch.amp.GradScaler.step`; ``*args``/``**kwargs`` go to ``optimizer.step``
         and closures are refused. A scaledoptim optimizer steps through ``optimizer.step()``
@@ -235,19 +249,42 @@ class GradScaler(torch.amp.GradScaler):
         skips on device (no host read) and the return value is ``optimizer.step()``'s, skipped or
         not; a generic one reads ``found_inf`` on the host and returns ``None`` when skipped.
 
+        ``max_grad_norm=c`` stands for ``unscale_(opt)`` + ``clip_grad_norm_(params, c)`` +
+        ``step(opt)``. A scaledoptim optimizer clips inside the step as
+        ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=c)`` does (no pass of its own,
+        no host read) and keeps the norm before clipping in ``opt.grad_norm``; its params are
+        those of the three calls within one float32 rounding of each grad the update reads
+        (``1 / S`` and the clip factor multiply it once, not twice). Another optimizer runs the
+        three calls. ``0`` and ``None`` do not clip; a disabled scaler still clips.
+
         Returns:
             what ``optimizer.step()`` returned, or ``None`` for a step skipped on the host.
 
         Raises:
             AssertionError: the optimizer has no grads to check (torch's "No inf checks were
                 recorded for this optimizer."), before anything changes.
+            RuntimeError: ``max_grad_norm`` after :meth:`unscale_` (the grads are unscaled
+                already: clip them yourself, or drop ``unscale_``), before anything changes.
+            TypeError, ValueError: a ``max_grad_norm`` that is not a finite Python number >= 0,
+                before anything changes.
         """
+        max_grad_norm = clip_norm_or_none(max_grad_norm)
+        if "closure" in kwargs and (self._enabled or max_grad_norm is not None):
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        if max_grad_norm is not None:
+            check_no_unscale_before_clip(self, optimizer)
+            if not isinstance(optimizer, ScaleOwner):
+                return step_clipping_torch_optimizer(
+                    self, optimizer, max_grad_norm, *args, **kwargs
+                )
+            if not self._enabled:  # not scaled: the optimizer's own step clips
+                assert isinstance(optimizer, Optimizer)  # (every ScaleOwner is one)
+                optimizer.unscale_and_step(max_grad_norm=max_grad_norm)
+                return None
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if not isinstance(optimizer, ScaleOwner):
             return super().step(optimizer, *args, **kwargs)
-        if "closure" in kwargs:
-            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
         stage = self._check_stage(optimizer, "step")
         assert self._loss_scale is not None
@@ -265,6 +302,7 @@ class GradScaler(torch.amp.GradScaler):
                 scaled_by=self._scale,
                 moves_scale=False,
                 adopt=(self._loss_scale, _DRIVER),
+                max_grad_norm=max_grad_norm,
             )
         result, outcome = optimizer._run_step(request, *args, **kwargs)
         if outcome is None:
@@ -390,7 +428,7 @@ class GradScaler(torch.amp.GradScaler):
                 "the scaler's state_dict too (scaler.load_state_dict(...)), as with "
                 "torch.amp.GradScaler.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
 
 

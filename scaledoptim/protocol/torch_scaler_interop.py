@@ -15,6 +15,7 @@ import torch
 
 from .ownership import ScaleOwner
 from .plans import StepRequest, native_amp_scaling
+from .user_frames import user_stacklevel
 
 __all__ = ["asked_by_torch_scaler", "torch_scaler_request"]
 
@@ -34,7 +35,7 @@ def torch_scaler_request(optimizer: ScaleOwner) -> StepRequest | None:
             "same API whose scale is opt.scale, or the optimizer's own protocol "
             "(opt.unscale_and_step(grads_scaled_by=opt.scale)).",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
     if native_amp_scaling(optimizer):
         return None  # torch's fused step reads grad_scale and found_inf itself

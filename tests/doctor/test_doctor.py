@@ -70,6 +70,10 @@ def test_every_check_passes_and_the_json_says_so(tmp_path: pathlib.Path) -> None
     assert run.returncode == 0, run.stdout + run.stderr
     for key in ENVIRONMENT_KEYS:
         assert key in run.stdout
+    if not torch.cuda.is_available():  # our kernels run on the emulator: it says so
+        details = {c["name"]: c["detail"] for c in document["checks"]}
+        assert details["parity:AdamW"].startswith("CPU emulator, ")
+        assert "torch backend + CPU emulator" in details["no-host-sync"]
 
 
 @pytest.mark.skipif(not HAS_CUPY, reason="the skip without CuPy is tested below")
@@ -177,6 +181,17 @@ def test_the_gpu_report_runs_every_part_and_names_the_failed_one(tmp_path, monke
     assert "## clean: passed" in report and "all good" in report
     assert "## broken: FAILED (exit status 3)" in report and "boom" in report
     assert "['no/such/folder'] not found" in report and "never runs" not in report
+
+
+def test_the_gpu_report_without_the_test_extra_names_it(tmp_path, monkeypatch, capsys) -> None:
+    part = gpu_report.Part("tests", (sys.executable, "-c", "pass"), modules=("no_such_pytest",))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        gpu_report.main(["report.md"], (part,))
+    assert exit_.value.code == 2 and not (tmp_path / "report.md").exists()
+    error = capsys.readouterr().err
+    assert "no_such_pytest is not installed" in error and '".[test,cuda12]"' in error
+    assert {"pytest", "pytest_benchmark"} <= {m for p in gpu_report.PARTS for m in p.modules}
 
 
 def test_the_gpu_reports_summary_repeats_the_step_time_lines(tmp_path, monkeypatch) -> None:
