@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from ...kernels import PLAIN_TENSOR_TYPES, MultiTensorKernel
 from ..state import StateLayout
 from ..update import Group, TensorLists
+from .blockwise import quantize_blockwise
 from .codes import Code
 from .form import LowBitLists, lowbit_form_
 
@@ -211,6 +213,12 @@ class LowBitStates:
         form = functools.partial(super().torch_form_, group)  # type: ignore[misc]
         lowbit_form_(form, [params, grads, steps], states, group["block_size"])
 
+    def _plan_load_state(self, state_dict: dict[str, Any], by_id: Any) -> Any:
+        # A state_dict of float32 states (this optimizer's class with state_bits=32, or
+        # torch.optim's) loads encoded: its moments rounded to the nearest codes.
+        state_dict = quantize_state_dict(state_dict, self.lowbit_codes, self.defaults)  # type: ignore[attr-defined]
+        return super()._plan_load_state(state_dict, by_id)  # type: ignore[misc]
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)  # type: ignore[misc]
         added = self.param_groups[-1]  # type: ignore[attr-defined]
@@ -264,3 +272,34 @@ def check_float32_states(optimizer: object, options: Mapping[str, Any]) -> None:
             f"{type(optimizer).__name__} keeps float32 states (state_bits is per optimizer: a "
             "state_dict of 8-bit states loads into an optimizer made with state_bits=8)"
         )
+
+
+def quantize_state_dict(
+    state_dict: dict[str, Any], codes: Mapping[str, Code], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``state_dict`` with its float32 states encoded (nearest codes, blocks of
+    ``defaults["block_size"]``) and its groups given ``defaults``' ``state_bits`` and
+    ``block_size``, if its groups hold no ``state_bits`` or 32 (a state_dict of float32
+    states); else as it is. Non-tensor or non-float values are left for the load to refuse."""
+    groups = state_dict.get("param_groups")
+    if not isinstance(groups, list) or any(
+        not isinstance(g, Mapping) or g.get("state_bits", 32) != 32 for g in groups
+    ):
+        return state_dict
+    block_size = defaults["block_size"]
+    options = {"state_bits": defaults["state_bits"], "block_size": block_size}
+    state = {}
+    for key, saved in state_dict.get("state", {}).items():
+        converted = dict(saved) if isinstance(saved, Mapping) else saved
+        for name, code in codes.items():
+            value = converted.get(name) if isinstance(converted, dict) else None
+            if isinstance(value, Tensor) and value.is_floating_point() and not value.is_meta:
+                del converted[name]
+                codes_, scales = quantize_blockwise(value.detach().float(), code, block_size)
+                converted[f"{name}_codes"], converted[f"{name}_scales"] = codes_, scales
+        state[key] = converted
+    return {
+        **state_dict,
+        "state": state,
+        "param_groups": [{**group, **options} for group in groups],
+    }
