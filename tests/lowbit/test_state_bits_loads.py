@@ -105,7 +105,7 @@ def test_sharded_params_are_refused_naming_why(one_rank_mesh) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
     weight = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4), one_rank_mesh, [Shard(0)]))
-    with pytest.raises(ValueError, match="DTensor.*state_bits=32"):
+    with pytest.raises(ValueError, match=r"DTensor.*state_bits=32"):
         scaledoptim.AdamW([weight], state_bits=8)
     plain = torch.nn.Parameter(torch.randn(8, 4))
     opt = scaledoptim.AdamW([plain], state_bits=8)

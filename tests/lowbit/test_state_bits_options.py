@@ -13,10 +13,12 @@ import torch
 import scaledoptim
 from scaledoptim.fused.lowbit import LowBitStates
 
-LOWBIT_CLASSES = [scaledoptim.Adam, scaledoptim.AdamW]
+LOWBIT_CLASSES = [
+    scaledoptim.Adam, scaledoptim.AdamW, scaledoptim.Lion, scaledoptim.SGD, scaledoptim.RMSprop
+]
 
 
-@pytest.mark.parametrize("cls", LOWBIT_CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [*LOWBIT_CLASSES, scaledoptim.Adagrad], ids=lambda c: c.__name__)
 @pytest.mark.parametrize("state_bits", [7, 0, 33, "8", 8.5, 16, True, None, -8])
 def test_other_state_bits_are_refused_naming_the_option(cls: type, state_bits: object) -> None:
     param = torch.nn.Parameter(torch.ones(3))
@@ -25,7 +27,7 @@ def test_other_state_bits_are_refused_naming_the_option(cls: type, state_bits: o
     assert torch.equal(param, torch.ones(3)) and param.grad is None
 
 
-@pytest.mark.parametrize("cls", LOWBIT_CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [*LOWBIT_CLASSES, scaledoptim.Adagrad], ids=lambda c: c.__name__)
 @pytest.mark.parametrize("state_bits", [8, 32])
 @pytest.mark.parametrize(
     ("block_size", "error"),
@@ -40,29 +42,43 @@ def test_block_size_must_be_a_positive_int(
             block_size=block_size)
 
 
+#: Per class, options that turn every state it keeps in 8 bits on, and those states.
+EVERY_STATE = {
+    scaledoptim.Adam: ({"amsgrad": True}, ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
+    scaledoptim.AdamW: ({"amsgrad": True}, ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
+    scaledoptim.Lion: ({}, ("exp_avg",)),
+    scaledoptim.SGD: ({"momentum": 0.9}, ("momentum_buffer",)),
+    scaledoptim.RMSprop: ({"momentum": 0.9}, ("square_avg", "momentum_buffer")),
+}
+
+
 @pytest.mark.parametrize("cls", LOWBIT_CLASSES, ids=lambda c: c.__name__)
 def test_float32_states_are_the_default_and_unchanged(cls: type) -> None:
+    options, keys = EVERY_STATE[cls]
     param = torch.nn.Parameter(torch.ones(3))
-    opt = cls([param], lr=1e-3)
+    opt = cls([param], lr=1e-3, **options)
     assert type(opt) is cls and "state_bits" not in opt.defaults
-    assert opt.defaults == cls([param], lr=1e-3, state_bits=32, block_size=64).defaults
+    assert opt.defaults == cls([param], lr=1e-3, state_bits=32, block_size=64, **options).defaults
     param.grad = torch.ones(3)
     opt.step()
-    assert sorted(opt.state[param]) == ["exp_avg", "exp_avg_sq", "step"]
-    assert opt.state[param]["exp_avg"].dtype == torch.float32
+    assert sorted(opt.state[param]) == sorted([*keys, "step"])
+    assert all(opt.state[param][key].dtype == torch.float32 for key in keys)
 
 
 @pytest.mark.parametrize("cls", LOWBIT_CLASSES, ids=lambda c: c.__name__)
 def test_state_bits_8_keeps_codes_and_scales(cls: type) -> None:
+    options, keys = EVERY_STATE[cls]
     param = torch.nn.Parameter(torch.ones(5, 100))
-    opt = cls([param], lr=1e-3, state_bits=8, block_size=128, amsgrad=True)
+    opt = cls([param], lr=1e-3, state_bits=8, block_size=128, **options)
     assert isinstance(opt, cls) and isinstance(opt, LowBitStates)
     assert type(opt).__name__ == cls.__name__
     assert opt.param_groups[0]["state_bits"] == 8 and opt.param_groups[0]["block_size"] == 128
     param.grad = torch.ones(5, 100)
     opt.step()
     state = opt.state[param]
-    for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+    assert sorted(state) == sorted([f"{k}_{part}" for k in keys for part in ("codes", "scales")]
+                                   + ["step"])
+    for key in keys:
         assert state[f"{key}_codes"].dtype == torch.uint8
         assert state[f"{key}_codes"].shape == param.shape
         assert state[f"{key}_scales"].dtype == torch.float32
@@ -135,3 +151,13 @@ def test_a_state_dict_of_8_bit_states_loads_weights_only() -> None:
     loaded = torch.load(buffer, weights_only=True)
     assert loaded["param_groups"][0]["state_bits"] == 8
     assert loaded["state"][0]["exp_avg_codes"].dtype == torch.uint8
+
+
+def test_adagrad_keeps_float32_states_and_says_why() -> None:
+    with pytest.raises(ValueError, match="state_sum is a sum"):
+        scaledoptim.Adagrad([torch.nn.Parameter(torch.ones(3))], state_bits=8)
+
+
+def test_centered_rmsprop_keeps_float32_states_and_says_why() -> None:
+    with pytest.raises(ValueError, match="centered=True keeps float32 states"):
+        scaledoptim.RMSprop([torch.nn.Parameter(torch.ones(3))], centered=True, state_bits=8)

@@ -49,11 +49,21 @@ def test_quality_is_within_a_few_percent_of_float32_states(row: LowBitRow, one_t
     assert abs(lowbit / float32 - 1) < 0.03, (lowbit, float32)
 
 
-@pytest.mark.parametrize("row", ROWS)
+#: The rows with a second moment (an unsigned state), whose linear code fails (Note [block-wise
+#: codes]); Lion and SGD read their signed momentum only through a sign or a sum, and a linear
+#: code of it ends within about 1% of float32 states here.
+SECOND_MOMENT_ROWS = [
+    pytest.param(row, id=row.name)
+    for row in LOWBIT_ROWS
+    if any(not code.signed for code in row.cls.lowbit_codes.values())
+]
+
+
+@pytest.mark.parametrize("row", SECOND_MOMENT_ROWS)
 def test_a_planted_linear_code_fails_the_quality_test(
     row: LowBitRow, one_thread, monkeypatch
 ) -> None:
-    linear = {name: LinearCode(name == "exp_avg") for name in row.cls.lowbit_codes}
+    linear = {name: LinearCode(code.signed) for name, code in row.cls.lowbit_codes.items()}
     monkeypatch.setattr(row.cls, "lowbit_codes", linear)
     lowbit = regression_loss(lambda params: row.make(params))
     float32 = regression_loss(lambda params: row.make(params, state_bits=32))
@@ -188,6 +198,6 @@ def test_bf16_params_with_master_weights_or_stochastic_rounding(row: LowBitRow, 
     _scaled_steps(opt, model, 20)
     assert loss_of(model, 0).item() < first
     state = opt.state[model[0].weight]
-    assert state["exp_avg_codes"].dtype == torch.uint8
+    assert state[f"{row.states[0]}_codes"].dtype == torch.uint8
     assert ("master_param" in state) == (rounding == "master_weights")
     assert all(math.isfinite(p.float().sum().item()) for p in model.parameters())

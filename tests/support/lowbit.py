@@ -129,4 +129,13 @@ LOWBIT_ROWS = [
         "Adam-amsgrad", scaledoptim.Adam, ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
         lr=3e-3, amsgrad=True, weight_decay=1e-2,
     ),
+    LowBitRow("Lion", scaledoptim.Lion, ("exp_avg",), lr=3e-4, weight_decay=0.1),
+    LowBitRow(
+        "SGD-momentum", scaledoptim.SGD, ("momentum_buffer",), lr=0.05, momentum=0.9,
+        dampening=0.1,
+    ),
+    LowBitRow(
+        "RMSprop-momentum", scaledoptim.RMSprop, ("square_avg", "momentum_buffer"), lr=1e-3,
+        momentum=0.9,
+    ),
 ]
