@@ -31,8 +31,10 @@ __all__ = ["LOWBIT_BATCH", "LowBitLists", "lowbit_form_"]
 # rounding] (from each element's index in its tensor and its tensor's step), and the codes and
 # scales go back. The kernels compute the same values in registers (cuda/blockwise_quant.cuh).
 
-#: Elements per batch of the low-bit torch form (its float32 buffers: 256 KB each).
-LOWBIT_BATCH = 1 << 16
+#: Elements per batch of the low-bit torch form (its float32 buffers: 1 MB each). Measured on a
+#: CPU (4M params, one thread): 2**16 cost 1.3x the step time of 2**18 (Python per batch), 2**20
+#: 1.8x (out of cache); benchmarks/lowbit_states.py.
+LOWBIT_BATCH = 1 << 18
 
 
 @dataclass(frozen=True)
