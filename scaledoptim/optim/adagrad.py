@@ -125,7 +125,7 @@ class Adagrad(FusedOptimizer):
     ) -> None:
         check_state_bits(state_bits, block_size)
         if state_bits != 32:
-            # Note [low-bit variants]: Adagrad declares no 8-bit state.
+            # Adagrad declares no 8-bit state (See Note [low-bit variants]).
             raise ValueError(
                 "Adagrad keeps float32 states (state_bits=32): its state_sum is a sum, not an "
                 "average; it only grows, each step's g**2 a shrinking part of it, and a sum "

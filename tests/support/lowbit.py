@@ -71,8 +71,8 @@ class LinearCode(Code):
 
 
 def dither(numel: int, step: int) -> Tensor:
-    """Note [dithered rounding]'s int32 noise of a tensor's elements at ``step``, computed here
-    in int64 from its definition."""
+    """The int32 noise of a tensor's elements at ``step``, computed here in int64 from its
+    definition (See Note [dithered rounding])."""
     index = torch.arange(numel, dtype=torch.int64)
     bits = (index * DITHER_INDEX + step * DITHER_STEP) & 0xFFFFFFFF
     return torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)
