@@ -50,8 +50,8 @@ def test_quality_is_within_a_few_percent_of_float32_states(row: LowBitRow, one_t
 
 
 #: The rows with a second moment (an unsigned state), whose linear code fails (Note [block-wise
-#: codes]); Lion and SGD read their signed momentum only through a sign or a sum, and a linear
-#: code of it ends within about 1% of float32 states here.
+#: codes]); Lion reads its momentum through a sign, and a linear code of it ends 1.2% from
+#: float32 states here.
 SECOND_MOMENT_ROWS = [
     pytest.param(row, id=row.name)
     for row in LOWBIT_ROWS
@@ -195,7 +195,7 @@ def test_bf16_params_with_master_weights_or_stochastic_rounding(row: LowBitRow, 
     model = make_model(torch.bfloat16)
     opt = row.make(model.parameters(), block_size=16, **{rounding: True})
     first = loss_of(model, 0).item()
-    _scaled_steps(opt, model, 20)
+    _scaled_steps(opt, model, 8)
     assert loss_of(model, 0).item() < first
     state = opt.state[model[0].weight]
     assert state[f"{row.states[0]}_codes"].dtype == torch.uint8
