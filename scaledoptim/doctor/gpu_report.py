@@ -7,7 +7,9 @@ and exits with status 2. On a
 machine without a CUDA device the GPU tests and benchmarks report *skipped* (the tests' CPU twins,
 on the emulator, still run) and the doctor skips its GPU checks; the report says so. The summary
 at the top repeats the doctor's bandwidth and step-time lines (ours against GradScaler + torch's
-fused AdamW, without and with clipping; the bandwidth of the step with clipping in it too).
+fused AdamW, without and with clipping; the bandwidth of the step with clipping in it too), and
+its 8-bit states' parity and bandwidth lines (AdamW with ``state_bits=8``, bytes per param
+stated).
 Exits with status 1 when any part failed.
 """
 
@@ -59,7 +61,10 @@ PARTS: tuple[Part, ...] = (
     Part(
         "doctor",
         (sys.executable, "-m", "scaledoptim.doctor"),
-        highlights=("bandwidth", "clip-bandwidth", "step-time", "clip-step-time"),
+        highlights=(
+            "bandwidth", "clip-bandwidth", "step-time", "clip-step-time", "lowbit-bandwidth",
+            "parity:AdamW-8bit",
+        ),
     ),
 )
 _TAIL_LINES = 120  # of each part's output, in the report

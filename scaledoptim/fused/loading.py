@@ -97,6 +97,7 @@ def plan_loaded_state(
     for key, saved in state.items():
         param = by_id[key]
         group = group_of[id(param)]
+        layouts = optimizer.state_layouts(group)
         fresh = not any(name != "step" for name in saved)
         loaded: dict[str, Any] = {}
         for name, value in saved.items():
@@ -108,7 +109,8 @@ def plan_loaded_state(
                     f"Corrupt optimizer state_dict: {where} is a meta tensor, which holds no "
                     f"values; {_FIX} (torch.load it with map_location='cpu')"
                 )
-            loaded[name] = _named(where, functools.partial(cast_loaded_state, param, name), value)
+            cast = functools.partial(cast_loaded_state, param, name, layout=layouts.get(name))
+            loaded[name] = _named(where, cast, value)
         for name in optimizer.state_keys(group):
             if name is None or (fresh and name not in saved):
                 continue
@@ -120,8 +122,12 @@ def plan_loaded_state(
                     f"{type(optimizer).__name__} reads with these options; {_FIX}, or drop "
                     f"state[{key!r}] to start that param afresh"
                 )
-            _check_tensor(where, param, loaded[name], param.is_complex())
-            checks.append((where, loaded[name], name in _NONNEGATIVE))
+            layout = layouts.get(name)
+            if layout is None:
+                _check_tensor(where, param, loaded[name], param.is_complex())
+            # (a low-bit state's codes were checked when cast; its scales must not be negative)
+            nonnegative = name in _NONNEGATIVE or (layout is not None and layout.block_size)
+            checks.append((where, loaded[name], bool(nonnegative)))
         if not (fresh or "step" in saved or optimizer._state_may_lack_step):
             raise ValueError(
                 f"Corrupt optimizer state_dict: state[{key!r}] holds {sorted(saved)} but no "

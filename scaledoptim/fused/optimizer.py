@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -25,6 +25,7 @@ from .cache import StepCache
 from .loading import plan_loaded_groups, plan_loaded_state
 from .plan import FusedStepPlan, MasterWatch, build_plan
 from .rounding import check_rounding_options, check_rounding_params
+from .state import StateLayout
 from .update import GradReduction, Group, TensorLists
 
 __all__ = [
@@ -167,6 +168,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     def check_torch_optim(self, group: Group, params: list[torch.Tensor]) -> None:
         """Raises what torch.optim's step would raise for ``params`` (nothing by default)."""
+
+    def state_layouts(self, group: Group) -> Mapping[str, StateLayout]:
+        """The state names whose tensors are not float32 ones shaped like the param, and their
+        layouts (none by default; a low-bit state's codes and scales)."""
+        return {}
 
     def scratch_lists(self, group: Group, params: list[torch.Tensor]) -> TensorLists:
         """Per-param scratch lists of the kernel after the state lists (none by default)."""

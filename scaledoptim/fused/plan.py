@@ -219,12 +219,13 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         ]
         plan.grads_copied |= any(g is not p.grad for g, p in zip(grads, params))
         keys = optimizer.state_keys(group)
+        layouts = optimizer.state_layouts(group)
         state_lists: TensorLists = [[] for key in keys if key is not None]
         steps = []
         for i, param in enumerate(params):
             counter_device = step_device(group, param) if i in routed else None
             tensors, step, replacement = stage_state(
-                param, optimizer.state.get(param, {}), keys, counter_device
+                param, optimizer.state.get(param, {}), keys, counter_device, layouts
             )
             for state_list, tensor in zip(state_lists, tensors):
                 state_list.append(tensor)

@@ -8,12 +8,14 @@ file each in ``scaledoptim/optim/``); nothing here knows an optimizer.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
 from ..kernels import MultiTensorKernel
+from .state import StateLayout
 
 __all__ = ["GradReduction", "Group", "ScaledTorchUpdate", "TensorLists", "Update"]
 
@@ -90,6 +92,13 @@ class Update(Protocol):
         """The per-param state names, in the order of the kernel's state lists (``None`` for a
         list the group's options turn off). They are created as float32 zeros shaped like the
         param (``state["step"]``, a float32 counter, exists for every optimizer)."""
+        ...
+
+    def state_layouts(self, group: Group) -> Mapping[str, StateLayout]:
+        """The state names of :meth:`state_keys` whose tensors are not float32 ones shaped
+        like the param, and their layouts (a low-bit state's codes and per-block scales); our
+        kernels then take their lists in the layouts their names declare (``MultiTensorKernel``:
+        ``*_codes``, ``*_scales``), the scales' block size from here. Usually none."""
         ...
 
     def scratch_lists(self, group: Group, params: list[Tensor]) -> TensorLists:

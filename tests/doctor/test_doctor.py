@@ -26,7 +26,9 @@ ENVIRONMENT_KEYS = {
     "compute_capability", "SCALEDOPTIM_KERNELS", "fused_step_backend",
 }
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
-CHECK_TIMES = ("bandwidth", "clip-bandwidth", "step-time", "clip-step-time")
+CHECK_TIMES = (
+    "bandwidth", "clip-bandwidth", "step-time", "clip-step-time", "lowbit-bandwidth"
+)
 
 
 def _doctor(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
@@ -204,7 +206,7 @@ def test_the_gpu_reports_summary_repeats_the_step_time_lines(tmp_path, monkeypat
     assert "```text\n" + "\n".join(lines) + "\n```" in summary
     assert "parity:SGD" not in summary
     (real_doctor,) = [part for part in gpu_report.PARTS if part.title == "doctor"]
-    assert real_doctor.highlights == CHECK_TIMES
+    assert real_doctor.highlights == (*CHECK_TIMES, "parity:AdamW-8bit")
     assert set(CHECK_TIMES) <= {check.name for check in CHECKS if check.needs_gpu}
 
 
