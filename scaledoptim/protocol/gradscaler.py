@@ -41,12 +41,13 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
+from . import steps
+from .optimizer import Optimizer
 from .outputs import scale_outputs
-from .ownership import ScaleOwner
-from .plans import StepRequest
-from .torch_scaler_interop import asked_by_torch_scaler, torch_scaler_request
+from .validation import check_no_fp16_grads
+from .values import GradPass, Request
 
-__all__ = ["GradScaler", "asked_by_torch_scaler", "torch_scaler_request"]
+__all__ = ["GradScaler"]
 
 _DRIVER = "scaledoptim.GradScaler"
 
@@ -213,14 +214,14 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return
-        if not isinstance(optimizer, ScaleOwner):  # (every ScaleOwner is a scaledoptim.Optimizer)
+        if not isinstance(optimizer, Optimizer):
             super().unscale_(optimizer)
             return
         self._check_scale_growth_tracker("unscale_")
         self._check_stage(optimizer, "unscale_")
         self._check_can_adopt(optimizer)
         assert self._scale is not None and self._loss_scale is not None
-        found_inf = optimizer._unscale_for_scaler(self._scale, self._loss_scale, _DRIVER)
+        found_inf = _unscale(optimizer, self._scale, self._loss_scale)
         state = self._per_optimizer_states[id(optimizer)]
         # With no grads nothing was checked (as torch), and step() will say so.
         state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
@@ -244,7 +245,7 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        if not isinstance(optimizer, ScaleOwner):
+        if not isinstance(optimizer, Optimizer):
             return super().step(optimizer, *args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
@@ -254,26 +255,18 @@ class GradScaler(torch.amp.GradScaler):
         found_infs = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         if stage is OptState.UNSCALED and found_infs:
             (found_inf,) = found_infs.values()
-            request = StepRequest(unscale=False, found_inf=found_inf)
+            request = Request(pending=GradPass(found_inf))
         elif stage is OptState.UNSCALED or not _has_grads(optimizer):
             # torch's assertion: an iteration with nothing checked is not a clean one.
             raise AssertionError("No inf checks were recorded for this optimizer.")
         else:
             self._check_can_adopt(optimizer)
-            request = StepRequest(
-                unscale=True,
-                scaled_by=self._scale,
-                moves_scale=False,
-                adopt=(self._loss_scale, _DRIVER),
-            )
-        result, outcome = optimizer._run_step(request, *args, **kwargs)
-        if outcome is None:
-            raise RuntimeError(
-                f"{type(optimizer).__name__}.step() did not run the step scaledoptim.GradScaler "
-                "asked for: a subclass that overrides step() must call super().step()"
-            )
+            request = Request(self._scale, moves_scale=False, adopt=(self._loss_scale, _DRIVER))
+        result, outcome = steps.run_step(optimizer, request, *args, **kwargs)
         state = self._per_optimizer_states[id(optimizer)]
-        state["found_inf_per_device"] = {outcome.found_inf.device: outcome.found_inf}
+        found_inf = outcome.found_inf
+        assert found_inf is not None  # a scale or a found_inf was given
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
         state["stage"] = OptState.STEPPED
         return result
 
@@ -355,7 +348,7 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
         return stage
 
-    def _check_can_adopt(self, optimizer: ScaleOwner) -> None:
+    def _check_can_adopt(self, optimizer: Optimizer) -> None:
         """Refuses, before anything changes, an optimizer whose scale cannot become this
         scaler's; warns when adopting it drops a scale it loaded from a checkpoint."""
         loss_scale = self._loss_scale
@@ -392,6 +385,22 @@ class GradScaler(torch.amp.GradScaler):
                 UserWarning,
                 stacklevel=4,
             )
+
+
+def _unscale(
+    optimizer: Optimizer, scaled_by: torch.Tensor, loss_scale: LossScale
+) -> torch.Tensor | None:
+    """:meth:`GradScaler.unscale_` of a scaledoptim optimizer: its grads unscaled by the
+    scaler's ``scaled_by`` in place, which the scale does not move, and the scaler's scale taken
+    as the optimizer's. Returns the agreed ``found_inf``, ``None`` when no param has a grad."""
+    plan = steps.plan(optimizer)
+    if not plan.grads:
+        return None
+    check_no_fp16_grads(plan.grads, "GradScaler.unscale_()")
+    device = optimizer.scaling_state.loss_scale.device
+    scale = scaled_by.to(device, torch.float32, non_blocking=True)
+    request = Request(scale, moves_scale=False, adopt=(loss_scale, _DRIVER))
+    return steps.unscale(optimizer, request, plan).found_inf
 
 
 def _has_grads(optimizer: torch.optim.Optimizer) -> bool:
