@@ -50,7 +50,6 @@ An optimizer whose params mix DTensors and plain tensors under ``process_group``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
@@ -63,7 +62,6 @@ __all__ = [
     "check_grads_across_ranks",
     "clip_coefficient",
     "clip_in_place_",
-    "clipping_each_call",
     "norm_and_coefficient",
     "norms_by_dtype",
     "sum_of_squares",
@@ -222,19 +220,6 @@ def norm_and_coefficient(
     agree_on_sum_of_squares(norm_sq, process_group)
     norm = norm_sq.sqrt()
     return norm, clip_coefficient(norm, max_grad_norm)
-
-
-def clipping_each_call(
-    closure: Callable[[], Any], clip_: Callable[[float], None], max_grad_norm: float
-) -> Callable[[], Any]:
-    """``closure`` (whose grads are unscaled), then ``clip_(max_grad_norm)`` at every call."""
-
-    def clipped() -> Any:
-        loss = closure()
-        clip_(max_grad_norm)
-        return loss
-
-    return clipped
 
 
 def clip_coefficient(norm: Tensor, max_grad_norm: float) -> Tensor:

@@ -2,8 +2,8 @@
 
 ::
 
-    validate_*(...)                    -> Request    every argument in the form the stages use
-    optimizer._plan_step()             -> StepPlan   params, grads, state and updates, validated
+    validate_request(...)              -> Request    every argument in the form the stages use
+    plan(optimizer)                    -> StepPlan   params, grads, state and updates, validated
     check(plan, state, request)        -> GradPass   found_inf (+ the sum of squares to clip)
     decide(plan, state, request, pass) -> GradPass   found_inf agreed, the clip factor, the
                                                      scale's next value
@@ -11,9 +11,9 @@
     commit(optimizer, plan, request, pass)           counters, scale, trackers, grad_norm
 
 :func:`run` strings them together for ``unscale_and_step``, ``step_after_unscale``, a plain
-``step()`` the protocol owes something (Note [step requests] in optimizer.py) and
+``step()`` the protocol owes something (Note [step requests] in guard.py) and
 :class:`scaledoptim.GradScaler`; :func:`unscale` is the split form's first half (it commits the
-check's findings at once); closure replay runs them for every evaluation (``replay.py``).
+decision at once); closure replay runs them for every evaluation (``replay.py``).
 
 Note [atomic step]
 ~~~~~~~~~~~~~~~~~~
