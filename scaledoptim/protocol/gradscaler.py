@@ -22,7 +22,7 @@ methods then refuse (the scaler moves the scale, in ``update()``).
 own; ``update()`` is torch's: it sums every optimizer's ``found_inf`` and backs off once.
 
 *scaledoptim optimizers* are stepped through the protocol (Note [step requests] in
-optimizer.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
+guard.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
 scale without moving it (or, after ``unscale_``, to skip on the ``found_inf`` found then). A
 fused optimizer reads ``found_inf`` on device and never reads the host in ``scale``,
 ``unscale_``, ``step`` or ``update``; since it cannot know on the host whether a step was

@@ -32,7 +32,7 @@ class GenericStepPlan:
         optimizer: the optimizer, its param groups validated (:func:`check_param_groups`).
         run: what runs the update; ``None``: ``optimizer.step()``, as hooks, schedulers and the
             profiler see a step (the protocol lets it through its guard: Note [step requests]
-            in optimizer.py). The guard passes the step function it wraps, when a plain
+            in guard.py). The guard passes the step function it wraps, when a plain
             ``step()`` call is already under way.
     """
 
