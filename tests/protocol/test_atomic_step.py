@@ -136,6 +136,8 @@ def test_a_failure_in_the_update_commits_nothing(name, clip, kernel_backend, mon
         # The documented pending state: the grads were unscaled in place (torch's ops), as the
         # update the twin took read them; step_after_unscale() takes the step.
         _assert_same(after["grads"], _observable(twin)["grads"], "grads")
+        with pytest.raises(RuntimeError, match="a step failed after it had unscaled the grads"):
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)  # not twice
         assert opt.step_after_unscale() is None
     else:
         _assert_same(after["grads"], before["grads"], "grads")
