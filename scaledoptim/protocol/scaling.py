@@ -107,18 +107,25 @@ def configure(
 
 def load_gradscaler_state(optimizer: Any, state_dict: dict[str, Any]) -> None:
     """``optimizer.load_gradscaler_state_dict(state_dict)``, validated first."""
-    current = optimizer._scaling()
-    check_between_steps(current, "load_gradscaler_state_dict()")
-    if current.loss_scale.sharers > 1:
-        raise RuntimeError(
-            "load_gradscaler_state_dict() on a shared scale: load it into each optimizer, "
-            "then call scaledoptim.share_scale(...) again"
-        )
+    current = _loadable(optimizer, "load_gradscaler_state_dict")
     loaded = loss_scale_from_gradscaler_state(
         state_dict, current.loss_scale.config, optimizer._params_device()
     )
     current.loss_scale = keep_handle(current, loaded)
     current.loaded = True
+
+
+def _loadable(optimizer: Any, method: str) -> ScalingState:
+    """The optimizer's state, refusing a load between ``unscale()`` and its step, or into a
+    shared scale."""
+    current = optimizer._scaling()
+    check_between_steps(current, f"{method}()")
+    if current.loss_scale.sharers > 1:
+        raise RuntimeError(
+            f"{method}() on an optimizer that shares its scale: load every optimizer, then call "
+            "scaledoptim.share_scale(...) again"
+        )
+    return current
 
 
 def check_between_steps(state: ScalingState | None, method: str) -> None:
@@ -195,13 +202,7 @@ def _split_scale_state(
     optimizer a GradScaler steps (its scale is the scaler's, loaded with the scaler)."""
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
-    current = optimizer._scaling()
-    check_between_steps(current, "load_state_dict()")
-    if current.loss_scale.sharers > 1:
-        raise RuntimeError(
-            "load_state_dict() on an optimizer that shares its scale: load every optimizer, "
-            "then call scaledoptim.share_scale(...) again"
-        )
+    current = _loadable(optimizer, "load_state_dict")
     state_dict = dict(state_dict)
     group_scale_state = _pop_group_scale_state(state_dict)
     given = "loss_scale" in state_dict
