@@ -17,7 +17,15 @@ from torch import Tensor
 from ..kernels import MultiTensorKernel
 from .state import StateLayout
 
-__all__ = ["GradReduction", "Group", "ScaledTorchUpdate", "TensorLists", "Update"]
+__all__ = [
+    "GradReduction",
+    "Group",
+    "ScaledTorchUpdate",
+    "TensorLists",
+    "Update",
+    "lists_key",
+    "route_key",
+]
 
 #: A param group: ``"params"`` and the optimizer's options.
 Group = dict[str, Any]
@@ -170,3 +178,32 @@ class ScaledTorchUpdate(Protocol):
         found_inf: Tensor | None,
         grad_scale: Tensor | None = None,
     ) -> None: ...
+
+
+def route_key(update: Update, group: Group) -> tuple[bool, bool]:
+    """What of ``group``, besides its params, sends all of them to torch.optim's implementation
+    (Note [torch.optim route] in backends/torch_optim.py): ``differentiable``, and a tensor
+    hyper-parameter on an accelerator."""
+    if update.torch_optim is None:
+        return False, False
+    return bool(group.get("differentiable")), _holds_accelerator_tensor(group)
+
+
+def _holds_accelerator_tensor(group: Group) -> bool:
+    for key, value in group.items():
+        if key == "params":
+            continue
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, Tensor) and item.device.type != "cpu":
+                return True
+    return False
+
+
+def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
+    """What, besides the params and their state, decides a group's tensor lists (the value's type
+    too: ``1`` is no valid ``master_weights`` though it equals ``True``) and its backends."""
+    master, stochastic = group.get("master_weights", False), group.get("stochastic_rounding", False)
+    return (
+        optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
+        route_key(optimizer, group),
+    )

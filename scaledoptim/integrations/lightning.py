@@ -34,7 +34,7 @@ import torch
 
 from ..amp import autocast
 from ..protocol import Optimizer, scale_outputs
-from ..protocol.gradscaler_clip import clip_norm_or_none
+from ..protocol.clipping import to_max_grad_norm
 
 try:
     import lightning.pytorch as pl
@@ -217,7 +217,7 @@ class ScaledMixedPrecision(Precision):
         trainer = model.trainer
         value, algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
         try:
-            value = clip_norm_or_none(value)
+            value = to_max_grad_norm(value)
         except (TypeError, ValueError) as error:
             raise ValueError(
                 f"Invalid Trainer(gradient_clip_val={value!r}): the norm or value to clip the "

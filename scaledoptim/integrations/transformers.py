@@ -62,7 +62,7 @@ import torch
 from ..amp import autocast
 from ..optim import AdamW
 from ..protocol import Optimizer, patch_optimizer, scale_outputs
-from ..protocol.gradscaler_clip import clip_norm_or_none
+from ..protocol.clipping import to_max_grad_norm
 from ..scale import ScalingConfig
 from .accelerate import unwrap_optimizer
 
@@ -287,7 +287,7 @@ class ScaledTrainer(transformers.Trainer):
             )
         self._scaledoptim_run = _ScalingRun(_DTYPES.get(precision))
         if self._scaledoptim_run.scaled:  # 0, None: no clipping
-            self._scaledoptim_run.max_grad_norm = clip_norm_or_none(self.args.max_grad_norm)
+            self._scaledoptim_run.max_grad_norm = to_max_grad_norm(self.args.max_grad_norm)
         self.args.mixed_precision = "no"
         try:
             super().create_accelerator_and_postprocess()

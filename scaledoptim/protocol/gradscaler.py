@@ -22,7 +22,7 @@ methods then refuse (the scaler moves the scale, in ``update()``).
 own; ``update()`` is torch's: it sums every optimizer's ``found_inf`` and backs off once.
 
 *scaledoptim optimizers* are stepped through the protocol (Note [step requests] in
-optimizer.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
+guard.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
 scale without moving it (or, after ``unscale_``, to skip on the ``found_inf`` found then). A
 fused optimizer reads ``found_inf`` on device and never reads the host in ``scale``,
 ``unscale_``, ``step`` or ``update``; since it cannot know on the host whether a step was
@@ -41,19 +41,16 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
-from .gradscaler_clip import (
-    check_no_unscale_before_clip,
-    clip_norm_or_none,
-    step_clipping_torch_optimizer,
-)
+from . import steps
+from .clipping import to_max_grad_norm
+from .gradscaler_clip import check_no_unscale_before_clip, step_clipping_torch_optimizer
 from .optimizer import Optimizer
 from .outputs import scale_outputs
-from .ownership import ScaleOwner
-from .plans import StepRequest
-from .torch_scaler_interop import asked_by_torch_scaler, torch_scaler_request
 from .user_frames import user_stacklevel
+from .validation import check_no_fp16_grads
+from .values import GradPass, Request
 
-__all__ = ["GradScaler", "asked_by_torch_scaler", "torch_scaler_request"]
+__all__ = ["GradScaler"]
 
 _DRIVER = "scaledoptim.GradScaler"
 
@@ -220,14 +217,14 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return
-        if not isinstance(optimizer, ScaleOwner):  # (every ScaleOwner is a scaledoptim.Optimizer)
+        if not isinstance(optimizer, Optimizer):
             super().unscale_(optimizer)
             return
         self._check_scale_growth_tracker("unscale_")
         self._check_stage(optimizer, "unscale_")
         self._check_can_adopt(optimizer)
         assert self._scale is not None and self._loss_scale is not None
-        found_inf = optimizer._unscale_for_scaler(self._scale, self._loss_scale, _DRIVER)
+        found_inf = _unscale(optimizer, self._scale, self._loss_scale)
         state = self._per_optimizer_states[id(optimizer)]
         # With no grads nothing was checked (as torch), and step() will say so.
         state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
@@ -268,22 +265,21 @@ class GradScaler(torch.amp.GradScaler):
             TypeError, ValueError: a ``max_grad_norm`` that is not a finite Python number >= 0,
                 before anything changes.
         """
-        max_grad_norm = clip_norm_or_none(max_grad_norm)
+        max_grad_norm = to_max_grad_norm(max_grad_norm)
         if "closure" in kwargs and (self._enabled or max_grad_norm is not None):
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         if max_grad_norm is not None:
             check_no_unscale_before_clip(self, optimizer)
-            if not isinstance(optimizer, ScaleOwner):
+            if not isinstance(optimizer, Optimizer):
                 return step_clipping_torch_optimizer(
                     self, optimizer, max_grad_norm, *args, **kwargs
                 )
             if not self._enabled:  # not scaled: the optimizer's own step clips
-                assert isinstance(optimizer, Optimizer)  # (every ScaleOwner is one)
                 optimizer.unscale_and_step(max_grad_norm=max_grad_norm)
                 return None
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        if not isinstance(optimizer, ScaleOwner):
+        if not isinstance(optimizer, Optimizer):
             return super().step(optimizer, *args, **kwargs)
         self._check_scale_growth_tracker("step")
         stage = self._check_stage(optimizer, "step")
@@ -291,27 +287,23 @@ class GradScaler(torch.amp.GradScaler):
         found_infs = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         if stage is OptState.UNSCALED and found_infs:
             (found_inf,) = found_infs.values()
-            request = StepRequest(unscale=False, found_inf=found_inf)
+            request = Request(pending=GradPass(found_inf))
         elif stage is OptState.UNSCALED or not _has_grads(optimizer):
             # torch's assertion: an iteration with nothing checked is not a clean one.
             raise AssertionError("No inf checks were recorded for this optimizer.")
         else:
             self._check_can_adopt(optimizer)
-            request = StepRequest(
-                unscale=True,
+            request = dataclasses.replace(
+                steps.validate_request(optimizer, optimizer.scaling_state, None, max_grad_norm),
                 scaled_by=self._scale,
                 moves_scale=False,
                 adopt=(self._loss_scale, _DRIVER),
-                max_grad_norm=max_grad_norm,
             )
-        result, outcome = optimizer._run_step(request, *args, **kwargs)
-        if outcome is None:
-            raise RuntimeError(
-                f"{type(optimizer).__name__}.step() did not run the step scaledoptim.GradScaler "
-                "asked for: a subclass that overrides step() must call super().step()"
-            )
+        result, outcome = steps.run_step(optimizer, request, *args, **kwargs)
         state = self._per_optimizer_states[id(optimizer)]
-        state["found_inf_per_device"] = {outcome.found_inf.device: outcome.found_inf}
+        found_inf = outcome.found_inf
+        assert found_inf is not None  # a scale or a found_inf was given
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
         state["stage"] = OptState.STEPPED
         return result
 
@@ -393,7 +385,7 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
         return stage
 
-    def _check_can_adopt(self, optimizer: ScaleOwner) -> None:
+    def _check_can_adopt(self, optimizer: Optimizer) -> None:
         """Refuses, before anything changes, an optimizer whose scale cannot become this
         scaler's; warns when adopting it drops a scale it loaded from a checkpoint."""
         loss_scale = self._loss_scale
@@ -430,6 +422,22 @@ class GradScaler(torch.amp.GradScaler):
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
+
+
+def _unscale(
+    optimizer: Optimizer, scaled_by: torch.Tensor, loss_scale: LossScale
+) -> torch.Tensor | None:
+    """:meth:`GradScaler.unscale_` of a scaledoptim optimizer: its grads unscaled by the
+    scaler's ``scaled_by`` in place, which the scale does not move, and the scaler's scale taken
+    as the optimizer's. Returns the agreed ``found_inf``, ``None`` when no param has a grad."""
+    plan = steps.plan(optimizer)
+    if not plan.grads:
+        return None
+    check_no_fp16_grads(plan.grads, "GradScaler.unscale_()")
+    device = optimizer.scaling_state.loss_scale.device
+    scale = scaled_by.to(device, torch.float32, non_blocking=True)
+    request = Request(scale, moves_scale=False, adopt=(loss_scale, _DRIVER))
+    return steps.unscale(optimizer, request, plan).found_inf
 
 
 def _has_grads(optimizer: torch.optim.Optimizer) -> bool:

@@ -5,26 +5,12 @@ three calls it stands for on an optimizer without the protocol."""
 
 from __future__ import annotations
 
-from numbers import Real
 from typing import Any
 
 import torch
 from torch.amp.grad_scaler import OptState
 
-from .clipping import check_max_grad_norm
-
-__all__ = ["check_no_unscale_before_clip", "clip_norm_or_none", "step_clipping_torch_optimizer"]
-
-
-def clip_norm_or_none(max_grad_norm: Any) -> float | None:
-    """``max_grad_norm`` as the step takes it: ``None`` for ``None`` and ``0`` ("no clipping",
-    as nanoGPT's ``grad_clip=0.0`` and transformers' ``max_grad_norm=0`` mean it), else a float,
-    validated (negative, nan, inf, tensors and bools raise, before anything changes)."""
-    if isinstance(max_grad_norm, Real) and not isinstance(max_grad_norm, bool):
-        if max_grad_norm == 0:
-            return None
-    check_max_grad_norm(max_grad_norm)
-    return None if max_grad_norm is None else float(max_grad_norm)
+__all__ = ["check_no_unscale_before_clip", "step_clipping_torch_optimizer"]
 
 
 def check_no_unscale_before_clip(

@@ -28,7 +28,7 @@ take, ``fused=True`` on a device or dtype its kernels lack, a leaf updated in pl
 autograd) is raised while the plan is built, before anything changes.
 
 A plan with such params has several parts, so the step cache does not keep it (Note [step
-cache]); ``route_key`` in ``fused/plan.py`` is what of a group, besides its params, decides the
+cache]); ``route_key`` in ``fused/update.py`` is what of a group, besides its params, decides the
 route.
 """
 
