@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -229,9 +229,9 @@ class LowBitStates:
             self.param_groups.pop()  # type: ignore[attr-defined]
             raise
 
-    def _plan_step(self) -> Any:
+    def _plan_step(self, run: Callable[[], Any] | None = None) -> Any:
         _check_params(self, self.param_groups)  # type: ignore[attr-defined]
-        return super()._plan_step()  # type: ignore[misc]
+        return super()._plan_step(run)  # type: ignore[misc]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The variant is no module attribute: pickle rebuilds it from its optimizer's class.
