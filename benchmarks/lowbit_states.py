@@ -16,7 +16,9 @@ not and why), from the same init on the same batches:
 
 It prints the load average at the start and the end, the table (markdown), and writes the loss
 curves and the memory bars as PNGs beside the docs page (``--plots``, default
-``docs/images``)::
+``docs/images``). With ``--batch-sizes 16 17 18`` it also times ours with the torch form's
+batches of ``2**k`` elements (``LOWBIT_BATCH``, Note [low-bit batches]), interleaved with the
+others, in a second table::
 
     python benchmarks/lowbit_states.py [--steps 300] [--params 4000000] [--threads 1]
 """
@@ -35,8 +37,9 @@ import torch
 
 import scaledoptim
 from scaledoptim.examples.tasks import SIZES, language_model
+from scaledoptim.fused.lowbit import form as lowbit_form
 
-OptimizerMaker = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+OptimizerMaker = Callable[[list[torch.nn.Parameter]], Any]
 
 
 def makers() -> tuple[dict[str, OptimizerMaker], dict[str, str]]:
@@ -107,6 +110,21 @@ def dataclass_replace(value: Any, **changes: Any) -> Any:
     return dataclasses.replace(value, **changes)
 
 
+class BatchedSteps:
+    """An optimizer whose steps run the low-bit torch form in batches of ``batch`` elements."""
+
+    def __init__(self, opt: torch.optim.Optimizer, batch: int) -> None:
+        self.opt, self.batch = opt, batch
+
+    def step(self) -> None:
+        saved = lowbit_form.LOWBIT_BATCH
+        lowbit_form.LOWBIT_BATCH = self.batch
+        try:
+            self.opt.step()
+        finally:
+            lowbit_form.LOWBIT_BATCH = saved
+
+
 def step_times(
     made: dict[str, OptimizerMaker], numel: int, rounds: int
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -170,6 +188,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--plots", type=Path, default=Path(__file__).parents[1] / "docs" / "images")
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[],
+                        help="also time ours with the torch form's batches of 2**k elements")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {args.threads}, load {os.getloadavg()}")
@@ -179,7 +199,12 @@ def main() -> None:
         curves[name], memory[name] = train(make, args.steps, args.every)
         print(f"{name}: final held-out loss {curves[name][-1][1]:.4f}, "
               f"{memory[name]:.3f} B/param", flush=True)
-    times, first = step_times(made, args.params, args.rounds)
+    ours = made["ours: state_bits=8"]
+    batched: dict[str, OptimizerMaker] = {
+        f"ours, batches of 2^{k}": lambda p, k=k: BatchedSteps(ours(p), 1 << k)
+        for k in args.batch_sizes
+    }
+    times, first = step_times({**made, **batched}, args.params, args.rounds)
     base_name = next(iter(made))
     base_loss, base_time = curves[base_name][-1][1], times[base_name]
     print(f"\nload at the end {os.getloadavg()}\n")
@@ -194,6 +219,10 @@ def main() -> None:
               f"{first[name]:.1f} |")
     for name, why in missing.items():
         print(f"| {name} | did not import: {why} | | | | | |")
+    if batched:
+        print("\n| ours (the same bytes) | step (ms) | vs float32 step |\n|---|---|---|")
+        for name in batched:
+            print(f"| {name} | {1e3 * times[name]:.1f} | {times[name] / base_time:.2f}x |")
     plots(curves, memory, args.plots)
 
 

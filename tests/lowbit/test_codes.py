@@ -75,6 +75,45 @@ def test_dithered_rounding_is_unbiased(code: Code) -> None:
     assert len(torch.unique(values[:, 0])) == 2
 
 
+def _every_kind_of_float32(count: int, seed: int) -> torch.Tensor:
+    """Random float32 bit patterns (NaNs of either sign and any payload, infinities, subnormals,
+    zeros of either sign), and values around the codes' range."""
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(2**31), 2**31 - 1, (count,), dtype=torch.int32, generator=generator)
+    values = bits.view(torch.float32).clone()
+    exponents = torch.empty(count // 2).uniform_(-20, 2, generator=generator)
+    values[: count // 2] = torch.randn(count // 2, generator=generator) * torch.exp2(exponents)
+    specials = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.9375, 1.875, 2.0**-15]
+    values[: len(specials)] = torch.tensor(specials)
+    return values
+
+
+@pytest.mark.parametrize("code", CODES)
+@pytest.mark.parametrize("dithered", [True, False], ids=["dithered", "nearest"])
+def test_the_in_place_encode_is_the_definition(code: Code, dithered: bool) -> None:
+    """Code.encode_ (what a step runs) gives encode's bytes for every float32, dithered or not
+    (Note [block-wise codes])."""
+    values = _every_kind_of_float32(1 << 14, seed=int(dithered))
+    generator = torch.Generator().manual_seed(7)
+    dither = torch.randint(-(2**31), 2**31 - 1, values.shape, generator=generator).int()
+    if not dithered:
+        dither.zero_()  # no noise: the nearest code
+    terms = code.rounding_terms_(dither, torch.empty_like(dither))
+    got = torch.empty_like(values, dtype=torch.uint8)
+    code.encode_(values.clone(), terms, got, torch.empty_like(dither))
+    expected = code.encode(values.clone(), dither if dithered else None)
+    assert torch.equal(got, expected.to(torch.uint8))
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_the_in_place_decode_is_the_definition(code: Code) -> None:
+    """Code.decode_ gives decode's float32 bits for every code (the signed code's 128: -0.0)."""
+    codes = torch.arange(256, dtype=torch.uint8).repeat(3)
+    out = torch.full(codes.shape, float("nan"))
+    code.decode_(codes, out, torch.empty(codes.shape, dtype=torch.int32))
+    assert torch.equal(out.view(torch.int32), code.decode(codes).view(torch.int32))
+
+
 @pytest.mark.parametrize("code", CODES)
 @pytest.mark.parametrize("block_size", [1, 7, 64, 256])
 def test_blockwise_round_trip_error_is_bounded(code: Code, block_size: int) -> None:

@@ -13,6 +13,7 @@ import torch
 
 import scaledoptim
 from scaledoptim.fused.lowbit import SIGNED, UNSIGNED, dequantize_blockwise
+from scaledoptim.fused.lowbit import form as lowbit_form
 from scaledoptim.kernels import launch_config
 from tests.support.lowbit import requantize
 
@@ -40,9 +41,17 @@ def _run(opt: scaledoptim.FusedOptimizer, params: list[torch.nn.Parameter], step
 
 @pytest.mark.parametrize("block_size", [16, 100])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_the_torch_form_is_decode_step_encode(block_size: int, amsgrad: bool) -> None:
+@pytest.mark.parametrize("batch", [None, 32], ids=["one-batch", "cut"])
+def test_the_torch_form_is_decode_step_encode(
+    monkeypatch, block_size: int, amsgrad: bool, batch: int | None
+) -> None:
     """Step by step: each state decoded, torch.optim.AdamW's fused step on float32 states, each
-    state encoded again with the dither of its step; the same bytes, the same params."""
+    state encoded again with the dither of its step; the same bytes, the same params. In one
+    batch, and in batches of at most 32 elements (or a block), which cut the params into pieces
+    (Note [low-bit batches]): whole blocks decoded and encoded in place, partial ones, pieces
+    gathered from several params."""
+    if batch is not None:
+        monkeypatch.setattr(lowbit_form, "LOWBIT_BATCH", batch)
     params = _params()
     opt = scaledoptim.AdamW(params, lr=0.01, state_bits=8, block_size=block_size, amsgrad=amsgrad)
     keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])

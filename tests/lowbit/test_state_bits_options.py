@@ -161,3 +161,16 @@ def test_adagrad_keeps_float32_states_and_says_why() -> None:
 def test_centered_rmsprop_keeps_float32_states_and_says_why() -> None:
     with pytest.raises(ValueError, match="centered=True keeps float32 states"):
         scaledoptim.RMSprop([torch.nn.Parameter(torch.ones(3))], centered=True, state_bits=8)
+
+
+def test_with_every_8_bit_state_off_the_step_is_the_float32_one() -> None:
+    """SGD without momentum keeps no state to encode: its torch form runs as with float32
+    states."""
+    params = [torch.nn.Parameter(torch.linspace(-1, 1, 600).view(2, 300)) for _ in range(2)]
+    lowbit = scaledoptim.SGD([params[0]], lr=0.1, state_bits=8, block_size=64)
+    float32 = scaledoptim.SGD([params[1]], lr=0.1)
+    for opt, param in ((lowbit, params[0]), (float32, params[1])):
+        param.grad = torch.linspace(0, 1, 600).view(2, 300)
+        opt.step()
+    assert torch.equal(params[0], params[1])
+    assert list(lowbit.state[params[0]]) == ["step"]

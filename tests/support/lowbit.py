@@ -69,6 +69,15 @@ class LinearCode(Code):
             return (normalized.clamp(-1, 1) * 127).round().int() + 127
         return (normalized.clamp(0, 1) * 255).round().int()
 
+    def rounding_terms_(self, dither: Tensor, out: Tensor) -> Tensor:
+        return out  # no dither
+
+    def encode_(self, normalized: Tensor, terms: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
+        return out.copy_(self.encode(normalized))
+
+    def decode_(self, codes: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
+        return out.copy_(self.decode(codes))
+
 
 def dither(numel: int, step: int) -> Tensor:
     """The int32 noise of a tensor's elements at ``step``, computed here in int64 from its

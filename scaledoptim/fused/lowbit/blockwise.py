@@ -28,27 +28,46 @@ def block_count(numel: int, block_size: int) -> int:
 
 
 def encode_blocks_(
-    values: Tensor, code: Code, scales: Tensor, dither: Tensor | None = None
+    values: Tensor,
+    code: Code,
+    scales: Tensor,
+    out: Tensor,
+    terms: Tensor,
+    scratch: Tensor,
 ) -> Tensor:
-    """The codes of ``values``, a float32 ``(blocks, block_size)`` tensor, each block normalized
-    by its largest magnitude; writes each block's scale into ``scales`` (``blocks`` float32) and
-    overwrites ``values`` with the normalized values. Returns the codes as int32 in ``[0, 256)``
-    shaped like ``values``: the nearest, or dithered by ``dither`` (:meth:`Code.encode`).
+    """The codes of ``values``, a float32 ``(blocks, block_size)`` tensor (overwritten), each
+    block normalized by its largest magnitude and dithered by ``terms`` (int32, the shape of
+    ``values``: :meth:`Code.rounding_terms_`), into ``out`` (uint8, the same shape); writes each
+    block's scale into ``scales`` (``blocks`` float32). ``scratch``: an int32 buffer of
+    ``values.numel()`` elements. Returns ``out``.
 
     A partial last block must be padded with zeros (a zero does not move a block's scale).
     """
-    absmax = values.abs().amax(dim=1)
+    _normalize_(values, code, scales, scratch)
+    return code.encode_(values.view(-1), terms.view(-1), out.view(-1), scratch)
+
+
+def _normalize_(values: Tensor, code: Code, scales: Tensor, scratch: Tensor) -> None:
+    """Each block of ``values`` over its scale (its largest magnitude over the code's largest
+    value), in place; the scales into ``scales``."""
+    if code.signed:
+        magnitudes = torch.abs(values, out=scratch.view(torch.float32).view_as(values))
+    else:  # the unsigned code keeps magnitudes only
+        magnitudes = values.abs_()
+    absmax = torch.amax(magnitudes, dim=1)
     torch.div(absmax, code.max_value, out=scales)
     # (the same two roundings as cuda/blockwise_quant.cuh: the scale, and the normalizer)
     normalizer = torch.reciprocal(scales.clamp_min(_TINY))
     values.mul_(normalizer.unsqueeze(1))
-    return code.encode(values, dither)
 
 
-def decode_blocks_(codes: Tensor, scales: Tensor, code: Code, out: Tensor) -> Tensor:
+def decode_blocks_(
+    codes: Tensor, scales: Tensor, code: Code, out: Tensor, scratch: Tensor
+) -> Tensor:
     """``out``, a float32 ``(blocks, block_size)`` tensor, set to the values of ``codes`` (uint8,
-    the same shape) in blocks of scale ``scales`` (``blocks`` float32); returns ``out``."""
-    torch.index_select(code.values(codes.device), 0, codes.view(-1).int(), out=out.view(-1))
+    the same shape) in blocks of scale ``scales`` (``blocks`` float32); ``scratch``: an int32
+    buffer of ``codes.numel()`` elements. Returns ``out``."""
+    code.decode_(codes.view(-1), out.view(-1), scratch)
     return out.mul_(scales.unsqueeze(1))
 
 
@@ -63,9 +82,11 @@ def quantize_blockwise(
     padded = torch.zeros(blocks * block_size, dtype=torch.float32, device=values.device)
     padded[:numel] = storage_flat(values)
     scales = torch.empty(blocks, dtype=torch.float32, device=values.device)
-    codes = encode_blocks_(padded.view(blocks, block_size), code, scales)
+    scratch = torch.empty(blocks * block_size, dtype=torch.int32, device=values.device)
+    _normalize_(padded.view(blocks, block_size), code, scales, scratch)
+    codes = code.encode(padded)  # the nearest codes
     out = torch.empty_like(values, dtype=torch.uint8)
-    storage_flat(out).copy_(codes.view(-1)[:numel])
+    storage_flat(out).copy_(codes[:numel])
     return out, scales
 
 
@@ -77,7 +98,10 @@ def dequantize_blockwise(codes: Tensor, scales: Tensor, code: Code, block_size: 
     padded = torch.zeros(blocks * block_size, dtype=torch.uint8, device=codes.device)
     padded[:numel] = storage_flat(codes)
     values = torch.empty(blocks * block_size, dtype=torch.float32, device=codes.device)
-    decode_blocks_(padded.view(blocks, block_size), scales, code, values.view(blocks, block_size))
+    scratch = torch.empty(blocks * block_size, dtype=torch.int32, device=codes.device)
+    decode_blocks_(
+        padded.view(blocks, block_size), scales, code, values.view(blocks, block_size), scratch
+    )
     out = torch.empty_like(codes, dtype=torch.float32)
     storage_flat(out).copy_(values[:numel])
     return out

@@ -70,6 +70,7 @@ DITHER_STEP = 0x61C88647
 
 _FLOAT_MANTISSA_BITS = 23
 _FLOAT_EXPONENT_BIAS = 127
+_INT32_MIN = -(1 << 31)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +136,7 @@ class Code:
         below or above it, unbiased."""
         bits = normalized.view(torch.int32)
         magnitude = bits & 0x7FFFFFFF  # (the unsigned code keeps magnitudes too)
-        # Half of the last kept mantissa bit (the dither's mean), less the exponent offset, in
-        # float32 bit units.
-        offset = (1 << (self._shift - 1)) - (self._exponent_offset << _FLOAT_MANTISSA_BITS)
+        offset = self._offset
         if dither is None:
             index = magnitude + offset
         else:
@@ -153,6 +152,61 @@ class Code:
     def decode(self, codes: Tensor) -> Tensor:
         """The normalized value of each code (float32, on the codes' device)."""
         return self.values(codes.device)[codes.int()]
+
+    # The in-place forms below are what a step runs (Note [low-bit batches] in form.py): the
+    # same bytes and values as encode() and decode(), by integer arithmetic on the float32 bits
+    # (as cuda/blockwise_quant.cuh computes them), each op in place on preallocated buffers.
+
+    def rounding_terms_(self, dither: Tensor, out: Tensor) -> Tensor:
+        """``out`` (int32, shaped like ``dither``) set to what :meth:`encode_` adds to each
+        normalized magnitude's float32 bits: the top bits of ``dither`` (one step of the code,
+        centred on 0) and the offset of :meth:`encode`; returns ``out``. Codes sharing a
+        dither share it."""
+        torch.bitwise_right_shift(dither, 32 - self._shift, out=out)
+        return out.add_(self._offset)
+
+    def encode_(self, normalized: Tensor, terms: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
+        """:meth:`encode` of ``normalized`` (float32, flat; overwritten) dithered by ``terms``
+        (:meth:`rounding_terms_`), written into ``out`` (uint8, flat); ``scratch``: an int32
+        buffer of the same size. Returns ``out``."""
+        bits = normalized.view(torch.int32)
+        if self.signed:  # the sign bit, as 0 or INT32_MIN
+            sign = torch.bitwise_and(bits, _INT32_MIN, out=scratch)
+        bits.bitwise_and_(0x7FFFFFFF)
+        bits.add_(terms)
+        bits.bitwise_right_shift_(self._shift)
+        bits.clamp_(0, 2**self.magnitude_bits - 1)
+        if self.signed:  # INT32_MIN >> 24 is -128, whose low byte is the code's bit 7
+            bits.bitwise_or_(sign.bitwise_right_shift_(24))
+        return out.copy_(bits)  # (int32 to uint8 keeps the low byte)
+
+    def decode_(self, codes: Tensor, out: Tensor, scratch: Tensor) -> Tensor:
+        """:meth:`decode` of ``codes`` (uint8, flat) into ``out`` (float32, flat); ``scratch``:
+        an int32 buffer of the same size. Returns ``out``."""
+        bits = out.view(torch.int32)
+        if not self.signed:
+            bits.copy_(codes)
+            bits.add_(self._exponent_offset << self.mantissa_bits)
+            bits.bitwise_left_shift_(self._shift)
+            return out
+        bits.copy_(codes.view(torch.int8))  # sign-extended: bit 31 is the code's bit 7
+        sign = torch.bitwise_and(bits, _INT32_MIN, out=scratch)
+        bits.bitwise_and_(0x7F)
+        bits.add_(self._exponent_offset << self.mantissa_bits)
+        bits.bitwise_left_shift_(self._shift)
+        torch.threshold_(out, self._smallest, 0.0)  # magnitude 0 is zero
+        bits.bitwise_or_(sign)
+        return out
+
+    @property
+    def _offset(self) -> int:
+        """Half of the last kept mantissa bit, less the exponent offset, in float32 bit units."""
+        return (1 << (self._shift - 1)) - (self._exponent_offset << _FLOAT_MANTISSA_BITS)
+
+    @property
+    def _smallest(self) -> float:
+        """Magnitude index 0's value: ``2 ** -(2 ** exponent_bits - 1)``."""
+        return 2.0 ** -(2**self.exponent_bits - 1)
 
 
 @functools.cache

@@ -4,13 +4,14 @@ the states encoded back (Note [low-bit batches])."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ...torch_ops import Pieces
+from ...torch_ops import Pieces, storage_flat
 from ..update import TensorLists
 from .blockwise import block_count, decode_blocks_, encode_blocks_
 from .codes import DITHER_INDEX, DITHER_STEP, Code, as_int32
@@ -23,17 +24,20 @@ __all__ = ["LOWBIT_BATCH", "LowBitLists", "lowbit_form_"]
 # are cut into pieces of at most LOWBIT_BATCH elements at block boundaries (``Pieces``: a larger
 # tensor into views of its storage whose starts are multiples of the batch, itself a multiple
 # of the block size) and grouped into batches of about LOWBIT_BATCH elements. Per batch, each
-# state's codes and scales are gathered into one buffer, each piece starting at a block
-# boundary there and its last block padded with zeros (which never move a block's scale), and
-# decoded into one float32 buffer; the optimizer's own torch form (the float32 update, written
+# state is decoded into one float32 buffer, each piece starting at a block boundary there and
+# its last block padded with zeros (which never move a block's scale): from the state's own
+# codes and scales when the batch is one piece of whole blocks, else from one buffer its codes
+# and scales are gathered into. The optimizer's own torch form (the float32 update, written
 # once) runs over the pieces of the params and grads and views of that buffer; then each block's
 # new scale is its largest magnitude, the buffer is encoded with the dither of Note [dithered
 # rounding] (from each element's index in its tensor and its tensor's step), and the codes and
-# scales go back. The kernels compute the same values in registers (cuda/blockwise_quant.cuh).
+# scales go back. The decode and the encode are integer arithmetic on the float32 bits, in
+# place (Code.decode_, Code.encode_), on buffers made once per step; a batch's layout (its
+# pieces' blocks and the dither's per-block terms) is made once per group layout. The kernels
+# compute the same values in registers (cuda/blockwise_quant.cuh).
 
 #: Elements per batch of the low-bit torch form (its float32 buffers: 1 MB each). Measured on a
-#: CPU (4M params, one thread): 2**16 cost 1.3x the step time of 2**18 (Python per batch), 2**20
-#: 1.8x (out of cache); benchmarks/lowbit_states.py.
+#: CPU (4M params, one thread): benchmarks/lowbit_states.py.
 LOWBIT_BATCH = 1 << 18
 
 
@@ -46,14 +50,19 @@ class LowBitLists:
     code: Code
 
 
-class _Run:
+class _Layout:
     """One batch's layout: per piece, its first block in the buffer and its block count; the
-    padding after partial last blocks; and, per block, the dither's term of its elements' index
-    (Note [dithered rounding]) and the piece it belongs to."""
+    padding after partial last blocks; and, per block, the dither's term of its elements'
+    index (Note [dithered rounding]) and the tensor it belongs to."""
 
-    def __init__(self, pieces: Pieces, run: slice, block_size: int, device: torch.device) -> None:
-        self.owners = pieces.owners[run]
-        sizes, starts = pieces.sizes[run], pieces.starts[run]
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        starts: Sequence[int],
+        owners: Sequence[int],
+        block_size: int,
+        device: torch.device,
+    ) -> None:
         self.blocks = [block_count(size, block_size) for size in sizes]
         self.first_blocks = [start // block_size for start in starts]
         self.offsets: list[int] = []
@@ -67,24 +76,26 @@ class _Run:
             constants.append(as_int32((start - at * block_size) * DITHER_INDEX))
             at += blocks
         self.total = at
-        self.sizes = sizes
-        # Made on the device from Python ints by ops (a copy from the host would sync a GPU).
-        self.index_term = torch.cat(
-            [
-                torch.full((blocks,), constant, dtype=torch.int32, device=device)
-                for blocks, constant in zip(self.blocks, constants)
-            ]
-        )
-        self.block_piece = (
-            None
-            if len(sizes) == 1
-            else torch.cat(
+        #: One piece of whole blocks: decoded from and encoded into its state directly.
+        self.direct = len(sizes) == 1 and not self.padding
+        self.index_constant = constants[0]
+        # Per block, for a batch of several pieces (and tensors): made on the device from
+        # Python ints by ops (a copy from the host would sync a GPU).
+        self.index_term: Tensor | None = None
+        self.block_owner: Tensor | None = None
+        if len(sizes) > 1:
+            self.index_term = torch.cat(
                 [
-                    torch.full((blocks,), i, dtype=torch.int64, device=device)
-                    for i, blocks in enumerate(self.blocks)
+                    torch.full((blocks,), constant, dtype=torch.int32, device=device)
+                    for blocks, constant in zip(self.blocks, constants)
                 ]
             )
-        )
+            self.block_owner = torch.cat(
+                [
+                    torch.full((blocks,), owner, dtype=torch.int64, device=device)
+                    for blocks, owner in zip(self.blocks, owners)
+                ]
+            )
 
     def views(self, buffer: Tensor, like: Sequence[Tensor], block_size: int) -> list[Tensor]:
         """Per piece, the view of ``buffer`` (flat) that holds it, with its shape and strides."""
@@ -94,28 +105,56 @@ class _Run:
             for piece, at in zip(like, self.offsets)
         ]
 
-    def scale_slices(self, scales: list[Tensor]) -> list[Tensor]:
+    def scale_slices(self, scales: list[Tensor], owners: Sequence[int]) -> list[Tensor]:
         """Per piece, its blocks' scales in its tensor's ``scales``."""
         return [
             scales[owner][first : first + blocks]
-            for owner, first, blocks in zip(self.owners, self.first_blocks, self.blocks)
+            for owner, first, blocks in zip(owners, self.first_blocks, self.blocks)
         ]
+
+
+@functools.lru_cache(maxsize=32)
+def _layouts(
+    sizes: tuple[int, ...], block_size: int, limit: int, device: torch.device
+) -> tuple[Pieces, list[_Layout], int]:
+    """The pieces of params of ``sizes``, each batch's layout, and the most blocks of one."""
+    pieces = Pieces([torch.empty(size, device="meta") for size in sizes], limit)
+    layouts = [
+        _Layout(pieces.sizes[run], pieces.starts[run], pieces.owners[run], block_size, device)
+        for run in pieces.runs
+    ]
+    return pieces, layouts, max(layout.total for layout in layouts)
 
 
 class _Buffers:
-    """The float32, code and scale buffers of the largest batch, and the dither's index terms
-    of a batch's positions (``DITHER_INDEX`` times the position, modulo ``2**32``)."""
+    """Per state, a float32 batch buffer and a code and a scale buffer for gathered batches;
+    an int32 scratch buffer, the dither, and per code its rounding terms; and the dither's
+    index terms of a batch's positions (:func:`_positions`)."""
 
-    def __init__(self, blocks: int, block_size: int, states: int, device: torch.device) -> None:
-        size = blocks * block_size
-        self.values = [
-            torch.empty(size, dtype=torch.float32, device=device) for _ in range(states)
-        ]
-        self.codes = torch.empty(size, dtype=torch.uint8, device=device)
-        self.scales = torch.empty(blocks, dtype=torch.float32, device=device)
-        positions = torch.arange(size, dtype=torch.int64, device=device)
-        self.positions = (positions * DITHER_INDEX & 0xFFFFFFFF).to(torch.int32)
+    def __init__(
+        self, blocks: int, block_size: int, codes: Sequence[Code], device: torch.device
+    ) -> None:
+        size, states = blocks * block_size, len(codes)
+        self.values = torch.empty(states, size, dtype=torch.float32, device=device)
+        self.codes = torch.empty(states, size, dtype=torch.uint8, device=device)
+        self.scales = torch.empty(states, blocks, dtype=torch.float32, device=device)
+        self.scratch = torch.empty(size, dtype=torch.int32, device=device)
         self.dither = torch.empty(size, dtype=torch.int32, device=device)
+        # The last code's rounding terms overwrite the dither (computed last).
+        distinct = list(dict.fromkeys(codes))
+        self.terms = {
+            code: torch.empty(size, dtype=torch.int32, device=device) for code in distinct[:-1]
+        }
+        self.terms[distinct[-1]] = self.dither
+        self.positions = _positions(size, device)
+
+
+@functools.lru_cache(maxsize=8)
+def _positions(size: int, device: torch.device) -> Tensor:
+    """The dither's index terms of a batch's positions: ``DITHER_INDEX`` times the position,
+    modulo ``2**32``, as int32 (Note [dithered rounding])."""
+    positions = torch.arange(size, dtype=torch.int64, device=device)
+    return (positions * DITHER_INDEX & 0xFFFFFFFF).to(torch.int32)
 
 
 def lowbit_form_(
@@ -139,66 +178,128 @@ def lowbit_form_(
     params, grads, steps = lists[0], lists[1], lists[-1]
     if not params:
         return
+    kept = [state for state in states if state is not None]
+    if not kept:  # (e.g. SGD without momentum): the float32 form, on no state
+        form([params, grads, *([] for _ in states), steps])
+        return
     device = params[0].device
     limit = max(1, LOWBIT_BATCH // block_size) * block_size
-    pieces = Pieces(params, limit)
+    pieces, layouts, most = _layouts(tuple(p.numel() for p in params), block_size, limit, device)
     param_pieces, grad_pieces = pieces.cut(params), pieces.cut(grads)
-    kept = [state for state in states if state is not None]
     code_pieces = [pieces.cut(state.codes) for state in kept]
-    runs = [_Run(pieces, run, block_size, device) for run in pieces.runs]
-    buffers = _Buffers(max(run.total for run in runs), block_size, len(kept), device)
-    for run_slice, run in zip(pieces.runs, runs):
-        batch_steps = [steps[owner] for owner in run.owners]
-        dither = _dither(run, batch_steps, buffers, block_size)
-        values = []
-        for state, codes, buffer in zip(kept, code_pieces, buffers.values):
-            flat = buffer[: run.total * block_size]
-            _gather(run, codes[run_slice], state.scales, buffers, block_size)
+    buffers = _Buffers(most, block_size, [state.code for state in kept], device)
+    # The dither's step term of each tensor (Note [dithered rounding]).
+    step_terms = torch.stack(steps).to(torch.int32).mul_(as_int32(DITHER_STEP))
+    for run, batch in zip(pieces.runs, layouts):
+        owners = pieces.owners[run]
+        size = batch.total * block_size
+        values, codes, scales = _sources(batch, run, kept, code_pieces, owners, buffers, size)
+        for state, flat, code_source, scale_source in zip(kept, values, codes, scales):
             decode_blocks_(
-                buffers.codes[: flat.numel()].view(run.total, block_size),
-                buffers.scales[: run.total],
+                code_source.view(batch.total, block_size),
+                scale_source,
                 state.code,
-                flat.view(run.total, block_size),
+                flat.view(batch.total, block_size),
+                buffers.scratch[:size],
             )
-            for padding in run.padding:
-                flat[padding].zero_()
-            values.append(run.views(flat, param_pieces[run_slice], block_size))
-        filled = iter(values)
+        if batch.padding:
+            torch._foreach_zero_([flat[padding] for flat in values for padding in batch.padding])
+        filled = iter([batch.views(flat, param_pieces[run], block_size) for flat in values])
         batch_states = [[] if state is None else next(filled) for state in states]
-        form([param_pieces[run_slice], grad_pieces[run_slice], *batch_states, batch_steps])
-        for state, codes, buffer in zip(kept, code_pieces, buffers.values):
-            flat = buffer[: run.total * block_size].view(run.total, block_size)
-            scales = buffers.scales[: run.total]
-            encoded = encode_blocks_(flat, state.code, scales, dither)
-            torch._foreach_copy_(
-                codes[run_slice], run.views(encoded.view(-1), param_pieces[run_slice], block_size)
+        form([param_pieces[run], grad_pieces[run], *batch_states, [steps[o] for o in owners]])
+        dither = _dither(batch, step_terms, owners, buffers, size, block_size)
+        for code, terms in buffers.terms.items():  # (the last in place: Buffers.terms)
+            code.rounding_terms_(dither, terms[:size])
+        for state, flat, code_source, scale_source in zip(kept, values, codes, scales):
+            encode_blocks_(
+                flat.view(batch.total, block_size),
+                state.code,
+                scale_source,
+                code_source.view(batch.total, block_size),
+                buffers.terms[state.code][:size].view(batch.total, block_size),
+                buffers.scratch[:size],
             )
-            torch._foreach_copy_(run.scale_slices(state.scales), _split(scales, run.blocks))
+        if not batch.direct:
+            _scatter(batch, run, kept, code_pieces, param_pieces, owners, buffers, size, block_size)
 
 
-def _gather(
-    run: _Run, codes: list[Tensor], scales: list[Tensor], buffers: _Buffers, block_size: int
+def _sources(
+    batch: _Layout,
+    run: slice,
+    kept: list[LowBitLists],
+    code_pieces: list[list[Tensor]],
+    owners: list[int],
+    buffers: _Buffers,
+    size: int,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Per state, the batch's float32 buffer (flat), and the codes (flat) and scales it decodes
+    from and encodes into: the state's own, or buffers the batch's codes and scales are gathered
+    into (padding codes are left as they are)."""
+    values = [buffers.values[i, :size] for i in range(len(kept))]
+    if batch.direct:
+        codes = [storage_flat(pieces[run][0]) for pieces in code_pieces]
+        scales = [batch.scale_slices(state.scales, owners)[0] for state in kept]
+        return values, codes, scales
+    codes = [buffers.codes[i, :size] for i in range(len(kept))]
+    scales = [buffers.scales[i, : batch.total] for i in range(len(kept))]
+    block_size = size // batch.total
+    torch._foreach_copy_(
+        [view for flat, pieces in zip(codes, code_pieces)
+         for view in batch.views(flat, pieces[run], block_size)],
+        [piece for pieces in code_pieces for piece in pieces[run]],
+    )
+    torch._foreach_copy_(
+        [part for flat in scales for part in _split(flat, batch.blocks)],
+        [part for state in kept for part in batch.scale_slices(state.scales, owners)],
+    )
+    return values, codes, scales
+
+
+def _scatter(
+    batch: _Layout,
+    run: slice,
+    kept: list[LowBitLists],
+    code_pieces: list[list[Tensor]],
+    param_pieces: list[Tensor],
+    owners: list[int],
+    buffers: _Buffers,
+    size: int,
+    block_size: int,
 ) -> None:
-    """The batch's codes and scales into the buffers (padding codes are left as they are)."""
-    flat_codes = buffers.codes[: run.total * block_size]
-    torch._foreach_copy_(run.views(flat_codes, codes, block_size), codes)
-    torch._foreach_copy_(_split(buffers.scales[: run.total], run.blocks), run.scale_slices(scales))
+    """The gathered batch's codes and scales back into their states."""
+    torch._foreach_copy_(
+        [piece for pieces in code_pieces for piece in pieces[run]],
+        [view for i in range(len(kept))
+         for view in batch.views(buffers.codes[i, :size], param_pieces[run], block_size)],
+    )
+    torch._foreach_copy_(
+        [part for state in kept for part in batch.scale_slices(state.scales, owners)],
+        [part for i in range(len(kept))
+         for part in _split(buffers.scales[i, : batch.total], batch.blocks)],
+    )
 
 
 def _split(flat: Tensor, sizes: list[int]) -> list[Tensor]:
     return list(flat.split(sizes)) if len(sizes) > 1 else [flat]
 
 
-def _dither(run: _Run, steps: list[Tensor], buffers: _Buffers, block_size: int) -> Tensor:
-    """The batch's dither (Note [dithered rounding]), ``(blocks, block_size)`` int32."""
-    if run.block_piece is None:
-        step = steps[0].to(torch.int32)
-    else:
-        step = torch.stack(steps).to(torch.int32)[run.block_piece]
-    per_block = step * as_int32(DITHER_STEP) + run.index_term
-    size = run.total * block_size
-    dither = buffers.dither[:size].view(run.total, block_size)
+def _dither(
+    batch: _Layout,
+    step_terms: Tensor,
+    owners: list[int],
+    buffers: _Buffers,
+    size: int,
+    block_size: int,
+) -> Tensor:
+    """The batch's dither (Note [dithered rounding]), flat int32."""
+    dither = buffers.dither[:size]
+    if batch.block_owner is None or batch.index_term is None:  # one piece: one term
+        term = step_terms[owners[0]] + batch.index_constant
+        return torch.add(buffers.positions[:size], term, out=dither)
+    per_block = step_terms[batch.block_owner].add_(batch.index_term)
     torch.add(
-        buffers.positions[:size].view(run.total, block_size), per_block.view(-1, 1), out=dither
+        buffers.positions[:size].view(batch.total, block_size),
+        per_block.view(-1, 1),
+        out=dither.view(batch.total, block_size),
     )
     return dither
