@@ -33,8 +33,9 @@ What each option's timed step runs:
         ``grad_scale`` and ``found_inf`` to the fused step, which unscales and skips inside.
 
 The options per case:
-    Every optimizer at lr 1e-9. AdamW and Adagrad (weight decay 0.01), SGD (nesterov, momentum
-        0.9, weight decay 0.01): ours, GS + torch fused, GS + torch foreach.
+    Every optimizer at lr 1e-9. AdamW, Adam and Adagrad (weight decay 0.01), SGD (nesterov,
+        momentum 0.9, weight decay 0.01): ours, GS + torch fused, GS + torch foreach. The same
+        without weight decay (``-nowd``): ours, GS + torch fused.
     RMSprop (momentum 0.9, weight decay 0.01, not centered): ours, GS + torch foreach (torch
         2.13 has no fused RMSprop).
     Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py (the same
@@ -49,7 +50,8 @@ The options per case:
         ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=1.0)``; GS + clip + torch fused
         / foreach AdamW: ``scaler.unscale_(opt)``, ``clip_grad_norm_(params, 1.0)``,
         ``scaler.step(opt)``, ``scaler.update()`` (torch's clipping recipe); ours-split:
-        ``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()``.
+        ``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()``; and a row of
+        ours-split over GS + clip + torch fused AdamW.
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
         GS + torch fused AdamW on fp32 params; and a row of ours rounding to nearest over
         GS + torch fused AdamW on fp32 params.
@@ -157,6 +159,7 @@ def installed(module: str) -> bool:
 SGD = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, nesterov=True)
 ADAMW = dict(lr=1e-9, weight_decay=0.01)
 ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
+NO_DECAY = dict(weight_decay=0.0)
 # pytorch-optimizer's Lamb by default: no bias correction, no clipping, no weight decay, the
 # trust ratio always (it also caps ||p|| at 10 and adds eps to ||update||).
 LAMB_V3 = dict(weight_decay=0.0, bias_correction=False, max_grad_norm=0.0, use_nvlamb=True)
@@ -167,22 +170,40 @@ CLIP = 1.0
 Contenders = dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]
 
 
-def _ours_and_gs(ours_class: type, torch_class: type, options: dict[str, Any]) -> Contenders:
-    """Ours against GradScaler around torch's fused and foreach forms of the same optimizer."""
-    return {
+def _ours_and_gs(
+    ours_class: type, torch_class: type, options: dict[str, Any], foreach: bool = True
+) -> Contenders:
+    """Ours against GradScaler around torch's fused (and ``foreach``: foreach) forms of the same
+    optimizer."""
+    contenders: Contenders = {
         "ours": (torch.float32, lambda p: ours(ours_class(p, **options))),
         "GS+fused": (torch.float32, lambda p: gradscaler(torch_class(p, **options, fused=True))),
-        "GS+foreach": (
+    }
+    if foreach:
+        contenders["GS+foreach"] = (
             torch.float32,
             lambda p: gradscaler(torch_class(p, **options, foreach=True)),
-        ),
-    }
+        )
+    return contenders
 
 
 CASES: dict[str, Contenders] = {
     "AdamW": _ours_and_gs(scaledoptim.AdamW, torch.optim.AdamW, ADAMW),
+    "AdamW-nowd": _ours_and_gs(
+        scaledoptim.AdamW, torch.optim.AdamW, {**ADAMW, **NO_DECAY}, foreach=False
+    ),
+    "Adam": _ours_and_gs(scaledoptim.Adam, torch.optim.Adam, ADAMW),
+    "Adam-nowd": _ours_and_gs(
+        scaledoptim.Adam, torch.optim.Adam, {**ADAMW, **NO_DECAY}, foreach=False
+    ),
     "Adagrad": _ours_and_gs(scaledoptim.Adagrad, torch.optim.Adagrad, ADAGRAD),
+    "Adagrad-nowd": _ours_and_gs(
+        scaledoptim.Adagrad, torch.optim.Adagrad, {**ADAGRAD, **NO_DECAY}, foreach=False
+    ),
     "SGD": _ours_and_gs(scaledoptim.SGD, torch.optim.SGD, SGD),
+    "SGD-nowd": _ours_and_gs(
+        scaledoptim.SGD, torch.optim.SGD, {**SGD, **NO_DECAY}, foreach=False
+    ),
     "RMSprop": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.RMSprop(p, **RMSPROP))),
         "GS+foreach": (
@@ -296,8 +317,12 @@ class Option:
 Record = dict[str, Any]  # one option's times at one (case, shape): see measure()
 
 #: Rows of two options of a case other than ours, the first over the second, labelled as the
-#: table prints them: bf16 AdamW rounding to nearest against GS + fused AdamW on fp32 params.
-BETWEEN = {"GS+fused-fp32, for ours-nearest": ("SR", "ours-nearest", "GS+fused-fp32")}
+#: table prints them: bf16 AdamW rounding to nearest against GS + fused AdamW on fp32 params,
+#: and the split clipping form against GradScaler's clipping recipe around torch's fused AdamW.
+BETWEEN = {
+    "GS+fused-fp32, for ours-nearest": ("SR", "ours-nearest", "GS+fused-fp32"),
+    "GS+clip+fused, for ours-split": ("clip", "ours-split", "GS+clip+fused"),
+}
 
 
 def measure(case: str, shape: str, rounds: int, reps: int) -> list[Record]:
