@@ -114,8 +114,8 @@ def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_whether_a_cpu_step_skips_on_the_host_is_the_engines_parameter(name, monkeypatch) -> None:
-    # See Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
-    # form that reads found_inf; the leaf torch_ops keeps no switch of its own.
+    # See Note [host skip]: the one switch (the torch-native engine's host_skip) decides, passed
+    # down to the torch form that reads found_inf.
     reads = []
     item = torch.Tensor.item
     monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))

@@ -35,11 +35,13 @@ from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ...torch_ops import (
+    HOST_READS,
     LOW_PRECISION,
     advance_steps_,
     copy_unless_skipped_,
     elementwise_batches,
     local_tensors,
+    may_overflow_when_unscaled,
     skip_on_host,
     stochastic_round_,
     unscale_dense_,
@@ -77,27 +79,27 @@ __all__ = [
 
 
 class TorchNativeBackend(Backend):
-    """Updates through ``Update.torch_update`` on fp32 working copies.
-
-    Args:
-        host_skip: on a CPU, the torch forms read ``found_inf`` and skip on the host (the
-            default: a host read is free there); ``False``: they decide on device everywhere,
-            as on a GPU.
-    """
+    """Updates through ``Update.torch_update`` on fp32 working copies."""
 
     name = "torch"
     folds_unscale = False
     applies_scale_update = False
 
-    def __init__(self, host_skip: bool = True) -> None:
-        # See Note [host skip] in torch_ops/skip.py: the engine's parameter, passed to the forms.
-        self.host_skip = host_skip
+    @property
+    def host_skip(self) -> bool:
+        """Whether, on a CPU, the torch forms read ``found_inf`` and skip on the host (the
+        default: a host read is free there); ``False``: they decide on device everywhere, as on
+        a GPU. The switch of Note [host skip] in torch_ops/skip.py."""
+        return HOST_READS.on_cpu
+
+    @host_skip.setter
+    def host_skip(self, value: bool) -> None:
+        HOST_READS.on_cpu = value
 
     def host_reads_free(self, device: torch.device) -> bool:
         """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, when
         :attr:`host_skip`."""
-        # See Note [host skip] in torch_ops/skip.py.
-        return self.host_skip and device.type == "cpu"
+        return HOST_READS.free(device)
 
     def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
         for grad in grads:
@@ -196,7 +198,8 @@ class _TorchUnscale:
                 ):
                     _check_by_norm(grads, found_inf, inv_scale, norm_sq)
                     return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
-                unscale_dense_(grads, found_inf, inv_scale)
+                # See Note [overflow after unscaling]: the second pass only at a scale below 1
+                unscale_dense_(grads, found_inf, inv_scale, may_overflow_when_unscaled(inv_scale))
                 if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
                     norm_sq.add_(sum_of_squares(grads))
             return None
