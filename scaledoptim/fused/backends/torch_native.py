@@ -63,19 +63,19 @@ __all__ = [
 # Note [tensor subclasses]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
 # Params that are tensor subclasses (DTensor under FSDP2 or tensor parallel, ...) take this
-# backend (Note [launchable tensors] in kernels/launcher.py), but for DTensors of an elementwise
-# update on the kernel backend (Note [DTensor steps on our kernels] in fused/sharded.py). An
-# elementwise update
-# (``Update.elementwise``) runs on a DTensor's local shard: each element's update reads only that
-# element, so the shard's update is the whole tensor's, and torch's fused ops need no sharding
-# strategy (``_fused_sgd_`` and ``_fused_adagrad_`` have none). Other updates (LAMB's per-tensor
-# norms) take the DTensors and step their local shards too, their sums over whole tensors added
-# up over the mesh (Note [sums over the mesh] in torch_ops/sharded.py). The unscale and the
-# inf/nan check take DTensor grads as they are: the check's ``any()`` of a sharded grad is a
-# reduction over the whole tensor, which DTensor all-reduces over the mesh (on device) before it
-# reaches the plain ``found_inf``, so every rank of the mesh sees an overflow in any shard and
-# skips with the others, with or without ``process_group`` (tests/distributed/
-# test_dist_sharded.py, an inf in one rank's shard of FSDP2 params on both backends).
+# backend (Note [launchable tensors] in kernels/launcher.py) but for DTensors of an elementwise
+# update, which the plan hands both backends as their local tensors (Note [DTensor steps on our
+# kernels] in fused/sharded.py). Other updates (LAMB's per-tensor norms) take the DTensors and
+# step their local shards too, their sums over whole tensors added up over the mesh (Note [sums
+# over the mesh] in torch_ops/sharded.py); their grads are checked through their local tensors,
+# and the plan agrees on ``found_inf`` (and the clip's sum of squares) over the meshes, on
+# device, so every rank of a mesh sees an overflow in any shard and skips with the others, with
+# or without ``process_group``, and plain params may stand beside them. What is left (a
+# ``Partial`` DTensor, another subclass) runs torch's ops on the tensors as they are: an
+# elementwise update on their local tensors (``local_tensors``: a DTensor's shard, any other
+# subclass itself), whose check DTensor all-reduces over the mesh before it reaches the plain
+# ``found_inf`` (tests/distributed/test_dist_sharded.py, an inf in one rank's shard of FSDP2
+# params on both backends).
 
 
 class TorchNativeBackend(Backend):
@@ -166,6 +166,11 @@ class _TorchUnscale:
             and bool(updates)
             and all(isinstance(u, TorchUpdate) and u.takes_grad_scale() for u in updates)
         )
+        # See Note [tensor subclasses]: DTensor grads of an update that is not elementwise are
+        # checked through their local tensors (the plan agrees over their meshes).
+        self.local = any(
+            isinstance(u, TorchUpdate) and not u.update.elementwise for u in updates
+        ) and any(type(g) not in PLAIN_TENSOR_TYPES for g in chain.from_iterable(grad_lists))
         # 16-bit grads checked by batches and left scaled, for updates that copy them into fp32
         # by batches and unscale there (see Note [working copies by batch] in working_copies.py).
         self.check: UnscaledCheck | None = None
@@ -189,6 +194,8 @@ class _TorchUnscale:
     ) -> Tensor | None:
         if self.float32:
             grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
+            if self.local:
+                grads = local_tensors(grads)
             if grads:
                 # See Note [unscale in the update on a CPU]: a clipping step only
                 if (
@@ -216,6 +223,8 @@ class _TorchUnscale:
                 if grad.dtype in LOW_PRECISION:
                     grads[i] = grad.float()
         grads = list(chain.from_iterable(grad_lists))
+        if self.local:
+            grads = local_tensors(grads)
         unscale_in_place_(grads, found_inf, inv_scale)
         if norm_sq is not None and grads:
             norm_sq.add_(sum_of_squares(grads))
