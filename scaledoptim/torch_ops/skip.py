@@ -156,7 +156,7 @@ def copy_unless_skipped_(
 # exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
 # so on a CPU the torch forms read found_inf and skip on the host, and update in place with
 # foreach ops; the sync-free way (the same form on working copies, then a `torch.where` + copy per
-# list: see Note [one torch form] in fused/backends/torch_native.py) stays for every other
+# list: see Note [one torch form] in fused/backends/routes.py) stays for every other
 # device, and for a step autograd records (a differentiable step). The unscale reads the scale
 # there too, to skip a pass that cannot find anything (Note [overflow after unscaling]).
 # Whether host reads are allowed is one switch, `HOST_READS`, here because every layer asks it:

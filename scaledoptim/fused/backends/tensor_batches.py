@@ -32,7 +32,7 @@ __all__ = ["KEPT_DIRECTION", "TensorwiseStep", "tensor_batches_"]
 # of the cache). Elsewhere (a GPU: launches per batch would multiply a step's launches), and for
 # DTensors, the lists go whole, in one batch. DTensors step their local shards, and their norms
 # are summed over the mesh (Note [sums over the mesh] in torch_ops/sharded.py). Both drivers of
-# an in-place form (the host's and the one on clones, Note [one torch form] in torch_native.py)
+# an in-place form (the host's and the one on clones, Note [one torch form] in routes.py)
 # reach this one through the update's ``torch_form_``: the same batches, so the same bits.
 
 #: The largest tensor whose whole direction the CPU driver keeps while it computes its norm (8 MB

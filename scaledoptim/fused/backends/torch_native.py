@@ -1,7 +1,8 @@
 """The torch-native backend: each optimizer's torch form, sync-free on any device: its
-``Update.torch_update`` over torch's fused ops, or its ``Update.torch_form_`` through one of the
-two drivers here (on a CPU, the skip read on the host; or working copies copied back unless
-skipped).
+``Update.torch_update`` over torch's fused ops, or its ``Update.torch_form_`` through one of two
+drivers (on a CPU, the skip read on the host; or working copies copied back unless skipped), on
+the route each group takes (Note [route table] in routes.py); here, the check of the grads
+before the updates, and the backend.
 
 torch's ``_fused_adam(w)_`` / ``_fused_sgd_`` read ``found_inf`` on device and skip the whole
 update when it is 1.0 (Note [found_inf contract] in cuda/common.cuh), but they need params,
@@ -24,41 +25,28 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from functools import partial
 from itertools import chain
-from typing import cast
 
 import torch
 from torch import Tensor
 
-from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
+from ...kernels import PLAIN_TENSOR_TYPES
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ...torch_ops import (
     HOST_READS,
     LOW_PRECISION,
-    advance_steps_,
-    copy_unless_skipped_,
-    elementwise_batches,
     local_tensors,
     may_overflow_when_unscaled,
-    skip_on_host,
-    stochastic_round_,
     unscale_dense_,
     unscale_in_place_,
 )
-from ..update import GradReduction, Group, ScaledTorchUpdate, TensorLists, Update
+from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend, PreparedUpdate
-from .working_copies import UnscaledCheck, WorkingCopies
+from .routes import TorchUpdate
+from .working_copies import UnscaledCheck
 
-__all__ = [
-    "TORCH_NATIVE",
-    "TorchNativeBackend",
-    "TorchUpdate",
-    "decide_skips_on_device",
-    "update_in_place_",
-    "update_on_working_copies_",
-]
+__all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate", "decide_skips_on_device"]
 
 # Note [tensor subclasses]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -244,173 +232,6 @@ def _check_by_norm(
     norm = sum_of_squares(grads).sqrt() * inv_scale
     torch.maximum(found_inf, (norm < _FOLD_NORM_LIMIT).logical_not().float(), out=found_inf)
     norm_sq.add_(norm.square())
-
-
-class TorchUpdate:
-    """One group's torch form, on fp32 working copies of 16-bit params (made a batch of about
-    ``BATCH`` elements at a time for an elementwise update)."""
-
-    # See Note [working copies by batch] in working_copies.py.
-
-    #: Whether an elementwise update's working copies may run by batches (torch.optim's
-    #: implementations, which keep counters their own way, take whole tensors).
-    batches_copies = True
-
-    def __init__(self, update: Update, group: Group, lists: TensorLists) -> None:
-        self.update = update
-        self.group = group
-        params, _, *state_lists, steps = lists
-        self.params, self.steps = params, steps
-        self.masters: list[Tensor] = []
-        self.seeds: list[Tensor] = []
-        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # See Note [param rounding]
-            *state_lists, self.masters, self.seeds = state_lists
-        self.state_lists = state_lists
-        # See Note [tensor subclasses]: elementwise updates of DTensors run on their local shards.
-        self.on_shards = update.elementwise and any(
-            type(p) not in PLAIN_TENSOR_TYPES for p in params
-        )
-        # No working copies: no masters, no 16-bit params, grads of their params' dtypes (the
-        # step cache keeps the dtypes as planned, Note [step cache]).
-        self.in_place = not self.masters and all(
-            p.dtype not in LOW_PRECISION and g.dtype == p.dtype for p, g in zip(params, lists[1])
-        )
-        # See Note [working copies by batch] in working_copies.py: on a CPU only (on a GPU the
-        # caching allocator hands out whole copies with no page faults, and batches of BATCH
-        # elements would multiply the launches of a step by the tensors' sizes).
-        self.copies: WorkingCopies | None = None
-        if (
-            self.batches_copies
-            and bool(params)
-            and params[0].device.type == "cpu"
-            and update.elementwise
-            and not self.in_place
-            and not self.on_shards
-            and WorkingCopies.fits(params, lists[1], self.masters, state_lists)
-        ):
-            scaled_form = None  # where the update can unscale the grads in its own read
-            if update.torch_update_takes_grad_scale:
-                scaled_form = partial(cast(ScaledTorchUpdate, update).torch_update, group)
-            self.copies = WorkingCopies(
-                params, lists[1], self.masters, state_lists, self.seeds, steps, scaled_form
-            )
-
-    def takes_grad_scale(self) -> bool:
-        """Whether it can take grads still scaled (Note [unscale in the update on a CPU]): an
-        update in place on plain fp32 tensors whose torch form takes a ``grad_scale``."""
-        return self.update.torch_update_takes_grad_scale and self.in_place and not self.on_shards
-
-    def __call__(
-        self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
-    ) -> None:
-        params, masters, state_lists = self.params, self.masters, self.state_lists
-        steps = self.steps
-        if self.copies is not None:  # grads left scaled by UnscaledCheck where inv_scale is set
-            host_reads = TORCH_NATIVE.host_reads_free(params[0].device)
-            self.copies(self.run, found_inf, grads, inv_scale, host_reads)
-            return
-        if inv_scale is not None:  # grads left scaled for it: Note [unscale in the update on a CPU]
-            scaled = cast(ScaledTorchUpdate, self.update)
-            lists = [params, grads, *state_lists, steps]
-            scaled.torch_update(self.group, lists, found_inf, grad_scale=inv_scale.reciprocal())
-            return
-        if self.on_shards:
-            params, grads, masters = map(local_tensors, (params, grads, masters))
-            state_lists = [local_tensors(state) for state in state_lists]
-        if self.in_place:
-            self.run([params, grads, *state_lists, steps], found_inf)
-            return
-        # See Note [param rounding]: with masters the update runs on them in place.
-        work = masters or [p.float() if p.dtype in LOW_PRECISION else p for p in params]
-        work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
-        self.run([work, work_grads, *state_lists, steps], found_inf)
-        if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
-            seeds = local_tensors(self.seeds) if self.on_shards else self.seeds
-            on_host = TORCH_NATIVE.host_reads_free(params[0].device) if params else False
-            stochastic_round_(params, work, seeds, steps, on_host=on_host)
-            return
-        rounded = [(p, w) for p, w in zip(params, work) if p is not w]
-        if not rounded:
-            return
-        # A differentiable step: autograd records copy_, not the foreach op.
-        if torch.is_grad_enabled():
-            for param, value in rounded:
-                param.copy_(value)
-        else:
-            torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
-
-    def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
-        """The update over the working lists: ``Update.torch_update``, or one of the two
-        drivers of ``Update.torch_form_``."""
-        # See Note [one torch form].
-        update = self.update
-        if not update.torch_form_in_place:  # torch's fused ops: they skip on found_inf
-            update.torch_update(self.group, lists, found_inf)
-            return
-        params = lists[0]
-        if not params:
-            return
-        skip = skip_on_host(found_inf, TORCH_NATIVE.host_reads_free(params[0].device))
-        if skip:
-            return
-        if skip is None and (found_inf is not None or torch.is_grad_enabled()):
-            update_on_working_copies_(update, self.group, lists, found_inf)
-            return
-        advance_steps_(lists[-1], None)  # the step is taken: the form reads the new count
-        update_in_place_(update, self.group, lists, batched=skip is not None)
-
-    def repoint(self, pointers: list[int]) -> None:
-        pass  # it holds no grads
-
-
-# Note [one torch form]
-# ~~~~~~~~~~~~~~~~~~~~~
-# RMSprop, Lion and LAMB have no torch op that takes found_inf, so each writes its torch math
-# once, in place over lists and taken unconditionally (``Update.torch_form_``), and this module
-# owns the two ways to skip it:
-# * on the host (a CPU, Note [host skip] in torch_ops/skip.py): the skip is read, and a taken
-#   step runs the form on the lists themselves, an elementwise update batch by batch
-#   (``elementwise_batches``: the temporaries stay in the cache), LAMB (per-tensor and global
-#   norms) over the whole lists, which it batches itself;
-# * on device (any device: a GPU, a differentiable step, ``decide_skips_on_device``): the counters
-#   advance unless skipped, the form runs on working copies (clones) of what it writes, the
-#   params and state lists, and they are copied back unless found_inf is set.
-# Both run the same function over the same values, so they give the same bits by construction
-# (tests/fused/test_host_skip.py checks it still). Adam(W), SGD and Adagrad call torch's fused
-# ops, which take found_inf themselves: they keep their single form, ``Update.torch_update``.
-
-
-def update_in_place_(update: Update, group: Group, lists: TensorLists, batched: bool) -> None:
-    """``update.torch_form_`` on ``lists`` themselves (the step is taken; the counters already
-    count it): by batches of about ``BATCH`` elements if ``batched`` and the update is
-    elementwise (without the counters, which an elementwise form does not read), else over the
-    whole lists: the same function as :func:`update_on_working_copies_` runs, so the same
-    bits."""
-    if not (batched and update.elementwise):
-        update.torch_form_(group, lists)
-        return
-    for batch in elementwise_batches(lists[:-1]):
-        update.torch_form_(group, [*batch, []])
-
-
-def update_on_working_copies_(
-    update: Update, group: Group, lists: TensorLists, found_inf: Tensor | None
-) -> None:
-    """``update.torch_form_`` on clones of the params and state lists (what it writes), copied
-    back unless ``found_inf`` is set, and the counters advanced unless it is: all on device, no
-    host read."""
-    steps = lists[-1]
-    advance_steps_(steps, found_inf)  # first: the form reads the new count (unused if skipped)
-    # Not the grads (1), nor the kernels' per-chunk scratch, which the form leaves alone.
-    scratch = update.kernel.per_chunk_lists
-    written = [i for i in range(len(lists) - 1) if i != 1 and i not in scratch]
-    work = list(lists)
-    for i in written:
-        work[i] = [t.clone() for t in lists[i]]
-    update.torch_form_(group, work)
-    for i in written:
-        # See Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
-        copy_unless_skipped_(local_tensors(lists[i]), local_tensors(work[i]), found_inf)
 
 
 class _TorchReduction:
