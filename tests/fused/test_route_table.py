@@ -11,7 +11,7 @@ import torch
 
 import scaledoptim
 from scaledoptim.fused.backends import routes
-from scaledoptim.fused.backends.routes import Form, Route, TorchUpdate, Working
+from scaledoptim.fused.backends.routes import Check, Form, Route, TorchUpdate, Working
 from scaledoptim.fused.backends.torch_native import decide_skips_on_device
 
 T, BY_BATCH, WHOLE = Working.TENSORS, Working.COPIES_BY_BATCH, Working.WHOLE_COPIES
@@ -87,6 +87,35 @@ def test_each_kind_of_group_takes_its_route_from_the_table(
     before = [p.detach().clone() for p in params]
     _step(opt, params, on_host)  # and it steps
     assert not all(map(torch.equal, params, before))
+
+
+#: (optimizer, params' dtype, on the host?, the check of a step without and with clipping).
+CHECKS: list[tuple[str, torch.dtype, bool, list[Check]]] = [
+    ("AdamW", torch.float32, True, [Check.UNSCALED_IN_PLACE, Check.BY_NORM]),
+    ("AdamW", torch.float32, False, [Check.UNSCALED_IN_PLACE, Check.UNSCALED_IN_PLACE]),
+    ("RMSprop", torch.float32, True, [Check.UNSCALED_IN_PLACE, Check.UNSCALED_IN_PLACE]),
+    ("AdamW", torch.bfloat16, True, [Check.BY_BATCH, Check.INTO_FP32]),
+    ("LAMB", torch.bfloat16, True, [Check.INTO_FP32, Check.INTO_FP32]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "on_host", "checks"),
+    CHECKS,
+    ids=[f"{n}-{d}-{'host' if h else 'device'}" for n, d, h, _ in CHECKS],
+)
+def test_the_check_follows_the_routes_and_the_step(
+    name: str, dtype: torch.dtype, on_host: bool, checks: list[Check]
+) -> None:
+    params = _params(dtype)
+    opt = getattr(scaledoptim, name)(params, lr=0.1)
+    _step(opt, params, on_host)
+    if on_host:
+        (part,) = opt._plan_step().parts.values()
+    else:
+        with decide_skips_on_device():
+            (part,) = opt._plan_step().parts.values()
+    assert part.unscale.checks == checks
 
 
 def test_a_steady_step_chooses_no_route(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,11 +27,13 @@ from ..update import Group, ScaledTorchUpdate, TensorLists, Update
 from .working_copies import WorkingCopies
 
 __all__ = [
+    "Check",
     "Form",
     "GroupFacts",
     "Route",
     "TorchUpdate",
     "Working",
+    "choose_check",
     "choose_route",
     "update_in_place_",
     "update_on_working_copies_",
@@ -65,11 +67,20 @@ __all__ = [
 #   the in-place form on clones           ``torch_form_`` elsewhere: sync-free (Note [one torch
 #                                         form])
 #
-# The check before the updates follows the groups' routes (``_TorchUnscale`` in torch_native.py):
-# grads left scaled for torch's fused op on the tensors, or for copies by batch that unscale them
-# where they are copied, or unscaled in place. What can move between a plan and a step it serves
-# is the host-read switch (``decide_skips_on_device``); a prepared update whose switch moved
-# chooses again.
+# The check of the step's grads before the updates follows the groups' routes and the step
+# (``choose_check``; ``_TorchUnscale`` in torch_native.py runs it), the first row that holds:
+#
+#   the check                             when
+#   by the grads' norm, left scaled       fp32 grads, a clipping step on the host, and every
+#                                         group on torch's fused op taking grad_scale on its own
+#                                         tensors (Note [unscale in the update on a CPU])
+#   unscaled in place                     fp32 grads (Note [overflow after unscaling])
+#   by batches, left scaled               16-bit grads, a step that does not clip, every group on
+#                                         copies by batch that unscale them where they copy them
+#   unscaled into fp32 copies             otherwise (16-bit grads)
+#
+# What can move between a plan and a step it serves is the host-read switch
+# (``decide_skips_on_device``); a prepared update or check whose switch moved chooses again.
 
 
 class Working(enum.Enum):
@@ -125,6 +136,25 @@ def choose_route(facts: GroupFacts) -> Route:
         else Form.ON_CLONES
     )
     return Route(working, form)
+
+
+class Check(enum.Enum):
+    """How the grads of a step are checked before its updates (Note [route table])."""
+
+    BY_NORM = "checked by their norm, left scaled for torch's fused op"
+    UNSCALED_IN_PLACE = "unscaled in place"
+    BY_BATCH = "checked by batches, left scaled for the copies by batch"
+    INTO_FP32 = "unscaled into fp32 copies"
+
+
+def choose_check(float32: bool, fused_op: bool, by_batch: bool, host_reads: bool,
+                 clipping: bool) -> Check:
+    """The check of Note [route table]: for fp32 (dense) grads or not; whether every group takes
+    torch's fused op with ``grad_scale`` on its tensors (``fused_op``), or copies by batch that
+    unscale 16-bit grads (``by_batch``)."""
+    if float32:
+        return Check.BY_NORM if clipping and fused_op and host_reads else Check.UNSCALED_IN_PLACE
+    return Check.BY_BATCH if by_batch and not clipping else Check.INTO_FP32
 
 
 class TorchUpdate:

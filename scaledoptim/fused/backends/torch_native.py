@@ -43,7 +43,7 @@ from ...torch_ops import (
 )
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend, PreparedUpdate
-from .routes import TorchUpdate
+from .routes import Check, TorchUpdate, choose_check
 from .working_copies import UnscaledCheck
 
 __all__ = ["TORCH_NATIVE", "TorchNativeBackend", "TorchUpdate", "decide_skips_on_device"]
@@ -138,39 +138,38 @@ _FOLD_NORM_LIMIT = 1e37  # an unscaled grad norm below it: no unscaled element c
 
 
 class _TorchUnscale:
-    """Every grad unscaled in place (and so checked: ``checked`` saves nothing here), or, where
-    the updates unscale in their own read, checked only (Note [unscale in the update on a
-    CPU])."""
+    """The check of a step's grads, on the route of Note [route table]: unscaled in place (and
+    so checked: ``checked`` saves nothing here), or checked only where the updates unscale them
+    in their own read (Note [unscale in the update on a CPU], Note [working copies by batch])."""
 
     def __init__(self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]) -> None:
+        grads = list(chain.from_iterable(grad_lists))
+        torch_updates = [u for u in updates if isinstance(u, TorchUpdate)]
+        every = bool(updates) and len(torch_updates) == len(updates)
         # Dense float32 grads only (the common case) take torch's op with no per-grad Python;
         # the step cache keeps the grads' dtypes and layout as planned (Note [step cache]).
-        self.float32 = all(
-            g.dtype == torch.float32 and g.layout == torch.strided
-            for g in chain.from_iterable(grad_lists)
-        )
-        self.folds = (
-            self.float32
-            and bool(updates)
-            and all(isinstance(u, TorchUpdate) and u.takes_grad_scale() for u in updates)
+        self.float32 = all(g.dtype == torch.float32 and g.layout == torch.strided for g in grads)
+        self.fused_op = every and all(u.takes_grad_scale() for u in torch_updates)
+        self.by_batch = every and all(
+            u.copies is not None and u.copies.convert_grads for u in torch_updates
         )
         # See Note [tensor subclasses]: DTensor grads of an update that is not elementwise are
         # checked through their local tensors (the plan agrees over their meshes).
-        self.local = any(
-            isinstance(u, TorchUpdate) and not u.update.elementwise for u in updates
-        ) and any(type(g) not in PLAIN_TENSOR_TYPES for g in chain.from_iterable(grad_lists))
-        # 16-bit grads checked by batches and left scaled, for updates that copy them into fp32
-        # by batches and unscale there (see Note [working copies by batch] in working_copies.py).
-        self.check: UnscaledCheck | None = None
-        if (
-            not self.float32
-            and bool(updates)
-            and all(
-                isinstance(u, TorchUpdate) and u.copies is not None and u.copies.convert_grads
-                for u in updates
-            )
-        ):
-            self.check = UnscaledCheck(list(chain.from_iterable(grad_lists)))
+        self.local = any(not u.update.elementwise for u in torch_updates) and any(
+            type(g) not in PLAIN_TENSOR_TYPES for g in grads
+        )
+        self.device = grads[0].device if grads else None
+        self.by_batches = UnscaledCheck(grads) if self.by_batch and not self.float32 else None
+        self._choose()
+
+    def _choose(self) -> None:
+        self._switch = HOST_READS.on_cpu
+        self.host_reads = self.device is not None and HOST_READS.free(self.device)
+        #: The check of a step that does not clip, and of one that does.
+        self.checks = [
+            choose_check(self.float32, self.fused_op, self.by_batch, self.host_reads, clipping)
+            for clipping in (False, True)
+        ]
 
     def __call__(
         self,
@@ -180,41 +179,36 @@ class _TorchUnscale:
         grad_lists: list[list[Tensor]],
         norm_sq: Tensor | None = None,
     ) -> Tensor | None:
-        if self.float32:
-            grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
-            if self.local:
-                grads = local_tensors(grads)
-            if grads:
-                # See Note [unscale in the update on a CPU]: a clipping step only
-                if (
-                    norm_sq is not None
-                    and self.folds
-                    and TORCH_NATIVE.host_reads_free(grads[0].device)
-                ):
-                    _check_by_norm(grads, found_inf, inv_scale, norm_sq)
-                    return inv_scale  # the updates unscale (Note [unscale in the update on a CPU])
-                # See Note [overflow after unscaling]: the second pass only at a scale below 1
-                unscale_dense_(grads, found_inf, inv_scale, may_overflow_when_unscaled(inv_scale))
-                if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
-                    norm_sq.add_(sum_of_squares(grads))
-            return None
-        if self.check is not None and norm_sq is None:
-            grads = list(chain.from_iterable(grad_lists))
-            host_reads = bool(grads) and TORCH_NATIVE.host_reads_free(grads[0].device)
-            self.check(grads, found_inf, inv_scale, host_reads)
-            return inv_scale  # the updates unscale (see Note [working copies by batch])
-        # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
-        # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
-        # overflows after torch's check. fp32 grads are unscaled in place (the faster path).
-        for grads in grad_lists:
-            for i, grad in enumerate(grads):
-                if grad.dtype in LOW_PRECISION:
-                    grads[i] = grad.float()
-        grads = list(chain.from_iterable(grad_lists))
+        if HOST_READS.on_cpu != self._switch:  # See Note [route table]: the one fact that moves
+            self._choose()
+        check = self.checks[norm_sq is not None]
+        if check is Check.INTO_FP32:
+            # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
+            # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
+            # overflows after torch's check.
+            for same_group in grad_lists:
+                for i, grad in enumerate(same_group):
+                    if grad.dtype in LOW_PRECISION:
+                        same_group[i] = grad.float()
+        grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
         if self.local:
             grads = local_tensors(grads)
-        unscale_in_place_(grads, found_inf, inv_scale)
-        if norm_sq is not None and grads:
+        if not grads:
+            return None
+        if check is Check.BY_NORM:  # See Note [unscale in the update on a CPU]
+            assert norm_sq is not None
+            _check_by_norm(grads, found_inf, inv_scale, norm_sq)
+            return inv_scale  # the updates unscale
+        if check is Check.BY_BATCH:  # See Note [working copies by batch]
+            assert self.by_batches is not None
+            self.by_batches(grads, found_inf, inv_scale, self.host_reads)
+            return inv_scale  # the copies unscale
+        if check is Check.UNSCALED_IN_PLACE:
+            # See Note [overflow after unscaling]: the second pass only at a scale below 1
+            unscale_dense_(grads, found_inf, inv_scale, may_overflow_when_unscaled(inv_scale))
+        else:
+            unscale_in_place_(grads, found_inf, inv_scale)
+        if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
             norm_sq.add_(sum_of_squares(grads))
         return None
 
