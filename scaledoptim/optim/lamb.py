@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
-from ..fused.backends.tensor_batches import tensor_batches_
+from ..fused.backends.in_place import tensor_batches_
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -235,7 +235,7 @@ class LAMB(FusedOptimizer):
         """The update in place and taken unconditionally, on grads unscaled and the squared
         global grad norm computed: the torch-native backend skips it, on the host on a CPU, else
         on working copies. Its math (:class:`_LambStep`) runs by the backend's batches of whole
-        tensors (Note [batches of whole tensors] in fused/backends/tensor_batches.py)."""
+        tensors (Note [batches of whole tensors] in fused/backends/in_place.py)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         norm_sq = self._grad_norm_sq(params[0].device)
         options = _lamb_options(group)
@@ -293,7 +293,7 @@ class _GlobalGradNorm:
 
 class _LambStep:
     """One LAMB step's math over batches (the torch form, run by the backend's driver: Note
-    [batches of whole tensors] in fused/backends/tensor_batches.py), its factors on device:
+    [batches of whole tensors] in fused/backends/in_place.py), its factors on device:
     scalars, the clipping divisor (0-dim), and 1-D tensors of one factor per param where it
     depends on the param's step count. The bias-corrected direction ``(m / bc1) / (sqrt(v /
     bc2) + eps)`` is ``k * m / (sqrt(v) + eps * sqrt(bc2))`` with ``k = sqrt(bc2) / bc1``, where

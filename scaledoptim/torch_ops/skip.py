@@ -17,7 +17,6 @@ __all__ = [
     "PackedSteps",
     "advance_steps_",
     "copy_unless_skipped_",
-    "may_overflow_when_unscaled",
     "skip_on_host",
     "unscale_dense_",
     "unscale_in_place_",
@@ -40,11 +39,11 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     values at one index sum when it is applied. A complex grad is unscaled as its real view.
     Reads ``inv_scale`` on the host where that is free (:data:`HOST_READS`).
     """
-    may_overflow = may_overflow_when_unscaled(inv_scale)
+    host_reads = HOST_READS.free(inv_scale.device)
     dtypes = set(map(_DTYPE, grads))
     if len(dtypes) == 1 and not any(map(_IS_SPARSE, grads)) and not any(map(_IS_COMPLEX, dtypes)):
         # The common case, dense grads of one real dtype, without a Python step per grad.
-        unscale_dense_(list(grads), found_inf, inv_scale, may_overflow)
+        unscale_dense_(list(grads), found_inf, inv_scale, host_reads)
         return
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     sparse_16bit: list[Tensor] = []
@@ -57,19 +56,21 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
             grad = torch.view_as_real(grad)
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for same_dtype in by_dtype.values():
-        unscale_dense_(same_dtype, found_inf, inv_scale, may_overflow)
+        unscale_dense_(same_dtype, found_inf, inv_scale, host_reads)
     for grad in sparse_16bit:
         _check_non_finite_([grad.coalesce()._values()], found_inf)
 
 
 def unscale_dense_(
-    tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor, may_overflow: bool = True
+    tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor, host_reads: bool = False
 ) -> None:
     """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
-    inf/nan before the multiply, and after it where ``may_overflow`` (what
-    :func:`may_overflow_when_unscaled` says; Note [overflow after unscaling])."""
+    inf/nan before the multiply, and after it where the product may overflow: at a scale below
+    1, read on the host where ``host_reads`` says that is free (:data:`HOST_READS`' answer for
+    its device), else always (Note [overflow after unscaling])."""
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-    if may_overflow:
+    # Not `inv_scale <= 1`: a scale that is not a number is checked too.
+    if not host_reads or not inv_scale.item() <= 1.0:
         _check_non_finite_(tensors, found_inf)
 
 
@@ -85,12 +86,6 @@ def unscale_dense_(
 # [host skip]) only when it is; elsewhere (a GPU's sync-free step) always. Our kernels check the
 # product they update with, in registers (cuda/non_finite_check.cu): no pass of its own there.
 
-
-def may_overflow_when_unscaled(inv_scale: Tensor) -> bool:
-    """Whether a finite value times ``inv_scale`` may be inf or nan (Note [overflow after
-    unscaling]): ``inv_scale`` above 1, or not a number, read on the host where that is free
-    (:data:`HOST_READS`); assumed where it is not."""
-    return not HOST_READS.free(inv_scale.device) or not inv_scale.item() <= 1.0
 
 
 def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
@@ -156,7 +151,7 @@ def copy_unless_skipped_(
 # exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
 # so on a CPU the torch forms read found_inf and skip on the host, and update in place with
 # foreach ops; the sync-free way (the same form on working copies, then a `torch.where` + copy per
-# list: see Note [one torch form] in fused/backends/routes.py) stays for every other
+# list: see Note [one torch form] in fused/backends/in_place.py) stays for every other
 # device, and for a step autograd records (a differentiable step). The unscale reads the scale
 # there too, to skip a pass that cannot find anything (Note [overflow after unscaling]).
 # Whether host reads are allowed is one switch, `HOST_READS`, here because every layer asks it:

@@ -1,6 +1,6 @@
 """The torch-native backend chooses each group's route once, from one table (Note [route table]
-in scaledoptim/fused/backends/routes.py): what a group of each kind takes on a CPU, and that a
-steady step from the step cache chooses nothing."""
+in scaledoptim/fused/backends/route_table.py): what a group of each kind takes on a CPU, the
+check of its grads, and that a steady step from the step cache chooses nothing."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import scaledoptim
-from scaledoptim.fused.backends import routes
-from scaledoptim.fused.backends.routes import Check, Form, Route, TorchUpdate, Working
+from scaledoptim.fused.backends import route_table, routes
+from scaledoptim.fused.backends.route_table import Check, Form, Route, Working
+from scaledoptim.fused.backends.routes import TorchUpdate
 from scaledoptim.fused.backends.torch_native import decide_skips_on_device
 
 T, BY_BATCH, WHOLE = Working.TENSORS, Working.COPIES_BY_BATCH, Working.WHOLE_COPIES
@@ -120,9 +121,9 @@ def test_the_check_follows_the_routes_and_the_step(
 
 def test_a_steady_step_chooses_no_route(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen: list[Route] = []
-    choose = routes.choose_route
+    choose = route_table.choose_route
 
-    def counting(facts: routes.GroupFacts) -> Route:
+    def counting(facts: route_table.GroupFacts) -> Route:
         chosen.append(choose(facts))
         return chosen[-1]
 

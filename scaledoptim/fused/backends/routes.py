@@ -1,161 +1,38 @@
-"""The torch-native backend's routes: how a group's update runs, chosen once when the group is
-prepared, from one table (Note [route table]), and the drivers of each route."""
+"""What runs at each step of the torch-native backend: each group's update on its route, and the
+check of the grads before them, both chosen once when the plan is prepared (Note [route table]
+in route_table.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable
 from functools import partial
+from itertools import chain
 from typing import cast
 
 import torch
 from torch import Tensor
 
 from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
+from ...protocol.clipping import sum_of_squares
+from ...scale import ScaleUpdate
 from ...torch_ops import (
     HOST_READS,
     LOW_PRECISION,
     advance_steps_,
-    copy_unless_skipped_,
-    elementwise_batches,
     local_tensors,
     skip_on_host,
     stochastic_round_,
+    unscale_dense_,
+    unscale_in_place_,
 )
-from ..update import Group, ScaledTorchUpdate, TensorLists, Update
-from .working_copies import WorkingCopies
+from ..update import GradReduction, Group, ScaledTorchUpdate, TensorLists, Update
+from .base import PreparedUpdate
+from .in_place import update_in_place_, update_on_working_copies_
+from .route_table import Check, Form, GroupFacts, Route, Working, choose_check, choose_route
+from .working_copies import UnscaledCheck, WorkingCopies
 
-__all__ = [
-    "Check",
-    "Form",
-    "GroupFacts",
-    "Route",
-    "TorchUpdate",
-    "Working",
-    "choose_check",
-    "choose_route",
-    "update_in_place_",
-    "update_on_working_copies_",
-]
-
-# Note [route table]
-# ~~~~~~~~~~~~~~~~~~
-# A group's update on the torch-native backend takes one route, chosen when the group is
-# prepared, so a step planned from the step cache decides nothing: ``choose_route`` reads
-# ``GroupFacts`` (the update's torch form, the params' device and dtypes, the layouts) through one
-# table of two columns, each the first row that holds:
-#
-#   what the form runs on                 when
-#   the group's tensors                   no fp32 masters, no 16-bit params, grads of their
-#                                         params' dtypes
-#   fp32 working copies, by batch         a CPU, an elementwise update, layouts WorkingCopies
-#                                         takes, not torch.optim's implementation (Note [working
-#                                         copies by batch] in working_copies.py)
-#   fp32 working copies, whole            otherwise; rounded back once (Note [param rounding])
-#
-#   the form                              when
-#   torch.optim's implementation          the torch.optim backend (Note [torch.optim route])
-#   torch's fused op                      the update's torch form is ``torch_update`` (Adam(W),
-#                                         SGD, Adagrad): it skips on ``found_inf`` on device, and
-#                                         takes ``grad_scale`` where the check left the grads
-#                                         scaled (Note [unscale in the update on a CPU])
-#   the in-place form, skipped on host    ``torch_form_`` where a host read is free (a CPU, Note
-#                                         [host skip]): the skip is read, then the form runs on
-#                                         the lists by batches of elements (elementwise), or of
-#                                         whole tensors (LAMB's, Note [batches of whole tensors])
-#   the in-place form on clones           ``torch_form_`` elsewhere: sync-free (Note [one torch
-#                                         form])
-#
-# The check of the step's grads before the updates follows the groups' routes and the step
-# (``choose_check``; ``_TorchUnscale`` in torch_native.py runs it), the first row that holds:
-#
-#   the check                             when
-#   by the grads' norm, left scaled       fp32 grads, a clipping step on the host, and every
-#                                         group on torch's fused op taking grad_scale on its own
-#                                         tensors (Note [unscale in the update on a CPU])
-#   unscaled in place                     fp32 grads (Note [overflow after unscaling])
-#   by batches, left scaled               16-bit grads, a step that does not clip, every group on
-#                                         copies by batch that unscale them where they copy them
-#   unscaled into fp32 copies             otherwise (16-bit grads)
-#
-# What can move between a plan and a step it serves is the host-read switch
-# (``decide_skips_on_device``); a prepared update or check whose switch moved chooses again.
-
-
-class Working(enum.Enum):
-    """What a route's form runs on."""
-
-    TENSORS = "the group's tensors"
-    COPIES_BY_BATCH = "fp32 working copies made by batch"
-    WHOLE_COPIES = "fp32 working copies of whole tensors"
-
-
-class Form(enum.Enum):
-    """Which torch form a route runs, and how it skips an overflowed step."""
-
-    TORCH_OPTIM = "torch.optim's implementation"
-    FUSED_OP = "torch's fused op"
-    IN_PLACE = "the in-place form, skipped on the host"
-    ON_CLONES = "the in-place form on clones"
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """One group's route: its form, on what (Note [route table])."""
-
-    working: Working
-    form: Form
-
-    def __str__(self) -> str:
-        return f"{self.form.value} on {self.working.value}"
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupFacts:
-    """What decides a group's route (Note [route table]), read when it is prepared."""
-
-    torch_optim: bool  # the torch.optim backend
-    fused_op: bool  # the update's torch form is torch_update (torch's fused ops)
-    host_reads: bool  # found_inf may be read on the host: a CPU (Note [host skip])
-    on_tensors: bool  # no masters, no 16-bit params, grads of their params' dtypes
-    copies_by_batch: bool  # a CPU, elementwise, layouts WorkingCopies takes (not torch.optim)
-
-
-def choose_route(facts: GroupFacts) -> Route:
-    """The route of Note [route table]."""
-    working = (
-        Working.TENSORS if facts.on_tensors
-        else Working.COPIES_BY_BATCH if facts.copies_by_batch
-        else Working.WHOLE_COPIES
-    )
-    form = (
-        Form.TORCH_OPTIM if facts.torch_optim
-        else Form.FUSED_OP if facts.fused_op
-        else Form.IN_PLACE if facts.host_reads
-        else Form.ON_CLONES
-    )
-    return Route(working, form)
-
-
-class Check(enum.Enum):
-    """How the grads of a step are checked before its updates (Note [route table])."""
-
-    BY_NORM = "checked by their norm, left scaled for torch's fused op"
-    UNSCALED_IN_PLACE = "unscaled in place"
-    BY_BATCH = "checked by batches, left scaled for the copies by batch"
-    INTO_FP32 = "unscaled into fp32 copies"
-
-
-def choose_check(float32: bool, fused_op: bool, by_batch: bool, host_reads: bool,
-                 clipping: bool) -> Check:
-    """The check of Note [route table]: for fp32 (dense) grads or not; whether every group takes
-    torch's fused op with ``grad_scale`` on its tensors (``fused_op``), or copies by batch that
-    unscale 16-bit grads (``by_batch``)."""
-    if float32:
-        return Check.BY_NORM if clipping and fused_op and host_reads else Check.UNSCALED_IN_PLACE
-    return Check.BY_BATCH if by_batch and not clipping else Check.INTO_FP32
-
+__all__ = ["TorchCheck", "TorchEpilogue", "TorchReduction", "TorchUpdate"]
 
 class TorchUpdate:
     """One group's update on its route (Note [route table])."""
@@ -212,7 +89,7 @@ class TorchUpdate:
         # The route's functions, unbound: a bound method kept on the instance would be a
         # reference cycle, and the state it holds would outlive a load_state_dict until a
         # collection.
-        self._run = _RUNS[self.route.working]
+        self._copies = _COPIES[self.route.working]
         self._form = _FORMS[self.route.form]
 
     def takes_grad_scale(self) -> bool:
@@ -231,22 +108,18 @@ class TorchUpdate:
             params = self.params
             host_reads = bool(params) and HOST_READS.free(params[0].device)
             self._choose(dataclasses.replace(self.facts, host_reads=host_reads))
-        self._run(self, found_inf, inv_scale, local_tensors(grads) if self.local else grads)
+        if self.local:
+            grads = local_tensors(grads)
+        if self._copies is None:  # the form on the group's tensors
+            lists = [self.params, grads, *self.state_lists, self.steps]
+            self._form(self, lists, found_inf, inv_scale)
+            return
+        self._copies(self, found_inf, inv_scale, grads)
 
     def repoint(self, pointers: list[int]) -> None:
         pass  # it holds no grads
 
-    # ---------------------------------------------------------------- what the form runs on
-    def _on_tensors(
-        self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
-    ) -> None:
-        lists = [self.params, grads, *self.state_lists, self.steps]
-        if inv_scale is not None:  # grads left scaled for it: Note [unscale in the update on a CPU]
-            scaled = cast(ScaledTorchUpdate, self.update)
-            scaled.torch_update(self.group, lists, found_inf, grad_scale=inv_scale.reciprocal())
-            return
-        self._form(self, lists, found_inf)
-
+    # ---------------------------------------------------------------- fp32 working copies
     def _on_copies_by_batch(
         self, found_inf: Tensor | None, inv_scale: Tensor | None, grads: list[Tensor]
     ) -> None:
@@ -262,7 +135,7 @@ class TorchUpdate:
         # See Note [param rounding]: with masters the update runs on them in place.
         work = self.masters or [p.float() if p.dtype in LOW_PRECISION else p for p in params]
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
-        self._form(self, [work, work_grads, *self.state_lists, self.steps], found_inf)
+        self._form(self, [work, work_grads, *self.state_lists, self.steps], found_inf, None)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
             stochastic_round_(params, work, self.seeds, self.steps, on_host=self.facts.host_reads)
             return
@@ -277,13 +150,24 @@ class TorchUpdate:
             torch._foreach_copy_([p for p, _ in rounded], [w for _, w in rounded])
 
     # ---------------------------------------------------------------- the forms
-    def _torch_optim_form(self, lists: TensorLists, found_inf: Tensor | None) -> None:
+    def _torch_optim_form(
+        self, lists: TensorLists, found_inf: Tensor | None, inv_scale: Tensor | None = None
+    ) -> None:
         self.update.torch_optim_update(self.group, lists, found_inf)
 
-    def _fused_op(self, lists: TensorLists, found_inf: Tensor | None) -> None:
-        self.update.torch_update(self.group, lists, found_inf)
+    def _fused_op(
+        self, lists: TensorLists, found_inf: Tensor | None, inv_scale: Tensor | None = None
+    ) -> None:
+        if inv_scale is None:
+            self.update.torch_update(self.group, lists, found_inf)
+            return
+        # Grads left scaled for it: Note [unscale in the update on a CPU].
+        scaled = cast(ScaledTorchUpdate, self.update)
+        scaled.torch_update(self.group, lists, found_inf, grad_scale=inv_scale.reciprocal())
 
-    def _in_place(self, lists: TensorLists, found_inf: Tensor | None) -> None:
+    def _in_place(
+        self, lists: TensorLists, found_inf: Tensor | None, inv_scale: Tensor | None = None
+    ) -> None:
         if not lists[0]:
             return
         skip = skip_on_host(found_inf, host_reads=True)
@@ -295,7 +179,9 @@ class TorchUpdate:
         advance_steps_(lists[-1], None)  # the step is taken: the form reads the new count
         update_in_place_(self.update, self.group, lists, batched=True)
 
-    def _on_clones(self, lists: TensorLists, found_inf: Tensor | None) -> None:
+    def _on_clones(
+        self, lists: TensorLists, found_inf: Tensor | None, inv_scale: Tensor | None = None
+    ) -> None:
         if not lists[0]:
             return
         if found_inf is None and not torch.is_grad_enabled():  # taken: no clones needed
@@ -305,12 +191,15 @@ class TorchUpdate:
         update_on_working_copies_(self.update, self.group, lists, found_inf)
 
 
-_RUNS: dict[Working, Callable[[TorchUpdate, Tensor | None, Tensor | None, list[Tensor]], None]] = {
-    Working.TENSORS: TorchUpdate._on_tensors,
+#: The routes' functions, unbound (see ``TorchUpdate._choose``); on the group's tensors, none.
+_COPIES: dict[
+    Working, Callable[[TorchUpdate, Tensor | None, Tensor | None, list[Tensor]], None] | None
+] = {
+    Working.TENSORS: None,
     Working.COPIES_BY_BATCH: TorchUpdate._on_copies_by_batch,
     Working.WHOLE_COPIES: TorchUpdate._on_whole_copies,
 }
-_FORMS: dict[Form, Callable[[TorchUpdate, TensorLists, Tensor | None], None]] = {
+_FORMS: dict[Form, Callable[[TorchUpdate, TensorLists, Tensor | None, Tensor | None], None]] = {
     Form.TORCH_OPTIM: TorchUpdate._torch_optim_form,
     Form.FUSED_OP: TorchUpdate._fused_op,
     Form.IN_PLACE: TorchUpdate._in_place,
@@ -318,52 +207,144 @@ _FORMS: dict[Form, Callable[[TorchUpdate, TensorLists, Tensor | None], None]] = 
 }
 
 
-# Note [one torch form]
-# ~~~~~~~~~~~~~~~~~~~~~
-# RMSprop, Lion and LAMB have no torch op that takes found_inf, so each writes its torch math
-# once, in place over lists and taken unconditionally (``Update.torch_form_``), and this module
-# owns the two ways to skip it:
-# * on the host (a CPU, Note [host skip] in torch_ops/skip.py): the skip is read, and a taken
-#   step runs the form on the lists themselves, an elementwise update batch by batch
-#   (``elementwise_batches``: the temporaries stay in the cache), LAMB (per-tensor and global
-#   norms) over the whole lists, which its form runs by the backend's batches of whole tensors
-#   (Note [batches of whole tensors] in tensor_batches.py);
-# * on device (any device: a GPU, a differentiable step, ``decide_skips_on_device``): the counters
-#   advance unless skipped, the form runs on working copies (clones) of what it writes, the
-#   params and state lists, and they are copied back unless found_inf is set.
-# Both run the same function over the same values, so they give the same bits by construction
-# (tests/fused/test_host_skip.py checks it still). Adam(W), SGD and Adagrad call torch's fused
-# ops, which take found_inf themselves: they keep their single form, ``Update.torch_update``.
+# Note [unscale in the update on a CPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Unscaled in a pass of their own, then clipped in place, fp32 grads are read and written twice
+# before the update reads them: on a CPU, where a step is bound by memory traffic, that made a
+# clipping step cost more than GradScaler + ``clip_grad_norm_`` + torch's fused AdamW. So when a
+# step clips (``max_grad_norm``) and every update of it takes a ``grad_scale``
+# (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and Adagrad) over float32
+# params and grads, on a CPU (Note [host skip] in torch_ops/skip.py),
+# the check reads the scaled grads once, read-only, for the 2-norm the clip needs (one
+# ``_foreach_norm``), and leaves them scaled; the update divides them by ``S / coef`` (Note
+# [clipping in the step] in protocol/clipping.py) and, as torch's fused ops do, leaves them unscaled
+# and clipped. ``found_inf`` is set on device, no host read, when the unscaled norm (the scaled one
+# times ``inv_scale``) is not below ``_FOLD_NORM_LIMIT``: an inf or nan anywhere makes it
+# non-finite, and below the limit no unscaled element can overflow, at a scale below 1 too. One case
+# differs from GradScaler, which checks the elements: finite grads whose scaled norm is past
+# float32's range (about 1.8e19) count as an overflow, so the step is skipped and the scale backs
+# off until the norm fits. That is why a step that does not clip keeps the element check (unscale in
+# place): at a large scale, as after a long run of clean steps, the scaled norm of finite grads may
+# pass the range, and a step without clipping must skip exactly where GradScaler does. The unscaled
+# norm is the scaled one times ``inv_scale``: with a scale that is a power of 2, the same float as
+# the norm of the unscaled grads. Other devices and the sync-free form keep the unscale in place.
+_FOLD_NORM_LIMIT = 1e37  # an unscaled grad norm below it: no unscaled element can overflow
 
 
-def update_in_place_(update: Update, group: Group, lists: TensorLists, batched: bool) -> None:
-    """``update.torch_form_`` on ``lists`` themselves (the step is taken; the counters already
-    count it): by batches of about ``BATCH`` elements if ``batched`` and the update is
-    elementwise (without the counters, which an elementwise form does not read), else over the
-    whole lists: the same function as :func:`update_on_working_copies_` runs, so the same
-    bits."""
-    if not (batched and update.elementwise):
-        update.torch_form_(group, lists)
-        return
-    for batch in elementwise_batches(lists[:-1]):
-        update.torch_form_(group, [*batch, []])
+class TorchCheck:
+    """The check of a step's grads, on the route of Note [route table]: unscaled in place (and
+    so checked: ``checked`` saves nothing here), or checked only where the updates unscale them
+    in their own read (Note [unscale in the update on a CPU], Note [working copies by batch])."""
+
+    def __init__(self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]) -> None:
+        grads = list(chain.from_iterable(grad_lists))
+        torch_updates = [u for u in updates if isinstance(u, TorchUpdate)]
+        every = bool(updates) and len(torch_updates) == len(updates)
+        # Dense float32 grads only (the common case) take torch's op with no per-grad Python;
+        # the step cache keeps the grads' dtypes and layout as planned (Note [step cache]).
+        self.float32 = all(g.dtype == torch.float32 and g.layout == torch.strided for g in grads)
+        self.fused_op = every and all(u.takes_grad_scale() for u in torch_updates)
+        self.by_batch = every and all(
+            u.copies is not None and u.copies.convert_grads for u in torch_updates
+        )
+        # See Note [tensor subclasses]: DTensor grads of an update that is not elementwise are
+        # checked through their local tensors (the plan agrees over their meshes).
+        self.local = any(not u.update.elementwise for u in torch_updates) and any(
+            type(g) not in PLAIN_TENSOR_TYPES for g in grads
+        )
+        self.device = grads[0].device if grads else None
+        self.by_batches = UnscaledCheck(grads) if self.by_batch and not self.float32 else None
+        self._choose()
+
+    def _choose(self) -> None:
+        self._switch = HOST_READS.on_cpu
+        self.host_reads = self.device is not None and HOST_READS.free(self.device)
+        #: The check of a step that does not clip, and of one that does.
+        self.checks = [
+            choose_check(self.float32, self.fused_op, self.by_batch, self.host_reads, clipping)
+            for clipping in (False, True)
+        ]
+
+    def __call__(
+        self,
+        found_inf: Tensor,
+        inv_scale: Tensor,
+        checked: frozenset[int],
+        grad_lists: list[list[Tensor]],
+        norm_sq: Tensor | None = None,
+    ) -> Tensor | None:
+        if HOST_READS.on_cpu != self._switch:  # See Note [route table]: the one fact that moves
+            self._choose()
+        check = self.checks[norm_sq is not None]
+        if check is Check.INTO_FP32:
+            # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
+            # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
+            # overflows after torch's check.
+            for same_group in grad_lists:
+                for i, grad in enumerate(same_group):
+                    if grad.dtype in LOW_PRECISION:
+                        same_group[i] = grad.float()
+        grads = grad_lists[0] if len(grad_lists) == 1 else list(chain.from_iterable(grad_lists))
+        if self.local:
+            grads = local_tensors(grads)
+        if not grads:
+            return None
+        if check is Check.BY_NORM:  # See Note [unscale in the update on a CPU]
+            assert norm_sq is not None
+            _check_by_norm(grads, found_inf, inv_scale, norm_sq)
+            return inv_scale  # the updates unscale
+        if check is Check.BY_BATCH:  # See Note [working copies by batch]
+            assert self.by_batches is not None
+            self.by_batches(grads, found_inf, inv_scale, self.host_reads)
+            return inv_scale  # the copies unscale
+        if check is Check.UNSCALED_IN_PLACE:
+            # See Note [overflow after unscaling]: the second pass only at a scale below 1
+            unscale_dense_(grads, found_inf, inv_scale, self.host_reads)
+        else:
+            unscale_in_place_(grads, found_inf, inv_scale)
+        if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
+            norm_sq.add_(sum_of_squares(grads))
+        return None
+
+    def repoint(self, pointers: list[int]) -> None:
+        pass  # it holds no grads
 
 
-def update_on_working_copies_(
-    update: Update, group: Group, lists: TensorLists, found_inf: Tensor | None
+def _check_by_norm(
+    grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor, norm_sq: Tensor
 ) -> None:
-    """``update.torch_form_`` on clones of the params and state lists (what it writes), copied
-    back unless ``found_inf`` is set, and the counters advanced unless it is: all on device, no
-    host read."""
-    steps = lists[-1]
-    advance_steps_(steps, found_inf)  # first: the form reads the new count (unused if skipped)
-    # Not the grads (1), nor the kernels' per-chunk scratch, which the form leaves alone.
-    scratch = update.kernel.per_chunk_lists
-    written = [i for i in range(len(lists) - 1) if i != 1 and i not in scratch]
-    work = list(lists)
-    for i in written:
-        work[i] = [t.clone() for t in lists[i]]
-    update.torch_form_(group, work)
-    for i in written:
-        # See Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
-        copy_unless_skipped_(local_tensors(lists[i]), local_tensors(work[i]), found_inf)
+    """Sets ``found_inf`` (on device) unless the unscaled 2-norm of the scaled ``grads``, read
+    once, is below ``_FOLD_NORM_LIMIT``, and adds its square to ``norm_sq`` (Note [unscale in
+    the update on a CPU])."""
+    # sqrt(x ** 2) == x exactly (Note [clipping in the step]): the norm clip_grad_norm_ computes
+    norm = sum_of_squares(grads).sqrt() * inv_scale
+    torch.maximum(found_inf, (norm < _FOLD_NORM_LIMIT).logical_not().float(), out=found_inf)
+    norm_sq.add_(norm.square())
+
+
+class TorchReduction:
+    """A reduction's torch form over the step's grads as the unscale left them."""
+
+    def __init__(self, reduction: GradReduction) -> None:
+        self.reduction = reduction
+
+    def __call__(
+        self, found_inf: Tensor | None, inv_scale: Tensor | None, grad_lists: list[list[Tensor]]
+    ) -> None:
+        self.reduction.out.zero_()
+        grads = list(chain.from_iterable(grad_lists))
+        if inv_scale is not None:  # left scaled for updates that unscale in their own read
+            grads = [g.float() if g.dtype in LOW_PRECISION else g for g in grads]
+            grads = list(torch._foreach_mul(grads, inv_scale))
+        self.reduction.torch_form(grads)
+
+    def repoint(self, pointers: list[int]) -> None:
+        pass  # it holds no grads
+
+
+class TorchEpilogue:
+    """The torch forms advanced the counters; a scale update arrives only if deferred."""
+
+    def __call__(self, found_inf: Tensor | None, scale_update: ScaleUpdate | None) -> None:
+        if scale_update is not None:
+            scale_update.apply()

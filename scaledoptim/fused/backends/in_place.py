@@ -1,6 +1,8 @@
-"""The torch-native backend's driver of an in-place form that reads norms over each whole tensor
-(LAMB's trust ratio): batches of whole tensors, pieces of larger ones, sums over the mesh
-(Note [batches of whole tensors])."""
+"""The torch-native backend's drivers of an in-place torch form (``Update.torch_form_``): on the
+lists after a host read of the skip, by batches of elements, or on clones copied back unless
+skipped (Note [one torch form]); and for a form that reads norms over each whole tensor (LAMB's
+trust ratio), batches of whole tensors and pieces of larger ones, with sums over the mesh (Note
+[batches of whole tensors])."""
 
 from __future__ import annotations
 
@@ -10,10 +12,76 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ...torch_ops import BATCH, MeshSums, batches, storage_flat
-from ..update import TensorLists
+from ...torch_ops import (
+    BATCH,
+    MeshSums,
+    advance_steps_,
+    batches,
+    copy_unless_skipped_,
+    elementwise_batches,
+    local_tensors,
+    storage_flat,
+)
+from ..update import Group, TensorLists, Update
 
-__all__ = ["KEPT_DIRECTION", "TensorwiseStep", "tensor_batches_"]
+__all__ = [
+    "KEPT_DIRECTION",
+    "TensorwiseStep",
+    "tensor_batches_",
+    "update_in_place_",
+    "update_on_working_copies_",
+]
+
+# Note [one torch form]
+# ~~~~~~~~~~~~~~~~~~~~~
+# RMSprop, Lion and LAMB have no torch op that takes found_inf, so each writes its torch math
+# once, in place over lists and taken unconditionally (``Update.torch_form_``), and this module
+# owns the two ways to skip it:
+# * on the host (a CPU, Note [host skip] in torch_ops/skip.py): the skip is read, and a taken
+#   step runs the form on the lists themselves, an elementwise update batch by batch
+#   (``elementwise_batches``: the temporaries stay in the cache), LAMB (per-tensor and global
+#   norms) over the whole lists, which its form runs by the backend's batches of whole tensors
+#   (Note [batches of whole tensors]);
+# * on device (any device: a GPU, a differentiable step, ``decide_skips_on_device``): the counters
+#   advance unless skipped, the form runs on working copies (clones) of what it writes, the
+#   params and state lists, and they are copied back unless found_inf is set.
+# Both run the same function over the same values, so they give the same bits by construction
+# (tests/fused/test_host_skip.py checks it still). Adam(W), SGD and Adagrad call torch's fused
+# ops, which take found_inf themselves: they keep their single form, ``Update.torch_update``.
+
+
+def update_in_place_(update: Update, group: Group, lists: TensorLists, batched: bool) -> None:
+    """``update.torch_form_`` on ``lists`` themselves (the step is taken; the counters already
+    count it): by batches of about ``BATCH`` elements if ``batched`` and the update is
+    elementwise (without the counters, which an elementwise form does not read), else over the
+    whole lists: the same function as :func:`update_on_working_copies_` runs, so the same
+    bits."""
+    if not (batched and update.elementwise):
+        update.torch_form_(group, lists)
+        return
+    for batch in elementwise_batches(lists[:-1]):
+        update.torch_form_(group, [*batch, []])
+
+
+def update_on_working_copies_(
+    update: Update, group: Group, lists: TensorLists, found_inf: Tensor | None
+) -> None:
+    """``update.torch_form_`` on clones of the params and state lists (what it writes), copied
+    back unless ``found_inf`` is set, and the counters advanced unless it is: all on device, no
+    host read."""
+    steps = lists[-1]
+    advance_steps_(steps, found_inf)  # first: the form reads the new count (unused if skipped)
+    # Not the grads (1), nor the kernels' per-chunk scratch, which the form leaves alone.
+    scratch = update.kernel.per_chunk_lists
+    written = [i for i in range(len(lists) - 1) if i != 1 and i not in scratch]
+    work = list(lists)
+    for i in written:
+        work[i] = [t.clone() for t in lists[i]]
+    update.torch_form_(group, work)
+    for i in written:
+        # See Note [tensor subclasses]: a DTensor's local shard is copied as a plain tensor.
+        copy_unless_skipped_(local_tensors(lists[i]), local_tensors(work[i]), found_inf)
+
 
 # Note [batches of whole tensors]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -32,7 +100,7 @@ __all__ = ["KEPT_DIRECTION", "TensorwiseStep", "tensor_batches_"]
 # of the cache). Elsewhere (a GPU: launches per batch would multiply a step's launches), and for
 # DTensors, the lists go whole, in one batch. DTensors step their local shards, and their norms
 # are summed over the mesh (Note [sums over the mesh] in torch_ops/sharded.py). Both drivers of
-# an in-place form (the host's and the one on clones, Note [one torch form] in routes.py)
+# an in-place form (the host's and the one on clones, Note [one torch form])
 # reach this one through the update's ``torch_form_``: the same batches, so the same bits.
 
 #: The largest tensor whose whole direction the CPU driver keeps while it computes its norm (8 MB
