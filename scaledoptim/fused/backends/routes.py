@@ -34,6 +34,7 @@ from .working_copies import UnscaledCheck, WorkingCopies
 
 __all__ = ["TorchCheck", "TorchEpilogue", "TorchReduction", "TorchUpdate"]
 
+
 class TorchUpdate:
     """One group's update on its route (Note [route table])."""
 
@@ -214,9 +215,9 @@ _FORMS: dict[Form, Callable[[TorchUpdate, TensorLists, Tensor | None, Tensor | N
 # clipping step cost more than GradScaler + ``clip_grad_norm_`` + torch's fused AdamW. So when a
 # step clips (``max_grad_norm``) and every update of it takes a ``grad_scale``
 # (``Update.torch_update_takes_grad_scale``: torch's fused Adam(W), SGD and Adagrad) over float32
-# params and grads, on a CPU (Note [host skip] in torch_ops/skip.py),
-# the check reads the scaled grads once, read-only, for the 2-norm the clip needs (one
-# ``_foreach_norm``), and leaves them scaled; the update divides them by ``S / coef`` (Note
+# params and grads, on a CPU (Note [host skip] in torch_ops/skip.py), the check reads the scaled
+# grads once, read-only, for the 2-norm the clip needs (one ``_foreach_norm``), and leaves them
+# scaled; the update divides them by ``S / coef`` (Note
 # [clipping in the step] in protocol/clipping.py) and, as torch's fused ops do, leaves them unscaled
 # and clipped. ``found_inf`` is set on device, no host read, when the unscaled norm (the scaled one
 # times ``inv_scale``) is not below ``_FOLD_NORM_LIMIT``: an inf or nan anywhere makes it
