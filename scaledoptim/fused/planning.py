@@ -28,7 +28,7 @@ from .rounding import (
     check_rounding_params,
     stage_rounding_state,
 )
-from .sharded import MeshAgreement, check_dtensor_update, kernels_take_shards
+from .sharded import MeshAgreement, check_dtensor_update, steps_on_local_shards
 from .state import stage_state
 from .update import Group, TensorLists, route_key
 
@@ -50,7 +50,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
     if plan.over_subclasses:
         check_dtensor_update(optimizer, optimizer.param_groups)
         all_params = [p for group in optimizer.param_groups for p in group["params"]]
-        on_shards = backend is not TORCH_NATIVE and kernels_take_shards(optimizer, all_params)
+        on_shards = steps_on_local_shards(optimizer, all_params)
         if backend is not TORCH_NATIVE and not on_shards:
             # See Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
             # only; torch's ops take a DTensor (or another subclass) as torch.optim gives it them.
@@ -103,7 +103,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         filled = iter(state_lists)
         state = [[] if key is None else next(filled) for key in keys]
         lists = [params, grads, *state, *scratch, *rounding, steps]
-        if on_shards:  # the kernels get plain local tensors; the state stays DTensors
+        if on_shards:  # the update gets plain local tensors; the state stays DTensors
             lists = [local_tensors(tensors) for tensors in lists]
         for part_backend, picked in _split_by_support(plan.backend, params, routed):
             chosen = (
@@ -136,7 +136,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         if reduction is not None:
             part.reduction = part_backend.prepare_reduction(reduction, part.grad_lists)
         part.epilogue = part_backend.prepare_epilogue(part.steps)
-    if on_shards:
+    if on_shards or (plan.over_subclasses and not optimizer.elementwise):
         plan.mesh = MeshAgreement(plan.params)
     plan.masters = MasterWatch.of(optimizer, plan.new_state)
     if plan.masters is not None:

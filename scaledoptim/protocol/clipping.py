@@ -12,7 +12,7 @@ update reads ``unscaled grad * coef``. The step never reads the norm on the host
   grads are unscaled in place first, from foreach norms of the unscaled grads
   (:func:`sum_of_squares`); on a CPU, torch's fused Adam(W), SGD and Adagrad from the foreach
   norms of the scaled grads times ``inv_scale`` (Note [unscale in the update on a CPU] in
-  fused/backends/torch_native.py);
+  fused/backends/routes.py);
 * the parts of a step (two backends) and, under ``process_group``, the ranks add their sums on
   device (:func:`agree_on_sum_of_squares`), then ``total = sqrt(sum)``, which is
   :attr:`Optimizer.grad_norm <scaledoptim.Optimizer.grad_norm>`;

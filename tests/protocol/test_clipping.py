@@ -111,7 +111,7 @@ def test_the_torch_backend_clips_as_gradscaler_and_fused_adamw() -> None:
     """One process, fp32 grads on a CPU: the same norm bit for bit; the update within float32
     rounding of GradScaler's (torch's fused AdamW divides the scaled grads by ``S / coef``
     where GradScaler multiplies by ``1 / S``, then by ``coef``: Note [unscale in the update on
-    a CPU] in fused/backends/torch_native.py)."""
+    a CPU] in fused/backends/routes.py)."""
     ref_model, model = make_model(), make_model()
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
