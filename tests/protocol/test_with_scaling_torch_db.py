@@ -132,23 +132,22 @@ def _plain_run(config: TorchConfig, make: Callable[[list[torch.Tensor]], torch.o
     return _outcome(run)
 
 
-@pytest.mark.parametrize("how", ["with_scaling", "patch_optimizer"])
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_plain_step_is_torchs_own_bit_for_bit(config: TorchConfig, how: str) -> None:
+def test_plain_step_is_torchs_own_bit_for_bit(config: TorchConfig) -> None:
+    """Through ``with_scaling(X)`` and through ``patch_optimizer(X(...))``."""
     cls = config.torch_class
     expected = _plain_run(config, lambda params: cls(params, **copy.deepcopy(config.kwargs)))
-    if how == "with_scaling":
-        scaled = scaledoptim.with_scaling(cls)
-        actual = _plain_run(config, lambda params: scaled(params, **copy.deepcopy(config.kwargs)))
-    else:
-        actual = _plain_run(
-            config,
-            lambda params: scaledoptim.patch_optimizer(cls(params, **copy.deepcopy(config.kwargs))),
-        )
-    if isinstance(expected, type):
-        assert actual == expected
-        return
-    _assert_bit_identical(actual, expected)
+    scaled = scaledoptim.with_scaling(cls)
+    for how, make in (
+        ("with_scaling", lambda params: scaled(params, **copy.deepcopy(config.kwargs))),
+        ("patch_optimizer",
+         lambda params: scaledoptim.patch_optimizer(cls(params, **copy.deepcopy(config.kwargs)))),
+    ):
+        actual = _plain_run(config, make)
+        if isinstance(expected, type):
+            assert actual == expected, how
+            continue
+        _assert_bit_identical(actual, expected)
 
 
 @pytest.mark.parametrize(
@@ -165,13 +164,8 @@ def test_every_error_input_raises_as_torch_optim(info, error_input) -> None:
 SCHEDULE = (False, True, False, False, True, False)
 
 
-def _protocol_cases() -> list[Any]:
-    return [
-        pytest.param(config, form, id=f"{config}-{form}")
-        for config in PROTOCOL_CONFIGS
-        for form in FORMS
-        if form == "closure" or not config.info.step_requires_closure
-    ]
+def _forms(config: TorchConfig) -> tuple[str, ...]:
+    return ("closure",) if config.info.step_requires_closure else FORMS
 
 
 def _scaled_step(
@@ -199,8 +193,14 @@ def _scaled_step(
     return found_inf, [overflow]
 
 
-@pytest.mark.parametrize("config, form", _protocol_cases())
-def test_the_protocol_holds_for_every_torch_optimizer(config: TorchConfig, form: str) -> None:
+@pytest.mark.parametrize("config", PROTOCOL_CONFIGS, ids=str)
+def test_the_protocol_holds_for_every_torch_optimizer(config: TorchConfig) -> None:
+    """Through every form of the protocol the optimizer takes."""
+    for form in _forms(config):
+        _protocol_holds(config, form)
+
+
+def _protocol_holds(config: TorchConfig, form: str) -> None:
     cls = config.torch_class
     params, ref_params = _params(), _params()
     with warnings.catch_warnings():
