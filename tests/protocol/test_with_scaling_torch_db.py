@@ -29,8 +29,11 @@ from tests.support.torch_errors import assert_raises_as_torch_optim
 
 ROWS = torch_optim_db.rows()
 CONFIGS = torch_optim_db.configs(ROWS)
-#: torch's configs, and those with torch's fused implementation, which skips on found_inf itself.
-PROTOCOL_CONFIGS = [c for c in CONFIGS if not c.flagged or c.desc.endswith("& fused")]
+#: Each of torch's configs with its flagged variants (``foreach``, ``fused``, ...): one test each.
+FAMILIES: dict[str, list[TorchConfig]] = {}
+for _config in CONFIGS:
+    FAMILIES.setdefault(str(_config).split(" & ")[0], []).append(_config)
+BASES = [family[0] for family in FAMILIES.values()]
 FORMS = ("unscale_and_step", "unscale + step_after_unscale", "closure")
 INIT_SCALE = 2.0**10
 
@@ -132,9 +135,14 @@ def _plain_run(config: TorchConfig, make: Callable[[list[torch.Tensor]], torch.o
     return _outcome(run)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_plain_step_is_torchs_own_bit_for_bit(config: TorchConfig) -> None:
-    """Through ``with_scaling(X)`` and through ``patch_optimizer(X(...))``."""
+@pytest.mark.parametrize("base", BASES, ids=str)
+def test_plain_step_is_torchs_own_bit_for_bit(base: TorchConfig) -> None:
+    """Every flag of the config, through ``with_scaling(X)`` and ``patch_optimizer(X(...))``."""
+    for config in FAMILIES[str(base)]:
+        _plain_step_is_torchs_own(config)
+
+
+def _plain_step_is_torchs_own(config: TorchConfig) -> None:
     cls = config.torch_class
     expected = _plain_run(config, lambda params: cls(params, **copy.deepcopy(config.kwargs)))
     scaled = scaledoptim.with_scaling(cls)
@@ -145,7 +153,7 @@ def test_plain_step_is_torchs_own_bit_for_bit(config: TorchConfig) -> None:
     ):
         actual = _plain_run(config, make)
         if isinstance(expected, type):
-            assert actual == expected, how
+            assert actual == expected, f"{config} through {how}"
             continue
         _assert_bit_identical(actual, expected)
 
@@ -193,11 +201,14 @@ def _scaled_step(
     return found_inf, [overflow]
 
 
-@pytest.mark.parametrize("config", PROTOCOL_CONFIGS, ids=str)
-def test_the_protocol_holds_for_every_torch_optimizer(config: TorchConfig) -> None:
-    """Through every form of the protocol the optimizer takes."""
-    for form in _forms(config):
-        _protocol_holds(config, form)
+@pytest.mark.parametrize("base", BASES, ids=str)
+def test_the_protocol_holds_for_every_torch_optimizer(base: TorchConfig) -> None:
+    """Through every form of the protocol the optimizer takes; also with torch's fused
+    implementation, which skips on found_inf itself, where the config has one."""
+    for config in FAMILIES[str(base)]:
+        if config is base or config.desc.endswith("& fused"):
+            for form in _forms(config):
+                _protocol_holds(config, form)
 
 
 def _protocol_holds(config: TorchConfig, form: str) -> None:
@@ -236,8 +247,22 @@ def _moved(scale: float, clean: int, unscales: list[bool]) -> tuple[float, int]:
     return scale, clean
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.flagged], ids=str)
-def test_a_checkpoint_resumes_bit_for_bit(config: TorchConfig) -> None:
+@pytest.mark.parametrize("config", BASES, ids=str)
+def test_a_checkpoint_loads_key_for_key_and_resumes_bit_for_bit(config: TorchConfig) -> None:
+    """torch's ``test_state_dict_deterministic``: a load gives back the param groups and state
+    it was given, key for key, as torch's own class does (LBFGS, Adafactor and SparseAdam groups
+    have no ``differentiable``: a load must not add one); and, saved mid-training, resumes bit
+    for bit."""
+    expected = _loaded_keys(config, config.torch_class)
+    actual = _loaded_keys(config, scaledoptim.with_scaling(config.torch_class))
+    assert actual == expected
+    if not isinstance(expected, type):
+        saved, loaded = actual
+        assert loaded == saved
+    _resumes_bit_for_bit(config)
+
+
+def _resumes_bit_for_bit(config: TorchConfig) -> None:
     cls = scaledoptim.with_scaling(config.torch_class)
     form = "closure" if config.info.step_requires_closure else "unscale_and_step"
     with warnings.catch_warnings():
@@ -282,16 +307,3 @@ def _loaded_keys(config: TorchConfig, cls: type[torch.optim.Optimizer]) -> Any:
         ]
 
     return _outcome(run)
-
-
-@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.flagged], ids=str)
-def test_a_loaded_state_dict_is_the_one_saved(config: TorchConfig) -> None:
-    """torch's ``test_state_dict_deterministic``: a load gives back the param groups and state
-    it was given, key for key, as torch's own class does (LBFGS, Adafactor and SparseAdam groups
-    have no ``differentiable``: a load must not add one)."""
-    expected = _loaded_keys(config, config.torch_class)
-    actual = _loaded_keys(config, scaledoptim.with_scaling(config.torch_class))
-    assert actual == expected
-    if not isinstance(expected, type):
-        saved, loaded = actual
-        assert loaded == saved
