@@ -22,6 +22,9 @@ REGISTERS_PER_BLOCK = 65536
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("kernel", builtin_kernels(), ids=lambda k: k.name)
 def test_every_instantiation_fits_the_largest_block(kernel, arch):
+    """Slow (NVRTC, per kernel and arch; the cubins are test_nvrtc.py's). Exists for a kernel that
+    fails to launch at 1024 threads on a GPU: more than 64 registers per thread (a dropped
+    ``__launch_bounds__``, or a change that spills past it), which nothing on a CPU runs into."""
     registers = registers_per_thread(cubin(kernel, arch))
     assert len(registers) == len(kernel.instantiations()), registers
     too_many = {

@@ -70,6 +70,9 @@ def _each_branch(archs: tuple[int, ...]) -> list[int]:
 )
 @pytest.mark.parametrize("kernel", builtin_kernels(), ids=_kernel_id)
 def test_every_instantiation_compiles(kernel, arch):
+    """Slow (NVRTC, per kernel and arch). Exists for a kernel that does not compile for some target:
+    an arch branch of the sources (the inline PTX bf16 conversion needs sm_80; a dropped
+    ``__CUDA_ARCH__`` guard fails sm_70), a template instantiation only a dtype pair uses."""
     assert cubin(kernel, arch)  # KernelCompileError carries the NVRTC log
 
 

@@ -5,8 +5,9 @@ param dtype (fp32; fp32 params with bf16 grads; fp16 with master weights; fp16 w
 bf16; bf16 with stochastic rounding) x backend (our kernels in the emulator; the torch forms as a
 CPU runs them; the torch forms as every other device runs them, sync-free) x tensor kind
 (contiguous across chunk boundaries; transposed, misaligned and gapped views; zero-size;
-DTensor local shards) x step kind (clean; an inf/nan grad; clipping that binds; clipping that
-does not) x form (``unscale_and_step``; ``unscale`` + ``step_after_unscale``). The rows cover
+DTensor local shards) x step kind (clean; an inf/nan grad; clipping that binds, and
+``opt.grad_norm`` the norm ``clip_grad_norm_`` returns; clipping that does not; clipping and an
+inf/nan grad) x form (``unscale_and_step``; ``unscale`` + ``step_after_unscale``). The rows cover
 every config on the two CPU backends, and every pair of param dtype, tensor kind and step kind
 for every optimizer on each of them (a pairwise covering, not the whole product); the sync-free
 backend runs each optimizer's configs that the optimizer-level tests run.
@@ -72,7 +73,7 @@ def _form(i: int, dtype: str, steps: str) -> str:
     if grads == (torch.float32,) or not steps.startswith("clip"):
         if torch.float16 not in grads:
             forms.append("split")
-        if steps != "overflow":
+        if "overflow" not in steps:
             forms.append("step")
     return forms[i % len(forms)]
 

@@ -59,8 +59,9 @@ BACKENDS = ("emulate", "torch", "sync-free")
 #: params over a world of one (their local shards stepped).
 TENSOR_KINDS = ("contiguous", "views", "zero-size", "dtensor")
 #: What happens at the middle of three steps: nothing, an inf/nan grad, clipping that binds
-#: (the step's ``max_grad_norm`` below the norm), clipping that does not.
-STEP_KINDS = ("clean", "overflow", "clip-binding", "clip-loose")
+#: (the step's ``max_grad_norm`` below the norm), clipping that does not, clipping that binds
+#: and an inf/nan grad (a non-finite norm).
+STEP_KINDS = ("clean", "overflow", "clip-binding", "clip-loose", "clip-overflow")
 #: ``torch.optim`` (the class in fp32), ``float64`` (that class, or our own torch form, in
 #: float64), the outside implementations of tests/support/outside_references.py.
 REFERENCES = ("torch.optim", "float64", "lion-pytorch", "pytorch_optimizer")
@@ -294,8 +295,9 @@ def _one_step(row: ParityRow, opt: Any, params: list[Tensor], shadows: list[Shad
               generator: torch.Generator, tolerance: Tolerance, master: bool) -> None:
     form = row.form
     scale = opt.scale.item() if form != "step" else 1.0
-    overflow = row.steps == "overflow" and step == MIDDLE
-    clip = {"clip-binding": 0.5, "clip-loose": 1e4}.get(row.steps)
+    overflow = row.steps in ("overflow", "clip-overflow") and step == MIDDLE
+    clip = {"clip-binding": 0.5, "clip-loose": 1e4, "clip-overflow": 0.5}.get(row.steps)
+    norms = []
     # Unscaled grads of another size at every step (LAMB's clip and Lion's sign see the
     # ratio), scaled exactly (a power of two) into the grads' dtype.
     grads = [(torch.randn(full(p).shape, generator=generator) * (1 + step)).to(dtype)
@@ -319,7 +321,7 @@ def _one_step(row: ParityRow, opt: Any, params: list[Tensor], shadows: list[Shad
             continue
         scaler.unscale_(shadow)
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(shadow.mirrors, clip)
+            norms.append(torch.nn.utils.clip_grad_norm_(shadow.mirrors, clip))
         scaler.step(shadow)
         scaler.update()
     before = _snapshot(params, opt)
@@ -339,6 +341,12 @@ def _one_step(row: ParityRow, opt: Any, params: list[Tensor], shadows: list[Shad
     where = f"{row} step {step}"
     assert found_inf.item() == float(overflow), where
     assert opt.scale.item() == scalers[0].get_scale(), f"{where}: the scale"
+    if form == "unscale_and_step" and clip is not None:  # the pre-clip norm clip_grad_norm_ saw
+        if overflow:
+            assert not torch.isfinite(opt.grad_norm), f"{where}: the norm"
+        else:
+            torch.testing.assert_close(opt.grad_norm, norms[0].float(), rtol=1e-6, atol=0,
+                                       msg=f"{where}: the norm")
     if overflow:
         _assert_bit_identical(before[:-3], _snapshot(params, opt)[:-3], f"{where}: skipped")
         return
