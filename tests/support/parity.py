@@ -296,11 +296,13 @@ def _one_step(row: ParityRow, opt: Any, params: list[Tensor], shadows: list[Shad
     form = row.form
     scale = opt.scale.item() if form != "step" else 1.0
     overflow = row.steps in ("overflow", "clip-overflow") and step == MIDDLE
-    clip = {"clip-binding": 0.5, "clip-loose": 1e4, "clip-overflow": 0.5}.get(row.steps)
+    clip = {"clip-binding": 0.02, "clip-loose": 1e4, "clip-overflow": 0.02}.get(row.steps)
     norms = []
     # Unscaled grads of another size at every step (LAMB's clip and Lion's sign see the
-    # ratio), scaled exactly (a power of two) into the grads' dtype.
-    grads = [(torch.randn(full(p).shape, generator=generator) * (1 + step)).to(dtype)
+    # ratio), scaled exactly (a power of two) into the grads' dtype. A binding clip sees grads
+    # whose norm is a few hundredths, where clip_grad_norm_'s 1e-6 shows in the coefficient.
+    size = (1 + step) * (2e-3 if clip == 0.02 else 1.0)
+    grads = [(torch.randn(full(p).shape, generator=generator) * size).to(dtype)
              for p, dtype in zip(params, grad_dtypes)]
     scaled = [(g.float() * scale).to(g.dtype) for g in grads]
     if overflow:  # one element of one grad, anywhere: inf, -inf or nan
