@@ -54,7 +54,7 @@ def _each_branch(archs: tuple[int, ...]) -> list[int]:
     (sm_80: the hardware bf16 conversions), and the newest: an arch takes the same source as the
     oldest arch of its branch, so a compile error specific to an arch shows in one of them (the
     other archs in between are ``python -m scaledoptim.doctor --all-archs``'s). The launch
-    bounds test adds sm_90's cubins."""
+    bounds test reads the registers of sm_80's and the newest's."""
     if not archs:
         return []
     text = "\n".join(path.read_text() for path in sorted(CUDA_SOURCE_DIR.glob("*.cu*")))

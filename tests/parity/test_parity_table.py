@@ -37,7 +37,9 @@ from scaledoptim.kernels import launch_config
 from scaledoptim.testing.optim_db import OptimInfo, rows
 from tests.support.outside_references import OUTSIDE_CONFIGS
 from tests.support.parity import (
+    BACKENDS,
     PARAM_DTYPES,
+    REFERENCES,
     STEP_KINDS,
     TENSOR_KINDS,
     ParityRow,
@@ -46,6 +48,8 @@ from tests.support.parity import (
 from tests.support.tensors import CHUNK, EMULATOR_THREADS
 
 FUSED = rows(fused=True)
+#: The backends every config runs on (the sync-free one runs the optimizer-level configs).
+EVERY_CONFIG = ("emulate", "torch")
 
 
 def _dtypes(info: OptimInfo) -> list[str]:
@@ -80,7 +84,7 @@ def _form(i: int, dtype: str, steps: str) -> str:
 
 def _own_rows(info: OptimInfo) -> Iterator[ParityRow]:
     reference = "torch.optim" if info.reference is not None else "float64"
-    for b, backend in enumerate(("emulate", "torch")):
+    for b, backend in enumerate(EVERY_CONFIG):
         triples = _pairwise(info, b)
         count = max(len(triples), len(info.configs))
         for i, (config, (dtype, kind, steps)) in enumerate(
@@ -94,7 +98,7 @@ def _own_rows(info: OptimInfo) -> Iterator[ParityRow]:
         yield ParityRow(info, config, dtype, "sync-free", kind, steps, reference)
     if info.reference is not None:  # the float64 form of the torch.optim class
         for i, dtype in enumerate(_dtypes(info)):
-            yield ParityRow(info, info.default, dtype, ("emulate", "torch")[i % 2],
+            yield ParityRow(info, info.default, dtype, EVERY_CONFIG[i % 2],
                             TENSOR_KINDS[i % len(TENSOR_KINDS)],
                             STEP_KINDS[(i + 1) % len(STEP_KINDS)], "float64")
 
@@ -104,7 +108,7 @@ def _outside_rows() -> Iterator[ParityRow]:
     for c, outside in enumerate(OUTSIDE_CONFIGS):
         info = by_name[outside.optimizer]
         config = info.default
-        for b, backend in enumerate(("emulate", "torch", "sync-free")):
+        for b, backend in enumerate(BACKENDS):
             dtype, kind, steps = _pairwise(info, c)[(3 * c + 7 * b) % len(_pairwise(info, c))]
             yield ParityRow(info, config, dtype, backend, kind, steps, outside.reference,
                             outside=outside)
@@ -180,14 +184,13 @@ def test_the_table_covers_every_axis() -> None:
     seen = {(r.info.name, r.config.name, r.backend) for r in TABLE if r.outside is None}
     for info in FUSED:
         for config in info.configs:
-            assert {(info.name, config.name, b) for b in ("emulate", "torch")} <= seen
+            assert {(info.name, config.name, b) for b in EVERY_CONFIG} <= seen
         mine = [r for r in TABLE if r.info is info]
         for axis, values in (("dtype", _dtypes(info)), ("tensors", TENSOR_KINDS),
                              ("steps", STEP_KINDS), ("form", ("split", "unscale_and_step", "step")),
-                             ("backend", ("emulate", "torch", "sync-free"))):
+                             ("backend", BACKENDS)):
             assert {getattr(r, axis) for r in mine} >= set(values), (info.name, axis)
-    assert {r.reference for r in TABLE} == {"torch.optim", "float64", "lion-pytorch",
-                                            "pytorch_optimizer"}
+    assert {r.reference for r in TABLE} == set(REFERENCES)
 
 
 @pytest.mark.parametrize("info", FUSED, ids=str)
