@@ -18,6 +18,7 @@ from tests.support.training import (
     loss_of,
     make_model,
     ready_with_pending_backward,
+    scaled_closure,
     snapshot,
 )
 
@@ -30,21 +31,6 @@ OPTIMIZERS = [
 def _ready(case):
     info, config = case
     return ready_with_pending_backward(info, config, growth_interval=5)
-
-
-def _closure(model, opt, *, overflow=False, touch_params=False):
-    def closure(S):
-        opt.zero_grad()
-        loss = loss_of(model, 7)
-        scaledoptim.scale_outputs(loss, S).backward()
-        if overflow:
-            model[0].bias.grad[0] = float("nan")
-        if touch_params:
-            with torch.no_grad():
-                model[0].weight.add_(1.0)
-        return loss
-
-    return closure
 
 
 # ---------------------------------------------------------------------------- legal oddities
@@ -140,7 +126,7 @@ def zero_grad_forgets_an_unconsumed_unscale(case):
 
 def closure_returning_none(case):
     model, opt = _ready(case)
-    closure = _closure(model, opt)
+    closure = scaled_closure(model, opt)
     before = model[0].weight.detach().clone()
     loss, found_inf, _ = opt.unscale_and_step(
         lambda S: closure(S) and None, grads_scaled_by=opt.scale

@@ -22,7 +22,12 @@ import scaledoptim
 from scaledoptim.testing.optim_db import OptimInfo, optim_db, row, rows
 from tests.support.references import kernels_mode
 from tests.support.refusal import NOOP, Hook, Refusal, assert_refused
-from tests.support.training import loss_of, make_model, ready_with_pending_backward
+from tests.support.training import (
+    loss_of,
+    make_model,
+    ready_with_pending_backward,
+    scaled_closure,
+)
 
 # ----------------------------------------------------------------------------- bad inputs
 _saved: dict[str, Any] = {}
@@ -195,19 +200,6 @@ def _planned(form: str, bad: str, hooks: tuple[Hook, Hook], error, words, every)
 
 
 # ------------------------------------------------------------------------- the other rows
-def _closure(model, opt, *, overflow=False, touch_params=False):
-    def closure(S):
-        opt.zero_grad()
-        loss = loss_of(model, 7)
-        scaledoptim.scale_outputs(loss, S).backward()
-        if overflow:
-            model[0].bias.grad[0] = float("nan")
-        if touch_params:
-            with torch.no_grad():
-                model[0].weight.add_(1.0)
-        return loss
-
-    return closure
 
 
 def _raising_closure(model, opt):
@@ -221,7 +213,7 @@ def _raising_closure(model, opt):
 
 def _unscaling_then_raising_closure(model, opt):
     def closure(S):
-        _closure(model, opt)(S)
+        scaled_closure(model, opt)(S)
         opt.unscale(grads_scaled_by=S)
         raise KeyError("data loader died")
 
@@ -313,11 +305,11 @@ REFUSALS: list[Refusal] = [
             lambda m, o: o.unscale_and_step(_raising_closure(m, o), grads_scaled_by=o.scale),
             KeyError, ("data loader",), grads_kept=False),
     Refusal(BOTH, "closure never becomes finite",
-            lambda m, o: o.unscale_and_step(_closure(m, o, overflow=True, touch_params=True),
+            lambda m, o: o.unscale_and_step(scaled_closure(m, o, overflow=True, touch_params=True),
                                             grads_scaled_by=o.scale),
             scaledoptim.ClosureReplayError, ("restored",), grads_kept=False),
     Refusal("step_after_unscale", "closure returns only the loss",
-            lambda m, o: o.step_after_unscale(_closure(m, o), current_grad_scale=o.scale),
+            lambda m, o: o.step_after_unscale(scaled_closure(m, o), current_grad_scale=o.scale),
             TypeError, (r"\(loss, found_inf, S\)",), grads_kept=False),
     Refusal("step_after_unscale", "closure forgets to unscale",
             lambda m, o: o.step_after_unscale(lambda S: (1.0, torch.zeros(()), S),
@@ -328,7 +320,7 @@ REFUSALS: list[Refusal] = [
                                               current_grad_scale=o.scale),
             KeyError, ("data loader",), grads_kept=False),
     Refusal(BOTH, "closure step after unscale",
-            lambda m, o: o.unscale_and_step(_closure(m, o), grads_scaled_by=o.scale),
+            lambda m, o: o.unscale_and_step(scaled_closure(m, o), grads_scaled_by=o.scale),
             RuntimeError, ("Drop the unscale",), prepare=_pending_unscale, grads_kept=False),
     # ---- corrupt or mismatched checkpoints
     Refusal("load_state_dict", "no scale",
