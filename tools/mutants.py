@@ -64,6 +64,8 @@ def checkout_files(root: Path) -> list[str]:
 
 def copy_checkout(root: Path, files: list[str], into: Path) -> None:
     for name in files:
+        if not (root / name).is_file():  # deleted since it was listed
+            continue
         target = into / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / name, target)
@@ -114,15 +116,14 @@ def first_failure(output: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run_mutant(mutant: Mutant, files: list[str], env: dict[str, str], args: argparse.Namespace
-               ) -> Outcome:
+def run_mutant(mutant: Mutant, env: dict[str, str], args: argparse.Namespace) -> Outcome:
     reason = stale_reason(ROOT, mutant)
     if reason:
         return Outcome(mutant.name, "stale", detail=reason)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
         copy = Path(tmp)
-        copy_checkout(ROOT, files, copy)
+        copy_checkout(ROOT, checkout_files(ROOT), copy)  # the checkout as it is now
         apply_edits(copy, mutant)
         first = [path for path in mutant.first if (copy / path).exists()]
         phases = [("first", first, [])] if first else []
@@ -205,14 +206,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'stale' if reason else 'applies':8} {mutant.name:40} "
                   f"{reason or mutant.description}")
         return 0
-    files = checkout_files(ROOT)
     env = pytest_env(args.cache_dir)
-    check_imports_the_copy(files, env)
+    check_imports_the_copy(checkout_files(ROOT), env)
     print(f"{len(mutants)} mutants of {ROOT} (timeout {args.timeout:.0f} s each; "
           f"load average {os.getloadavg()[0]:.1f})", flush=True)
     outcomes = []
     for mutant in mutants:
-        outcome = run_mutant(mutant, files, env, args)
+        outcome = run_mutant(mutant, env, args)
         outcomes.append(outcome)
         print(line(outcome), flush=True)
     counts = {s: sum(o.status == s for o in outcomes)

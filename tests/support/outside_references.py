@@ -100,9 +100,10 @@ OUTSIDE_CONFIGS: tuple[OutsideConfig, ...] = (
     ),
     OutsideConfig(
         "lamb-wd-clip", "LAMB",
-        dict(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0, **_NO_BIAS_CORRECTION),
+        # A clip that binds for every grad of the table, after the step's clip to 0.02 too.
+        dict(lr=1e-2, weight_decay=0.1, max_grad_norm=0.01, **_NO_BIAS_CORRECTION),
         "pytorch_optimizer",
-        _lamb(lr=1e-2, weight_decay=0.1, weight_decouple=False, max_grad_norm=1.0,
+        _lamb(lr=1e-2, weight_decay=0.1, weight_decouple=False, max_grad_norm=0.01,
               pre_norm=True, eps=1e-6),
     ),
     OutsideConfig(
