@@ -317,6 +317,14 @@ CATALOG: tuple[Mutant, ...] = (
         "tests/scale", _REFUSALS, "tests/fused",
     ),
     _one(
+        "checkpoint-forgets-growth-tracker",
+        "a checkpoint saves a growth tracker of zero: a resumed run grows the scale late",
+        "scaledoptim/scale/loss_scale.py",
+        '"growth_tracker": self.growth_tracker.detach().clone(),',
+        '"growth_tracker": torch.zeros_like(self.growth_tracker),',
+        "tests/checkpoints", "tests/scale",
+    ),
+    _one(
         "load-accepts-negative-step",
         "an optimizer state_dict with a negative step count loads",
         "scaledoptim/fused/loading.py",

@@ -2,7 +2,7 @@
 cross between scaledoptim and torch.optim both ways.
 
 * Round trip: every generic config of every fused row, once, through ``torch.save`` /
-  ``torch.load``, mid growth interval and mid hysteresis, on param dtypes (fp32, bf16, bf16 with
+  ``torch.load``, mid hysteresis and mid growth interval, on param dtypes (fp32, bf16, bf16 with
   master weights, bf16 with stochastic rounding) and backends (our kernels in the emulator, the
   torch forms) that alternate over the rows, every one of them met by every optimizer.
 * torch.optim -> scaledoptim: a plain ``torch.optim`` state_dict loads with the configured
@@ -68,7 +68,8 @@ def _train(model: torch.nn.Module, opt: Any, steps: range) -> None:
 def test_a_checkpoint_resumes_bit_for_bit(
     info: OptimInfo, config: Config, dtype: str, backend: str
 ) -> None:
-    """Saved mid growth interval and mid hysteresis, through torch.save/torch.load."""
+    """Saved mid hysteresis (an overflow tolerated) and, later, mid growth interval (a clean
+    step counted), through torch.save/torch.load; each resumes bit for bit."""
     param_dtype, options = DTYPES[dtype]
 
     def fresh() -> tuple[torch.nn.Module, Any]:
@@ -76,22 +77,30 @@ def test_a_checkpoint_resumes_bit_for_bit(
         opt = info.make(model.parameters(), config, **options)
         return model, opt.configure_scaling(init_scale=2.0**8, growth_interval=3, hysteresis=2)
 
+    def saved(model: torch.nn.Module, opt: Any) -> io.BytesIO:
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+        buffer.seek(0)
+        return buffer
+
     with kernels_mode(backend):
         model, opt = fresh()
         _train(model, opt, range(6))
-        buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
-        _train(model, opt, range(6, 12))
-
-        buffer.seek(0)
-        checkpoint = torch.load(buffer)
-        resumed_model, resumed_opt = fresh()
-        resumed_model.load_state_dict(checkpoint["model"])
-        resumed_opt.load_state_dict(checkpoint["opt"])
-        hysteresis = resumed_opt.state_dict()["loss_scale"]["hysteresis_tracker"]
-        assert hysteresis.item() == 1, "saved mid hysteresis"
-        _train(resumed_model, resumed_opt, range(6, 12))
-    assert_bit_identical(snapshot(opt), snapshot(resumed_opt))
+        mid_hysteresis = saved(model, opt)
+        _train(model, opt, range(6, 8))
+        mid_growth = saved(model, opt)
+        _train(model, opt, range(8, 12))
+        for buffer, start, (key, value) in (
+            (mid_hysteresis, 6, ("hysteresis_tracker", 1)),
+            (mid_growth, 8, ("growth_tracker", 1)),
+        ):
+            checkpoint = torch.load(buffer)
+            resumed_model, resumed_opt = fresh()
+            resumed_model.load_state_dict(checkpoint["model"])
+            resumed_opt.load_state_dict(checkpoint["opt"])
+            assert resumed_opt.state_dict()["loss_scale"][key].item() == value, key
+            _train(resumed_model, resumed_opt, range(start, 12))
+            assert_bit_identical(snapshot(opt), snapshot(resumed_opt))
 
 
 def _torch_configs() -> list[Any]:
