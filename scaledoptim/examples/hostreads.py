@@ -21,6 +21,10 @@ import torch
 # Every way Python code reads a tensor's value into a host number or host memory.
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
+#: The modules whose host reads are made only on a CPU, where they wait for nothing: the host
+#: skip and the unscale's scale read, both gated by ``scaledoptim.torch_ops.HOST_READS``.
+CPU_ONLY_READERS = frozenset({"scaledoptim.torch_ops.skip"})
+
 
 class HostReads:
     """Counts host reads of tensor values made inside :meth:`counting`.
@@ -29,10 +33,14 @@ class HostReads:
     Reads of the tensors whose ids are in ``ignore`` are not counted: torch keeps non-fused
     optimizers' ``step`` counters on the host even when training on a GPU, so reading them never
     waits for the device (on a CPU-only machine they would otherwise look like any other read).
+    Nor are the reads of CPU tensors made by the modules in :data:`CPU_ONLY_READERS`: scaledoptim
+    reads a value there only where its ``HOST_READS`` says a read is free, on a CPU, and never
+    on a GPU (Note [host skip] in scaledoptim/torch_ops/skip.py); ``cpu_only`` counts them.
     """
 
     def __init__(self) -> None:
         self.count = 0
+        self.cpu_only = 0
         self.by_module: collections.Counter[str] = collections.Counter()
         self._depth = 0  # a read made by another read (tolist -> item) counts once
 
@@ -53,8 +61,12 @@ class HostReads:
     def _counted(self, read, ignore: frozenset[int]):
         def counted(tensor: torch.Tensor, *args, **kwargs):
             if self._depth == 0 and id(tensor) not in ignore:
-                self.count += 1
-                self.by_module[sys._getframe(1).f_globals.get("__name__", "?")] += 1
+                module = sys._getframe(1).f_globals.get("__name__", "?")
+                if module in CPU_ONLY_READERS and tensor.device.type == "cpu":
+                    self.cpu_only += 1
+                else:
+                    self.count += 1
+                    self.by_module[module] += 1
             self._depth += 1
             try:
                 return read(tensor, *args, **kwargs)

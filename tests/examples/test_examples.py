@@ -74,6 +74,21 @@ def test_host_reads_counts_each_read_once_and_restores_torch() -> None:
     assert reads.count == 5 and "item" not in torch.Tensor.__dict__
 
 
+def test_host_reads_made_only_on_a_cpu_are_counted_apart() -> None:
+    """The host skip's and the unscale's reads (gated by HOST_READS: made on a CPU only) are
+    counted apart; any other module's read of a CPU tensor counts."""
+    import torch
+
+    from scaledoptim.torch_ops import skip_on_host, unscale_dense_
+
+    reads, grads = HostReads(), [torch.ones(3)]
+    with reads.counting(), torch.no_grad():
+        unscale_dense_(grads, torch.zeros(()), torch.full((), 0.5), host_reads=True)
+        skip_on_host(torch.zeros(()), host_reads=True)
+        torch.zeros(()).item()
+    assert (reads.cpu_only, reads.count) == (2, 1)
+
+
 def test_table_reports_every_variant_reads_and_timing_verdicts(compared) -> None:
     table = format_table(list(compared.values()))
     for variant in compared:
