@@ -37,11 +37,10 @@ class Cases:
         try:
             yield
         except (Exception, pytest.fail.Exception) as error:
-            # The line of the case's block that failed (the first frame past this module).
-            where = next(
-                (f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__),
-                None,
-            )
+            # The innermost line of the test's own file (its block, or a helper it calls).
+            tb = traceback.extract_tb(error.__traceback__)
+            frames = [f for f in tb if f.filename != __file__]
+            where = next((f for f in reversed(frames) if f.filename == frames[0].filename), None)
             message = "".join(traceback.format_exception_only(type(error), error)).strip()
             line = f" (line {where.lineno})" if where else ""
             self.failures.append(f"[{name}]{line} {message}")
