@@ -10,15 +10,12 @@ import torch
 
 import scaledoptim
 from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.cases import Cases
 from tests.support.references import reference_optimizer
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
-CONFIGS = [
-    pytest.param(info, config, id=f"{info.name}-{config.name}")
-    for info in rows(fused=True)
-    for config in info.generic_configs
-]
+ROWS = [pytest.param(info, id=info.name) for info in rows(fused=True)]
 
 
 def _step_pair(info: OptimInfo, config: Config, param_data: torch.Tensor, grad: torch.Tensor):
@@ -30,19 +27,29 @@ def _step_pair(info: OptimInfo, config: Config, param_data: torch.Tensor, grad: 
     return ours, ref
 
 
-@pytest.mark.parametrize(("info", "config"), CONFIGS)
-def test_transposed_grad_is_applied_element_for_element(info, config) -> None:
-    ours, ref = _step_pair(info, config, torch.randn(5, 7), torch.randn(7, 5).t())
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("info", ROWS)
+def test_transposed_grad_is_applied_element_for_element(info) -> None:
+    """Each generic config of the row (one item per row and backend, each failing one named)."""
+    cases = Cases()
+    for config in info.generic_configs:
+        with cases.case(config.name):
+            ours, ref = _step_pair(info, config, torch.randn(5, 7), torch.randn(7, 5).t())
+            torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    cases.assert_all_passed()
 
 
-@pytest.mark.parametrize(("info", "config"), CONFIGS)
-def test_channels_last_params_step_like_contiguous_ones(info, config) -> None:
-    data = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
-    grad = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
-    ours, ref = _step_pair(info, config, data, grad)
-    assert ours.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("info", ROWS)
+def test_channels_last_params_step_like_contiguous_ones(info) -> None:
+    """Each generic config of the row (one item per row and backend, each failing one named)."""
+    cases = Cases()
+    for config in info.generic_configs:
+        with cases.case(config.name):
+            data = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+            grad = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+            ours, ref = _step_pair(info, config, data, grad)
+            assert ours.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    cases.assert_all_passed()
 
 
 def test_a_strided_view_param_is_refused_before_anything_changes() -> None:

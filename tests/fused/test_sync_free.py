@@ -8,16 +8,13 @@ import torch
 
 import scaledoptim
 from scaledoptim.doctor.sync_free import HostRead, no_host_reads
-from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from scaledoptim.testing.optim_db import OptimInfo, rows
+from tests.support.cases import Cases
 from tests.support.training import loss_of, make_model
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
-CONFIGS = [
-    pytest.param(info, config, id=f"{info.name}-{config.name}")
-    for info in rows(fused=True)
-    for config in info.generic_configs
-]
+ROWS = [pytest.param(info, id=info.name) for info in rows(fused=True)]
 
 
 def test_the_patch_catches_host_reads() -> None:
@@ -42,26 +39,35 @@ def _steps_without_host_reads(
     return found_inf
 
 
-@pytest.mark.parametrize(("info", "config"), CONFIGS)
-@pytest.mark.parametrize("overflow", [False, True])
-def test_unscale_and_step_performs_no_host_read(
-    info: OptimInfo, config: Config, overflow: bool
-) -> None:
-    model = make_model()
-    found_inf = _steps_without_host_reads(info.make(model.parameters(), config), model, overflow)
-    assert found_inf.item() == float(overflow)
+@pytest.mark.parametrize("info", ROWS)
+def test_unscale_and_step_performs_no_host_read(info: OptimInfo) -> None:
+    """Each generic config x a clean and an overflowing step (one item per row and backend, each
+    failing case named)."""
+    cases = Cases()
+    for config in info.generic_configs:
+        for overflow in (False, True):
+            with cases.case(f"{config.name}, overflow={overflow}"):
+                model = make_model()
+                opt = info.make(model.parameters(), config)
+                found_inf = _steps_without_host_reads(opt, model, overflow)
+                assert found_inf.item() == float(overflow)
+    cases.assert_all_passed()
 
 
-@pytest.mark.parametrize("info", [pytest.param(i, id=i.name) for i in rows(fused=True)])
-@pytest.mark.parametrize("overflow", [False, True])
-def test_clipping_in_the_step_performs_no_host_read(info: OptimInfo, overflow: bool) -> None:
-    """``max_grad_norm``: the norm, its agreement and the clip factor stay on device."""
-    model = make_model()
-    opt = info.make(model.parameters())
-    found_inf = _steps_without_host_reads(opt, model, overflow, max_grad_norm=0.01)
-    assert found_inf.item() == float(overflow)
-    norm = opt.grad_norm  # (read after the patch: computed on device during the step)
-    assert norm is not None and norm.isfinite().item() != overflow
+@pytest.mark.parametrize("info", ROWS)
+def test_clipping_in_the_step_performs_no_host_read(info: OptimInfo) -> None:
+    """``max_grad_norm``: the norm, its agreement and the clip factor stay on device (a clean
+    and an overflowing step, each failing one named)."""
+    cases = Cases()
+    for overflow in (False, True):
+        with cases.case(f"overflow={overflow}"):
+            model = make_model()
+            opt = info.make(model.parameters())
+            found_inf = _steps_without_host_reads(opt, model, overflow, max_grad_norm=0.01)
+            assert found_inf.item() == float(overflow)
+            norm = opt.grad_norm  # (read after the patch: computed on device during the step)
+            assert norm is not None and norm.isfinite().item() != overflow
+    cases.assert_all_passed()
 
 
 def test_python_float_scale_is_sync_free_too() -> None:

@@ -8,15 +8,11 @@ import pytest
 import torch
 
 from scaledoptim.testing.optim_db import Config, OptimInfo, rows
+from tests.support.cases import Cases
 from tests.support.launches import RowUpdate, row_update
 from tests.support.tensors import DTYPES, assert_bytes_unchanged, boundary_params_and_grads, clones
 
 SKIP_FLAGS = (1.0, 2.0, -1.0, float("nan"), float("inf"))
-CONFIGS = [
-    pytest.param(info, config, id=f"{info.name}-{config.name}")
-    for info in rows(fused=True)
-    for config in info.configs
-]
 
 
 def mid_training(info: OptimInfo, config: Config, dtype: torch.dtype) -> RowUpdate:
@@ -32,16 +28,21 @@ def mid_training(info: OptimInfo, config: Config, dtype: torch.dtype) -> RowUpda
     return update
 
 
-@pytest.mark.parametrize(("info", "config"), CONFIGS)
-def test_nonzero_found_inf_leaves_every_byte_alone(info, config):
-    # The param/grad dtype cycles with the config, so each kernel meets every flag in every
-    # dtype (an emulated launch costs a millisecond even when skipped).
-    dtype = DTYPES[info.configs.index(config) % len(DTYPES)]
-    update = mid_training(info, config, dtype)
-    before = clones(update.tensors)
-    for flag in SKIP_FLAGS:  # each launch is skipped, so every flag sees the same tensors
-        update.launch(torch.tensor(flag), torch.tensor(0.5))
-        assert_bytes_unchanged(before, update.tensors)
+@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def test_nonzero_found_inf_leaves_every_byte_alone(info):
+    """Each config of the row (one item per row, each failing config named with its dtype)."""
+    cases = Cases()
+    for index, config in enumerate(info.configs):
+        # The param/grad dtype cycles with the config, so each kernel meets every flag in every
+        # dtype (an emulated launch costs a millisecond even when skipped).
+        dtype = DTYPES[index % len(DTYPES)]
+        with cases.case(f"{config.name}, {dtype}"):
+            update = mid_training(info, config, dtype)
+            before = clones(update.tensors)
+            for flag in SKIP_FLAGS:  # each launch is skipped, so every flag sees the same tensors
+                update.launch(torch.tensor(flag), torch.tensor(0.5))
+                assert_bytes_unchanged(before, update.tensors)
+    cases.assert_all_passed()
 
 
 @pytest.mark.parametrize("info", rows(fused=True), ids=str)

@@ -23,6 +23,7 @@ from scaledoptim.optim.lion import LION_KERNEL
 from scaledoptim.optim.rmsprop import RMSPROP_KERNEL
 from scaledoptim.optim.sgd import SGD_KERNEL
 from scaledoptim.testing.optim_db import rows
+from tests.support.cases import Cases
 from tests.support.launches import row_update
 from tests.support.tensors import CHUNK, DTYPES, assert_bytes_unchanged
 
@@ -80,9 +81,17 @@ OFFSETS = range(8)  # fp32: 16-byte aligned at 0 and 4; 16-bit: at 0 only
     "info", [i for i in rows(fused=True) if set(i.launched_kernels) <= set(UPDATE_EACH_KERNELS)],
     ids=str,
 )
-@pytest.mark.parametrize("grad_dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
-def test_misaligned_tensors_and_tails_update_as_aligned_ones(info, param_dtype, grad_dtype) -> None:
+def test_misaligned_tensors_and_tails_update_as_aligned_ones(info) -> None:
+    """Each param dtype x grad dtype (one item per row, each failing pair named)."""
+    cases = Cases()
+    for param_dtype in DTYPES:
+        for grad_dtype in DTYPES:
+            with cases.case(f"params {param_dtype}, grads {grad_dtype}"):
+                _check_misaligned_against_aligned(info, param_dtype, grad_dtype)
+    cases.assert_all_passed()
+
+
+def _check_misaligned_against_aligned(info, param_dtype, grad_dtype) -> None:
     generator = torch.Generator().manual_seed(3)
     params = [torch.randn(n, generator=generator).to(param_dtype) for n in SIZES]
     grads = [torch.randn(n, generator=generator).to(grad_dtype) for n in SIZES]

@@ -12,34 +12,47 @@ import torch
 
 import scaledoptim
 from scaledoptim.fused.lowbit import LowBitStates
+from tests.support.cases import Cases
 
 LOWBIT_CLASSES = [
     scaledoptim.Adam, scaledoptim.AdamW, scaledoptim.Lion, scaledoptim.SGD, scaledoptim.RMSprop
 ]
 
 
-@pytest.mark.parametrize("cls", [*LOWBIT_CLASSES, scaledoptim.Adagrad], ids=lambda c: c.__name__)
-@pytest.mark.parametrize("state_bits", [7, 0, 33, "8", 8.5, 16, True, None, -8])
-def test_other_state_bits_are_refused_naming_the_option(cls: type, state_bits: object) -> None:
-    param = torch.nn.Parameter(torch.ones(3))
-    with pytest.raises((ValueError, TypeError), match="state_bits"):
-        cls([param], lr=1e-3, state_bits=state_bits, block_size=256)
-    assert torch.equal(param, torch.ones(3)) and param.grad is None
+#: Every class that takes ``state_bits`` (Adagrad refuses 8 but takes the option).
+STATE_BITS_CLASSES = [*LOWBIT_CLASSES, scaledoptim.Adagrad]
 
 
-@pytest.mark.parametrize("cls", [*LOWBIT_CLASSES, scaledoptim.Adagrad], ids=lambda c: c.__name__)
-@pytest.mark.parametrize("state_bits", [8, 32])
-@pytest.mark.parametrize(
-    ("block_size", "error"),
-    [(0, ValueError), (-256, ValueError), (2.5, ValueError), (256.0, ValueError),
-     ("256", TypeError), (None, TypeError), (True, TypeError), (2**40, ValueError)],
-)
-def test_block_size_must_be_a_positive_int(
-    cls: type, state_bits: int, block_size: object, error: type
-) -> None:
-    with pytest.raises(error, match="block_size"):
-        cls([torch.nn.Parameter(torch.ones(3))], lr=1e-3, state_bits=state_bits,
-            block_size=block_size)
+def test_other_state_bits_are_refused_naming_the_option() -> None:
+    """Each class x each bad ``state_bits`` (cheap and alike: one item, each failing case named)."""
+    cases = Cases()
+    for cls in STATE_BITS_CLASSES:
+        for state_bits in (7, 0, 33, "8", 8.5, 16, True, None, -8):
+            with cases.case(f"{cls.__name__}, state_bits={state_bits!r}"):
+                param = torch.nn.Parameter(torch.ones(3))
+                with pytest.raises((ValueError, TypeError), match="state_bits"):
+                    cls([param], lr=1e-3, state_bits=state_bits, block_size=256)
+                assert torch.equal(param, torch.ones(3)) and param.grad is None
+    cases.assert_all_passed()
+
+
+BAD_BLOCK_SIZES = [(0, ValueError), (-256, ValueError), (2.5, ValueError), (256.0, ValueError),
+                   ("256", TypeError), (None, TypeError), (True, TypeError), (2**40, ValueError)]
+
+
+def test_block_size_must_be_a_positive_int() -> None:
+    """Each class x ``state_bits`` 8 and 32 x each bad ``block_size`` (one item, each failing
+    case named)."""
+    cases = Cases()
+    for cls in STATE_BITS_CLASSES:
+        for state_bits in (8, 32):
+            for block_size, error in BAD_BLOCK_SIZES:
+                with cases.case(f"{cls.__name__}, state_bits={state_bits}, "
+                                f"block_size={block_size!r}"):
+                    with pytest.raises(error, match="block_size"):
+                        cls([torch.nn.Parameter(torch.ones(3))], lr=1e-3, state_bits=state_bits,
+                            block_size=block_size)
+    cases.assert_all_passed()
 
 
 #: Per class, options that turn every state it keeps in 8 bits on, and those states.

@@ -11,6 +11,8 @@
   launches it, built from the class's :class:`~scaledoptim.fused.update.Update` hooks; the
   names of the kernels a block launched (``recorded_launches``).
 * :mod:`tests.support.gpu`: the marks of the tests that need a CUDA device and CuPy.
+* :mod:`tests.support.cases`: many cheap, alike cases in one test that fails naming each failing
+  case.
 
 Every optimizer these helpers see comes from a row of :mod:`scaledoptim.testing.optim_db`.
 """
