@@ -6,6 +6,7 @@ them, and each param's state as :func:`~scaledoptim.fused.state.stage_state` wil
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -51,11 +52,14 @@ def plan_loaded_groups(
                 f"{type(optimizer).__name__} group holds; {_FIX}"
             )
         loaded = {**defaults, **legacy, **saved, "params": group["params"]}
+        optional = _optional_flags(type(optimizer))
         for name, default in defaults.items():
-            if isinstance(default, bool) and not isinstance(loaded[name], bool):
+            flag = isinstance(default, bool) or name in optional
+            if flag and not (isinstance(loaded[name], bool) or _takes_none(name, optional, loaded)):
+                allowed = "True, False or None" if name in optional else "True or False"
                 raise TypeError(
-                    f"Corrupt optimizer state_dict: {where}[{name!r}] must be a bool (True or "
-                    f"False), got {loaded[name]!r}; {_FIX}"
+                    f"Corrupt optimizer state_dict: {where}[{name!r}] must be a bool "
+                    f"({allowed}), got {loaded[name]!r}; {_FIX}"
                 )
             if _is_number(default) and not _is_finite_number(loaded[name]):
                 raise ValueError(
@@ -139,6 +143,19 @@ def plan_loaded_state(
         planned[param] = loaded
     _check_values(checks)
     return planned
+
+
+def _optional_flags(cls: type[Any]) -> frozenset[str]:
+    """The options ``cls``'s constructor takes as ``None`` (torch's ``foreach`` and ``fused``:
+    "let the implementation choose"). A group holds ``None`` for them when it was built without
+    them, or loaded from a checkpoint of a release that lacked them (torch's ``__setstate__``
+    fills in ``None``), whatever the loading optimizer was built with."""
+    parameters = inspect.signature(cls).parameters.values()
+    return frozenset(p.name for p in parameters if p.default is None)
+
+
+def _takes_none(name: str, optional: frozenset[str], loaded: Mapping[str, Any]) -> bool:
+    return name in optional and loaded[name] is None
 
 
 def _named(where: str, check: Callable[[Any], Any], value: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -101,6 +101,9 @@ class Adagrad(FusedOptimizer):
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adagrad
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "foreach": None, "maximize": False, "differentiable": False, "fused": None,
+    }
 
     def __init__(
         self,
