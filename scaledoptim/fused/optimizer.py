@@ -47,8 +47,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
       kernel* (``docs/kernels.md``), builds one.
     * ``state_keys(group)``: the names of the per-param state tensors, in the order of the
       kernel's state lists (``None`` for a list the group's options turn off). They are created
-      as float32 zeros shaped like the param; ``state["step"]`` (a 0-dim float32 tensor
-      counting taken steps) is added and advanced for every optimizer.
+      as float32 zeros shaped like the param (or filled with a constructor option named in
+      ``initial_state_options``); ``state["step"]`` (a 0-dim float32 tensor counting taken
+      steps) is added and advanced for every optimizer.
     * ``check_options(options)``: validates hyper-parameters (a dict of them); called by the
       constructor and on every param group before every step.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
@@ -94,6 +95,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
+    #: State created filled with a constructor option rather than zeros: state key -> the
+    #: option in ``defaults`` (Adagrad's ``sum`` starts at ``initial_accumulator_value``).
+    initial_state_options: ClassVar[dict[str, str]] = {}
     #: Whether each element's update reads only that element of the param, grad and state
     #: (and scalars): then a DTensor param's torch form, or our kernels, run on its local shard
     #: (no). LAMB's per-tensor norms read the whole tensor: its torch form sums them over the mesh.
@@ -228,6 +232,15 @@ class FusedOptimizer(Optimizer, abc.ABC):
     def _overlapped_check(self, device: torch.device) -> GradCheck | None:
         backend = select(device)
         return backend.check_ if backend.folds_unscale else None
+
+    def initial_state_fill(self) -> dict[str, float]:
+        """The value each state of :attr:`initial_state_options` starts at (a one-element CPU
+        tensor option read on the host), for every param: torch.optim reads the constructor's
+        (``self.defaults``), never a group's."""
+        return {
+            key: hyperparameter(option, self.defaults[option])
+            for key, option in self.initial_state_options.items()
+        }
 
     def _takes_rounding_lists(self) -> bool:
         return self.kernel.lists[-3:-1] == ROUNDING_LISTS

@@ -57,6 +57,8 @@ class Planned(Update, Protocol):
 
     def _params_device(self) -> torch.device: ...
 
+    def initial_state_fill(self) -> dict[str, float]: ...
+
 
 # ----------------------------------------------------------------------------------- the plan
 @dataclasses.dataclass
@@ -219,12 +221,13 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         ]
         plan.grads_copied |= any(g is not p.grad for g, p in zip(grads, params))
         keys = optimizer.state_keys(group)
+        fill = optimizer.initial_state_fill()
         state_lists: TensorLists = [[] for key in keys if key is not None]
         steps = []
         for i, param in enumerate(params):
             counter_device = step_device(group, param) if i in routed else None
             tensors, step, replacement = stage_state(
-                param, optimizer.state.get(param, {}), keys, counter_device
+                param, optimizer.state.get(param, {}), keys, counter_device, fill
             )
             for state_list, tensor in zip(state_lists, tensors):
                 state_list.append(tensor)

@@ -3,7 +3,7 @@ step commits, so a corrupt or foreign state fails cleanly instead of inside a ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,9 +46,11 @@ def stage_state(
     state: dict[str, Any],
     keys: Sequence[str | None],
     step_device: torch.device | None = None,
+    fill: Mapping[str, float] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor, dict[str, Any] | None]:
     """The param's state tensors for ``keys`` (``None`` keys are skipped) and its step counter,
-    a 0-dim float32 tensor on ``step_device`` (default: the param's device).
+    a 0-dim float32 tensor on ``step_device`` (default: the param's device). A state created
+    afresh holds zeros, or ``fill[key]`` (both parts of a complex param's, as torch fills them).
 
     Returns ``(tensors, step, replacement)``: ``replacement`` is the whole state dict to install
     when anything had to be created (a first step) or converted (an int or CPU step from an old
@@ -74,8 +76,12 @@ def stage_state(
                     "class with the same options, or clear that param's state "
                     "(opt.state[p].clear()) to restart it"
                 )
-            value = torch.zeros_like(
-                param, dtype=state_dtype(param), memory_format=torch.preserve_format
+            start = (fill or {}).get(key, 0.0)
+            value = torch.full_like(
+                param,
+                complex(start, start) if param.is_complex() else start,
+                dtype=state_dtype(param),
+                memory_format=torch.preserve_format,
             )
         else:
             _check_state_tensor(param, key, value)
