@@ -12,7 +12,7 @@ import torch
 from .. import compile_boundary
 from ..torch_ops import unscale_in_place_
 from . import replay
-from .plans import StepOutcome, StepRequest
+from .plans import GenericStepPlan, StepOutcome, StepRequest
 from .unscaling import UnscalePlanner
 from .validation import check_no_fp16_grads
 
@@ -71,8 +71,8 @@ class SplitForm(UnscalePlanner):
         self._check_can_unscale()
         self._check_told_unscaled(grads_scaled_by)
         step = self._plan_step()  # the step it prepares must be possible too
-        if grads_scaled_by is not None:
-            check_no_fp16_grads(step.grads, "unscale()")
+        if grads_scaled_by is not None and not isinstance(step, GenericStepPlan):
+            check_no_fp16_grads(step.grads, "unscale()")  # a generic step's: in _plan_unscale
         plan = self._plan_unscale(grads_scaled_by, step)
         if plan.inv_scale is not None:
             unscale_in_place_(step.grads, plan.found_inf, plan.inv_scale)

@@ -13,9 +13,9 @@ from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor,
 from ..torch_ops import unscale_in_place_
 from .outputs import check_grads_scaled_by
 from .plain_step import PlainStepGuard
-from .plans import StepPlan, UnscalePlan
+from .plans import GenericStepPlan, StepPlan, UnscalePlan
 from .torch_scaler_interop import asked_by_torch_scaler
-from .validation import check_no_fp16_grads
+from .validation import check_no_fp16_grads, check_no_fp16_grads_in_place
 
 #: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
 #: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
@@ -49,6 +49,8 @@ class UnscalePlanner(PlainStepGuard):
         device = loss_scale.scale.device
         if grads_scaled_by is None:
             return UnscalePlan(None, None, torch.zeros((), dtype=torch.float32, device=device))
+        if isinstance(step, GenericStepPlan):  # it unscales in place, in the grads' dtype
+            check_no_fp16_grads_in_place(step.grads, type(self).__name__)
         if not own:
             assert isinstance(grads_scaled_by, torch.Tensor)
             scale = grads_scaled_by.to(device, torch.float32, non_blocking=True)
@@ -189,7 +191,8 @@ class UnscalePlanner(PlainStepGuard):
         step = self._plan_step()
         if not step.grads:
             return None
-        check_no_fp16_grads(step.grads, "GradScaler.unscale_()")
+        if not isinstance(step, GenericStepPlan):  # a generic step's: in _plan_unscale
+            check_no_fp16_grads(step.grads, "GradScaler.unscale_()")
         plan = self._plan_unscale(scaled_by, step, own=False)
         assert plan.inv_scale is not None  # a scale was given
         self._adopt_scale(loss_scale, driver)

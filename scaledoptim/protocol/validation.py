@@ -7,7 +7,7 @@ from operator import attrgetter
 
 import torch
 
-__all__ = ["check_no_fp16_grads", "check_param_grads"]
+__all__ = ["check_no_fp16_grads", "check_no_fp16_grads_in_place", "check_param_grads"]
 
 _DTYPE = attrgetter("dtype")
 
@@ -51,4 +51,22 @@ def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
             "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update, "
             "and to clip, opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=c), which clips "
             "in fp32 there too; or keep fp32 params under autocast so that grads are fp32."
+        )
+
+
+def check_no_fp16_grads_in_place(grads: list[torch.Tensor], optimizer: str) -> None:
+    """Refuses scaled fp16 grads for an optimizer whose own ``step()`` reads them (a
+    :func:`~scaledoptim.with_scaling` class, a patched instance, a generic subclass): they would
+    be unscaled in place in fp16, as torch.amp.GradScaler refuses to ("Attempting to unscale
+    FP16 gradients"). Unscaled in fp16, a small true grad flushes to zero (below 6e-8) and
+    nothing can detect it; the fused classes unscale them in fp32 inside their update."""
+    if torch.float16 in map(_DTYPE, grads):
+        raise ValueError(
+            f"{optimizer}'s step() reads the grads as they are, so scaled fp16 grads would be "
+            "unscaled in place in fp16 (torch.amp.GradScaler refuses them too: \"Attempting to "
+            "unscale FP16 gradients\"): a small true grad would flush to zero unnoticed. Use a "
+            "fused scaledoptim optimizer (scaledoptim.Adam, AdamW, SGD, Adagrad, RMSprop, Lion, "
+            "LAMB), which unscales fp16 grads in fp32 inside its update, with "
+            "master_weights=True to keep fp32 master weights of fp16 params; or keep fp32 params "
+            "under autocast, so that grads are fp32."
         )
