@@ -79,8 +79,8 @@ class GradScaler(torch.amp.GradScaler):
     clean iterations counted so far) is torch's state, and checkpoints holding it (the
     scaler's and its optimizers') load. :meth:`update` is torch's: it grows the scale only when
     ``tracker + 1 == interval``, so such a tracker counts on without growing the scale until an
-    overflow resets it, exactly as torch.amp.GradScaler (torch 2.13); an optimizer that loads
-    the state and steps with its own protocol grows it at the next clean step.
+    overflow resets it, exactly as torch.amp.GradScaler (torch 2.13); so does an optimizer that
+    loads the state and steps with its own protocol.
 
     Args:
         device: the device type of the scale (``"cuda"``, ``"cpu"``, ...). As torch's, a
@@ -322,7 +322,9 @@ class GradScaler(torch.amp.GradScaler):
                 "instance of GradScaler."
             )
         device = self._loss_scale.device if self._loss_scale is not None else torch.device("cpu")
-        loaded = loss_scale_from_gradscaler_state(state_dict, self._scaling_config(), device)
+        loaded = loss_scale_from_gradscaler_state(
+            state_dict, self._scaling_config(), device, "GradScaler.load_state_dict()"
+        )
         # Validated: now change.
         self._config = loaded.config
         self._init_scale = float(state_dict["scale"])
