@@ -17,7 +17,7 @@ from torch import Tensor
 from .rounding import MASTER_KEY, SEED_KEY, check_rounding_options, check_rounding_params
 from .state import cast_loaded_state
 
-__all__ = ["plan_loaded_groups", "plan_loaded_state"]
+__all__ = ["check_torch_flags", "plan_loaded_groups", "plan_loaded_state"]
 
 #: Options torch.optim's ``__setstate__`` fills in for checkpoints of releases that lacked them,
 #: and scaledoptim's own (a torch.optim checkpoint has none): a loaded group may lack them.
@@ -73,10 +73,21 @@ def plan_loaded_groups(
                 f"{betas!r}; {_FIX}"
             )
         _named(where, optimizer.check_options, loaded)
+        _named(where, check_torch_flags, loaded)
         _named(where, lambda g: check_rounding_options(g, rounds), loaded)
         _named(where, check_rounding_params, loaded)
         planned.append(loaded)
     return planned
+
+
+def check_torch_flags(options: dict[str, Any]) -> None:
+    """torch.optim's refusals of ``fused`` with ``differentiable`` or ``foreach`` (its
+    constructor's messages; its step raises too, after the groups before stepped)."""
+    if options.get("fused"):
+        if options.get("differentiable"):
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if options.get("foreach"):
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
 def plan_loaded_state(
@@ -87,7 +98,7 @@ def plan_loaded_state(
 ) -> dict[Tensor, dict[str, Any]]:
     """Each param's loaded state as copies on the param's device (floating state in
     :func:`~scaledoptim.fused.state.state_dtype`), with every entry the step reads validated:
-    the moments of its group's options (all or none: none starts the param afresh), ``step``,
+    the moments of its group's options (all, or an empty state: the param starts afresh), ``step``,
     the fp32 master and the rounding seed. One host read per device checks that every loaded
     tensor is finite, and sums of squares are not negative.
 
@@ -101,17 +112,15 @@ def plan_loaded_state(
     for key, saved in state.items():
         param = by_id[key]
         group = group_of[id(param)]
-        fresh = not any(name != "step" for name in saved)
+        # Afresh: an empty state (torch.optim initialises it at the step), or only a step
+        # where torch.optim makes missing moments itself (FusedOptimizer._state_may_lack_step).
+        lone_step = optimizer._state_may_lack_step and set(saved) == {"step"}
+        fresh = not saved or lone_step
         loaded: dict[str, Any] = {}
         for name, value in saved.items():
             where = f"state[{key!r}][{name!r}]"
             if name == "step":
                 _check_step(where, value)
-            if isinstance(value, Tensor) and value.is_meta and not param.is_meta:
-                raise ValueError(
-                    f"Corrupt optimizer state_dict: {where} is a meta tensor, which holds no "
-                    f"values; {_FIX} (torch.load it with map_location='cpu')"
-                )
             loaded[name] = _named(where, functools.partial(cast_loaded_state, param, name), value)
         for name in optimizer.state_keys(group):
             if name is None or (fresh and name not in saved):

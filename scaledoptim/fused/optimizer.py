@@ -22,7 +22,7 @@ from ..protocol.backward_check import GradCheck
 from ..protocol.plans import PendingStep
 from .backends import select
 from .cache import StepCache
-from .loading import plan_loaded_groups, plan_loaded_state
+from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
 from .plan import FusedStepPlan, MasterWatch, build_plan
 from .rounding import check_rounding_options, check_rounding_params
 from .update import GradReduction, Group, TensorLists
@@ -130,11 +130,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         for group in self.param_groups:
             check_rounding_options(group, self._takes_rounding_lists())
             check_rounding_params(group)
-        if defaults.get("fused"):  # torch.optim's checks, made after its groups are built
-            if defaults.get("differentiable"):
-                raise RuntimeError("`fused` does not support `differentiable`")
-            if defaults.get("foreach"):
-                raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        check_torch_flags(defaults)  # torch.optim's checks, made after its groups are built
 
     # ------------------------------------------------------------- the Update a subclass defines
     @abc.abstractmethod
@@ -219,6 +215,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         self._check_param_groups()
         for group in self.param_groups:
             self.check_options(group)
+            check_torch_flags(group)  # a group edited or loaded since: before any group steps
         # This step's plan from the cache when nothing it depends on changed, else in full (and
         # the cache for the next step from it).
         if self._step_cache is not None:
@@ -267,8 +264,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
     #: ``self.defaults``.
     _legacy_options: ClassVar[dict[str, Any]] = {}
-    #: Whether torch.optim's state of this update has no ``step`` (SGD's): a loaded state
-    #: without one counts one step taken; otherwise it is refused, as torch's step would fail.
+    #: Whether torch.optim reads this update's state entry by entry (SGD's: no ``step``, a
+    #: momentum buffer made when missing): a loaded state without ``step`` counts one step
+    #: taken, and one of only a ``step`` starts its moments afresh; otherwise both are refused,
+    #: as torch's step would fail on them (an empty state starts afresh in every class).
     _state_may_lack_step: ClassVar[bool] = False
 
     def __setstate__(self, state: dict[str, Any]) -> None:

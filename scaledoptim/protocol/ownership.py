@@ -18,7 +18,7 @@ from ..scale import (
 )
 from .backward_check import BackwardCheck
 from .clipping import check_grads_across_ranks
-from .loads import check_layout
+from .loads import check_layout, nothing_loaded_on_failure
 from .plans import StepOutcome, StepRequest
 from .scale_carrying import (
     GROUP_SCALE_KEY,
@@ -276,7 +276,8 @@ class ScaleOwner(torch.optim.Optimizer):
         hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
         hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
         try:
-            super().load_state_dict(torch_state_dict)
+            with nothing_loaded_on_failure(self):
+                super().load_state_dict(torch_state_dict)
         finally:
             hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
             hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks

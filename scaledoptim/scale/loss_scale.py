@@ -265,16 +265,17 @@ class LossScale:
         # Every field, since the first release wrote them all: a missing one would silently
         # take its default instead of the saved setting.
         known = {f.name for f in dataclasses.fields(ScalingConfig)}
-        missing, unknown = known - set(state["config"]), set(map(str, state["config"])) - known
-        if missing or unknown:
+        missing_fields = known - set(state["config"])
+        unknown_fields = set(map(str, state["config"])) - known
+        if missing_fields or unknown_fields:
             raise ValueError(
-                f"Corrupt loss_scale state: 'config' misses {sorted(missing)} and has unknown "
-                f"keys {sorted(unknown)}; {_FIX}"
+                f"Corrupt loss_scale state: missing config keys {sorted(missing_fields)}, "
+                f"unknown config keys {sorted(unknown_fields)}; {_FIX}"
             )
         try:
             config = ScalingConfig(**state["config"])
         except (TypeError, ValueError) as error:
-            raise type(error)(f"Corrupt loss_scale state: 'config': {error}") from error
+            raise type(error)(f"Corrupt loss_scale state: 'config': {error}; {_FIX}") from error
         values = {name: _read_one(state, name) for name in _TENSOR_DTYPES}
         scale = values["scale"]
         in_bounds = config.min_scale <= scale <= config.max_scale
@@ -282,7 +283,7 @@ class LossScale:
             raise ValueError(
                 f"Corrupt loss_scale state: scale {scale} is not finite and > 0 in float32 "
                 f"with a finite float32 reciprocal, or outside [min_scale={config.min_scale}, "
-                f"max_scale={config.max_scale}]"
+                f"max_scale={config.max_scale}]; {_FIX}"
             )
         # Note [growth tracker past the interval]
         # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -300,7 +301,7 @@ class LossScale:
             if not 0 <= values[name] <= limit:
                 raise ValueError(
                     f"Corrupt loss_scale state: {name} = {values[name]} is not an integer in "
-                    f"[0, {limit}] for its config"
+                    f"[0, {limit}] for its config; {_FIX}"
                 )
         loss_scale = cls(config, device)
         loss_scale.scale.copy_(state["scale"].reshape(()))

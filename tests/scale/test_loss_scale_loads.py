@@ -51,13 +51,15 @@ FIX = "delete the key to start from the configured init_scale"
 CASES = {
     "extra key": (_put(("loss_scale", "bogus"), 1), ValueError, r"unknown \['bogus'\]"),
     "extra config key": (
-        _put(("loss_scale", "config", "bogus"), 1), ValueError, r"unknown keys \['bogus'\]"
+        _put(("loss_scale", "config", "bogus"), 1), ValueError, r"unknown config keys \['bogus'\]"
     ),
     "config without growth_factor": (
-        _drop(("loss_scale", "config", "growth_factor")), ValueError, r"misses \['growth_factor'\]"
+        _drop(("loss_scale", "config", "growth_factor")),
+        ValueError,
+        r"missing config keys \['growth_factor'\]",
     ),
     "config without every key": (
-        _put(("loss_scale", "config"), {}), ValueError, r"misses \['backoff_factor'"
+        _put(("loss_scale", "config"), {}), ValueError, r"missing config keys \['backoff_factor'"
     ),
     "loss_scale a list": (_put(("loss_scale",), []), TypeError, r"'loss_scale' must be a dict"),
     "loss_scale an int": (_put(("loss_scale",), 3), TypeError, r"'loss_scale' must be a dict"),
