@@ -578,7 +578,9 @@ def test_each_mutation_steps_as_a_plan_from_scratch(name) -> None:
 
 # The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     info=st.sampled_from(FUSED),
