@@ -72,7 +72,7 @@ class Adagrad(FusedOptimizer):
     joins the optimizer as torch does: ``sum`` filled with the constructor's
     ``initial_accumulator_value``, in every param group. As in torch.optim.Adagrad (2.13), a
     group's own ``initial_accumulator_value`` (a group dict given to the constructor or to
-    :meth:`add_param_group`) is kept in the group, unchecked and unused; this matches torch
+    ``add_param_group``) is kept in the group, unchecked and unused; this matches torch
     rather than honouring it, which loses nothing (it is a starting value, not data). A param
     whose state is empty at a step (cleared, or dropped from a loaded state_dict) starts from
     the constructor's value too, as torch's does.
