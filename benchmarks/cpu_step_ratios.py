@@ -21,7 +21,7 @@ between neighbouring values is that large (a, b: the medians either side of it),
 
     python benchmarks/cpu_step_ratios.py [--cases AdamW Adagrad SGD RMSprop Lion LAMB clip SR]
         [--shapes 1x25M 500x10k 2000x1k char-lm]
-        [--rounds 15] [--reps 3] [--threads 1] [--processes 3]
+        [--rounds 15] [--reps 3] [--threads 1] [--processes 3] [--clock wall]
 
 What each option's timed step runs:
     ours: ``opt.unscale_and_step(grads_scaled_by=S)`` (the unscale, the inf check and the
@@ -33,8 +33,9 @@ What each option's timed step runs:
         ``grad_scale`` and ``found_inf`` to the fused step, which unscales and skips inside.
 
 The options per case:
-    Every optimizer at lr 1e-9. AdamW and Adagrad (weight decay 0.01), SGD (nesterov, momentum
-        0.9, weight decay 0.01): ours, GS + torch fused, GS + torch foreach.
+    Every optimizer at lr 1e-9. AdamW, Adam and Adagrad (weight decay 0.01), SGD (nesterov,
+        momentum 0.9, weight decay 0.01): ours, GS + torch fused, GS + torch foreach. The same
+        without weight decay (``-nowd``): ours, GS + torch fused.
     RMSprop (momentum 0.9, weight decay 0.01, not centered): ours, GS + torch foreach (torch
         2.13 has no fused RMSprop).
     Lion / LAMB: ours, GS + the foreach versions of test_bench_new_optimizers.py (the same
@@ -49,7 +50,8 @@ The options per case:
         ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=1.0)``; GS + clip + torch fused
         / foreach AdamW: ``scaler.unscale_(opt)``, ``clip_grad_norm_(params, 1.0)``,
         ``scaler.step(opt)``, ``scaler.update()`` (torch's clipping recipe); ours-split:
-        ``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()``.
+        ``opt.unscale`` + ``clip_grad_norm_`` + ``opt.step_after_unscale()``; and a row of
+        ours-split over GS + clip + torch fused AdamW.
     SR (AdamW on bf16 params): ours with stochastic rounding, ours rounding to nearest,
         GS + torch fused AdamW on fp32 params; and a row of ours rounding to nearest over
         GS + torch fused AdamW on fp32 params.
@@ -82,6 +84,10 @@ from transient_memory import peak_transient_bytes
 import scaledoptim
 
 SCALE = 2.0**16
+#: What a step's time is read from (``--clock``): wall-clock time, or this thread's CPU time,
+#: which leaves out the time the step waited for a core on a loaded machine.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+CLOCK = [time.perf_counter]
 # Values of one cell further apart than this (max / min - 1) are printed as a range with why.
 DISAGREEMENT = 0.15
 
@@ -157,6 +163,7 @@ def installed(module: str) -> bool:
 SGD = dict(lr=1e-9, momentum=0.9, weight_decay=0.01, nesterov=True)
 ADAMW = dict(lr=1e-9, weight_decay=0.01)
 ADAGRAD = dict(lr=1e-9, weight_decay=0.01)
+NO_DECAY = dict(weight_decay=0.0)
 # pytorch-optimizer's Lamb by default: no bias correction, no clipping, no weight decay, the
 # trust ratio always (it also caps ||p|| at 10 and adds eps to ||update||).
 LAMB_V3 = dict(weight_decay=0.0, bias_correction=False, max_grad_norm=0.0, use_nvlamb=True)
@@ -167,22 +174,40 @@ CLIP = 1.0
 Contenders = dict[str, tuple[torch.dtype, Callable[[list[torch.Tensor]], Step]]]
 
 
-def _ours_and_gs(ours_class: type, torch_class: type, options: dict[str, Any]) -> Contenders:
-    """Ours against GradScaler around torch's fused and foreach forms of the same optimizer."""
-    return {
+def _ours_and_gs(
+    ours_class: type, torch_class: type, options: dict[str, Any], foreach: bool = True
+) -> Contenders:
+    """Ours against GradScaler around torch's fused (and ``foreach``: foreach) forms of the same
+    optimizer."""
+    contenders: Contenders = {
         "ours": (torch.float32, lambda p: ours(ours_class(p, **options))),
         "GS+fused": (torch.float32, lambda p: gradscaler(torch_class(p, **options, fused=True))),
-        "GS+foreach": (
+    }
+    if foreach:
+        contenders["GS+foreach"] = (
             torch.float32,
             lambda p: gradscaler(torch_class(p, **options, foreach=True)),
-        ),
-    }
+        )
+    return contenders
 
 
 CASES: dict[str, Contenders] = {
     "AdamW": _ours_and_gs(scaledoptim.AdamW, torch.optim.AdamW, ADAMW),
+    "AdamW-nowd": _ours_and_gs(
+        scaledoptim.AdamW, torch.optim.AdamW, {**ADAMW, **NO_DECAY}, foreach=False
+    ),
+    "Adam": _ours_and_gs(scaledoptim.Adam, torch.optim.Adam, ADAMW),
+    "Adam-nowd": _ours_and_gs(
+        scaledoptim.Adam, torch.optim.Adam, {**ADAMW, **NO_DECAY}, foreach=False
+    ),
     "Adagrad": _ours_and_gs(scaledoptim.Adagrad, torch.optim.Adagrad, ADAGRAD),
+    "Adagrad-nowd": _ours_and_gs(
+        scaledoptim.Adagrad, torch.optim.Adagrad, {**ADAGRAD, **NO_DECAY}, foreach=False
+    ),
     "SGD": _ours_and_gs(scaledoptim.SGD, torch.optim.SGD, SGD),
+    "SGD-nowd": _ours_and_gs(
+        scaledoptim.SGD, torch.optim.SGD, {**SGD, **NO_DECAY}, foreach=False
+    ),
     "RMSprop": {
         "ours": (torch.float32, lambda p: ours(scaledoptim.RMSprop(p, **RMSPROP))),
         "GS+foreach": (
@@ -284,9 +309,9 @@ class Option:
 
     def timed(self) -> float:
         self.reset()
-        start = time.perf_counter()
+        start = CLOCK[0]()
         self.step()
-        return time.perf_counter() - start
+        return CLOCK[0]() - start
 
     def transient_bytes_per_param(self) -> float:
         self.reset()
@@ -296,8 +321,12 @@ class Option:
 Record = dict[str, Any]  # one option's times at one (case, shape): see measure()
 
 #: Rows of two options of a case other than ours, the first over the second, labelled as the
-#: table prints them: bf16 AdamW rounding to nearest against GS + fused AdamW on fp32 params.
-BETWEEN = {"GS+fused-fp32, for ours-nearest": ("SR", "ours-nearest", "GS+fused-fp32")}
+#: table prints them: bf16 AdamW rounding to nearest against GS + fused AdamW on fp32 params,
+#: and the split clipping form against GradScaler's clipping recipe around torch's fused AdamW.
+BETWEEN = {
+    "GS+fused-fp32, for ours-nearest": ("SR", "ours-nearest", "GS+fused-fp32"),
+    "GS+clip+fused, for ours-split": ("clip", "ours-split", "GS+clip+fused"),
+}
 
 
 def measure(case: str, shape: str, rounds: int, reps: int) -> list[Record]:
@@ -440,7 +469,7 @@ def fresh_processes(args: argparse.Namespace) -> list[list[Record]]:
     command = [
         sys.executable, str(Path(__file__).resolve()), "--one-process", "--cases", *args.cases,
         "--shapes", *args.shapes, "--rounds", str(args.rounds), "--reps", str(args.reps),
-        "--threads", str(args.threads),
+        "--threads", str(args.threads), "--clock", args.clock,
     ]
     runs = []
     for process in range(args.processes):
@@ -463,10 +492,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="time steps by the wall clock, or by this thread's CPU time (a loaded machine)",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=None,
         help="run each repetition set in N fresh processes, one after the other",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="also write the run (environment, load, every record) to this file, for "
+        "benchmarks/plot_performance.py",
     )
     parser.add_argument(
         "--one-process",
@@ -487,21 +528,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    CLOCK[0] = CLOCKS[args.clock]
     if args.one_process:
         print(json.dumps(measure_all(args)))
         return
     start = time.perf_counter()
     print("\n".join(environment(args.threads)))
-    print(f"at the start, {load_average()}", flush=True)
+    loads = [load_average()]
+    print(f"at the start, {loads[0]}", flush=True)
     if args.processes is None:
         runs = [measure_all(args)]
         over = f"{args.reps} repetitions in one process"
     else:
         runs = fresh_processes(args)
         over = f"{args.processes} fresh processes ({args.reps} repetition(s) each)"
-    print(f"at the end, {load_average()}; {time.perf_counter() - start:.0f} s")
+    loads.append(load_average())
+    print(f"at the end, {loads[-1]}; {time.perf_counter() - start:.0f} s")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "command": "python benchmarks/cpu_step_ratios.py "
+            + " ".join(sys.argv[1:] if argv is None else argv),
+            "environment": environment(args.threads), "load": {"start": loads[0],
+            "end": loads[-1]}, "seconds": time.perf_counter() - start, "shapes": args.shapes,
+            "runs": runs,
+        }, indent=1))
     print(f"\nours / alternative, median [min-max] over {over} of {args.rounds} rotated rounds "
-          f"each, {args.threads} thread(s); < 1: ours is faster; a cell whose values disagree "
+          f"each, {args.threads} thread(s), {args.clock} clock; < 1: ours is faster; a cell "
+          f"whose values disagree "
           f"by more than {DISAGREEMENT:.0%} is the range with the reason")
     print("\n".join(table(runs, args.shapes)))
 

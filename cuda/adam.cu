@@ -1,6 +1,7 @@
 // Adam and AdamW (torch.optim.Adam / AdamW, foreach=False semantics), fused with unscaling and
 // the skip on inf/nan (Note [found_inf contract]) and the param rounding options
 // (Note [param rounding]).
+#include "blockwise_quant.cuh"
 #include "multi_tensor_apply.cuh"
 
 // Mirrored by AdamArgs in scaledoptim/optim/adam.py. The host precomputes every scalar
@@ -69,4 +70,24 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
           adam_update(p, g, m, v, v_max, args, s);
         };
       });
+}
+
+// Adam and AdamW with 8-bit states (state_bits=8): the same element math over the decoded
+// moments (Note [low-bit blocks in a chunk] in blockwise_quant.cuh). AdamLowbitList: generated
+// from ADAM_LOWBIT_KERNEL.lists.
+using LowBitAdamArgs = LowBitArgs<AdamArgs>;
+
+template <typename P, typename G>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    adam_lowbit_kernel(TensorTable<kAdamLowbitLists> table, LowBitAdamArgs args) {
+  update_each_lowbit<P, G,
+                     LowBitList<kAdamLowbitExpAvgsCodes, kAdamLowbitExpAvgsScales, SignedCode>,
+                     LowBitList<kAdamLowbitExpAvgSqsCodes, kAdamLowbitExpAvgSqsScales, UnsignedCode>,
+                     LowBitList<kAdamLowbitMaxExpAvgSqsCodes, kAdamLowbitMaxExpAvgSqsScales,
+                                UnsignedCode>>(table, args, [&](StepCount step) {
+    const AdamStepScalars s = adam_step_scalars(args.update, step.number);
+    return [&, s](float& p, float g, float& m, float& v, float& v_max) {
+      adam_update(p, g, m, v, v_max, args.update, s);
+    };
+  });
 }

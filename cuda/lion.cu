@@ -1,6 +1,7 @@
 // Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), fused with
 // unscaling, the skip on inf/nan (Note [found_inf contract]) and the param rounding options
 // (Note [param rounding]).
+#include "blockwise_quant.cuh"
 #include "multi_tensor_apply.cuh"
 
 // Mirrored by LionArgs in scaledoptim/optim/lion.py.
@@ -32,4 +33,17 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   update_each<P, G, kLionExpAvgs>(table, args, [&](StepCount) {
     return [&](float& p, float g, float& m) { lion_update(p, g, m, args); };
   });
+}
+
+// Lion with an 8-bit momentum (state_bits=8; Note [low-bit blocks in a chunk] in
+// blockwise_quant.cuh). LionLowbitList: generated from LION_LOWBIT_KERNEL.lists.
+using LowBitLionArgs = LowBitArgs<LionArgs>;
+
+template <typename P, typename G>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    lion_lowbit_kernel(TensorTable<kLionLowbitLists> table, LowBitLionArgs args) {
+  update_each_lowbit<P, G, LowBitList<kLionLowbitExpAvgsCodes, kLionLowbitExpAvgsScales, SignedCode>>(
+      table, args, [&](StepCount) {
+        return [&](float& p, float g, float& m) { lion_update(p, g, m, args.update); };
+      });
 }

@@ -1,6 +1,7 @@
 // RMSprop (torch.optim.RMSprop, foreach=False semantics): centered, momentum, weight decay and
 // maximize, fused with unscaling, the skip on inf/nan (Note [found_inf contract]) and the param
 // rounding options (Note [param rounding]).
+#include "blockwise_quant.cuh"
 #include "multi_tensor_apply.cuh"
 
 // Mirrored by RmspropArgs in scaledoptim/optim/rmsprop.py.
@@ -49,6 +50,26 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
       table, args, [&](StepCount) {
         return [&](float& p, float g, float& square_avg, float& buf, float& grad_avg) {
           rmsprop_update(p, g, square_avg, buf, grad_avg, args);
+        };
+      });
+}
+
+// RMSprop with 8-bit states (state_bits=8; Note [low-bit blocks in a chunk] in
+// blockwise_quant.cuh). RmspropLowbitList: generated from RMSPROP_LOWBIT_KERNEL.lists.
+using LowBitRmspropArgs = LowBitArgs<RmspropArgs>;
+
+template <typename P, typename G>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rmsprop_lowbit_kernel(TensorTable<kRmspropLowbitLists> table, LowBitRmspropArgs args) {
+  update_each_lowbit<
+      P, G,
+      LowBitList<kRmspropLowbitSquareAvgsCodes, kRmspropLowbitSquareAvgsScales, UnsignedCode>,
+      LowBitList<kRmspropLowbitMomentumBuffersCodes, kRmspropLowbitMomentumBuffersScales,
+                 SignedCode>,
+      LowBitList<kRmspropLowbitGradAvgsCodes, kRmspropLowbitGradAvgsScales, SignedCode>>(
+      table, args, [&](StepCount) {
+        return [&](float& p, float g, float& square_avg, float& buf, float& grad_avg) {
+          rmsprop_update(p, g, square_avg, buf, grad_avg, args.update);
         };
       });
 }

@@ -1,6 +1,7 @@
 // SGD with momentum, dampening, Nesterov, weight decay and maximize (torch.optim.SGD,
 // foreach=False semantics), fused with unscaling and the skip on inf/nan
 // (Note [found_inf contract]) and the param rounding options (Note [param rounding]).
+#include "blockwise_quant.cuh"
 #include "multi_tensor_apply.cuh"
 
 // Mirrored by SgdArgs in scaledoptim/optim/sgd.py.
@@ -41,4 +42,21 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
       sgd_update(p, g, buf, first_step, args);
     };
   });
+}
+
+// SGD with an 8-bit momentum buffer (state_bits=8; Note [low-bit blocks in a chunk] in
+// blockwise_quant.cuh). SgdLowbitList: generated from SGD_LOWBIT_KERNEL.lists.
+using LowBitSgdArgs = LowBitArgs<SgdArgs>;
+
+template <typename P, typename G>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    sgd_lowbit_kernel(TensorTable<kSgdLowbitLists> table, LowBitSgdArgs args) {
+  update_each_lowbit<
+      P, G, LowBitList<kSgdLowbitMomentumBuffersCodes, kSgdLowbitMomentumBuffersScales, SignedCode>>(
+      table, args, [&](StepCount step) {
+        const bool first_step = step.taken == 0.0f;
+        return [&, first_step](float& p, float g, float& buf) {
+          sgd_update(p, g, buf, first_step, args.update);
+        };
+      });
 }

@@ -47,3 +47,23 @@ def test_the_readme_claims_table_names_tests_that_exist() -> None:
         source = (DOCS.parent / path).read_text()
         assert re.search(rf"^def {name}\(", source, flags=re.M), f"{path} has no {name}"
     assert "`.ci/wheel_smoke.sh`" in table and (DOCS.parent / ".ci" / "wheel_smoke.sh").exists()
+
+
+def test_the_readmes_first_python_block_runs_as_written() -> None:
+    """The README's first example, on this (CPU-only) machine: the AdamW loop trains, with
+    fp16 autocast on the CPU, and the LBFGS closure form steps."""
+    first = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)[0]
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(first, "README.md", "exec"), namespace)
+    assert namespace["device"] == "cpu"
+    assert namespace["opt"].state and namespace["lbfgs"].state  # both stepped
+    assert namespace["loss"].item() < 0.1  # trained: the targets' variance is about 1
+
+
+def test_the_documentation_url_points_at_the_readmes_documentation_section() -> None:
+    """Not at a page of the mkdocs source, which GitHub shows with its directives as text."""
+    pyproject = (DOCS.parent / "pyproject.toml").read_text()
+    url = re.search(r'^Documentation = "([^"]+)"', pyproject, flags=re.M).group(1)
+    assert not url.endswith(".md"), url
+    anchor = url.rsplit("#", 1)[1]
+    assert re.search(rf"^## {anchor.capitalize()}$", README.read_text(), flags=re.M), url

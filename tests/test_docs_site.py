@@ -287,6 +287,30 @@ def _nav_pages(nav) -> list[str]:
     return []
 
 
+# Code lines of the API reference a 1280 px page shows (signatures, examples): mkdocstrings
+# wraps signatures at its line_length (mkdocs.yml) only when a formatter is installed.
+API_CODE_COLUMNS = 120
+
+
+def test_api_pages_code_lines_fit_a_1280_px_page(api_pages):
+    too_wide = [
+        f"{name}: {line}"
+        for name, page in sorted(api_pages.items())
+        for block in re.findall(r"<pre\b[^>]*>(.*?)</pre>", page, flags=re.DOTALL)
+        for line in html.unescape(re.sub(r"<[^>]+>", "", block)).splitlines()
+        if len(line) > API_CODE_COLUMNS
+    ]
+    assert not too_wide, "API code lines wider than a 1280 px page:\n" + "\n".join(too_wide)
+
+
+def test_the_docs_extra_installs_the_formatter_that_wraps_signatures():
+    """mkdocstrings-python formats signatures with Black or Ruff if one is importable, else
+    leaves them on one line (AdamW's ran 3486 px): the ``docs`` extra must bring one."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    docs = re.search(r"^docs = \[(.*?)\]$", pyproject, flags=re.MULTILINE | re.DOTALL)
+    assert docs and re.search(r'"(ruff|black)\b', docs.group(1)), "add ruff to the docs extra"
+
+
 def test_index_links_every_page_of_the_nav():
     yaml = require_module("yaml", "mkdocs.yml is read with it (a dependency of mkdocs)")
 

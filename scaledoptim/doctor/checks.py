@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import compile_check, graphs, host_cost, parity, performance, sync_free
+from . import compile_check, graphs, host_cost, lowbit, parity, performance, sync_free
 from .optimizers import OPTIMIZERS
 from .outcome import Outcome
 
@@ -57,6 +57,8 @@ CHECKS: tuple[Check, ...] = (
         )
         for row in OPTIMIZERS
     ),
+    Check("parity:AdamW-8bit", "AdamW(state_bits=8) matches its torch form; an inf skips the "
+          "step", lowbit.parity),
     Check("no-host-sync", "unscale_and_step never syncs with the host", sync_free.run),
     Check("cuda-graph", "unscale_and_step captured in a CUDA graph replays exactly",
           graphs.run, needs_gpu=True),
@@ -68,6 +70,8 @@ CHECKS: tuple[Check, ...] = (
           performance.clip_bandwidth, needs_gpu=True),
     Check("clip-step-time", "unscale_and_step(max_grad_norm=) vs GradScaler unscale_ + clip + step",
           performance.clip_step_time, needs_gpu=True),
+    Check("lowbit-bandwidth", "AdamW(state_bits=8) moves its bytes at near copy bandwidth",
+          lowbit.bandwidth, needs_gpu=True),
     Check("host-cost", "host time of a step, per tensor (launches off)", host_cost.run),
 )
 

@@ -2,11 +2,14 @@
 the doctor in one run, written to one Markdown report.
 
 Run it from a checkout (the tests and benchmarks are not in the wheel) with the ``test`` and
-``cuda12`` extras installed; installed from a wheel, it says so and exits with status 2. On a
+``cuda12`` extras installed; installed from a wheel, or without the ``test`` extra, it says so
+and exits with status 2. On a
 machine without a CUDA device the GPU tests and benchmarks report *skipped* (the tests' CPU twins,
 on the emulator, still run) and the doctor skips its GPU checks; the report says so. The summary
 at the top repeats the doctor's bandwidth and step-time lines (ours against GradScaler + torch's
-fused AdamW, without and with clipping; the bandwidth of the step with clipping in it too).
+fused AdamW, without and with clipping; the bandwidth of the step with clipping in it too), and
+its 8-bit states' parity and bandwidth lines (AdamW with ``state_bits=8``, bytes per param
+stated).
 Exits with status 1 when any part failed.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -36,25 +40,31 @@ class Part:
         argv: the command.
         needs: paths it needs in the checkout.
         highlights: the first words of output lines that the report's summary repeats.
+        modules: the modules it imports from the ``test`` extra (pytest and its plugins).
     """
 
     title: str
     argv: tuple[str, ...]
     needs: tuple[str, ...] = ()
     highlights: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
 
 
 PARTS: tuple[Part, ...] = (
-    Part("GPU tests", (*_PYTEST, "tests/gpu"), ("tests/gpu",)),
+    Part("GPU tests", (*_PYTEST, "tests/gpu"), ("tests/gpu",), modules=("pytest", "hypothesis")),
     Part(
         "CUDA benchmarks",
         (*_PYTEST, "benchmarks/test_bench_cuda_kernels.py"),
         ("benchmarks/test_bench_cuda_kernels.py",),
+        modules=("pytest", "pytest_benchmark"),
     ),
     Part(
         "doctor",
         (sys.executable, "-m", "scaledoptim.doctor"),
-        highlights=("bandwidth", "clip-bandwidth", "step-time", "clip-step-time"),
+        highlights=(
+            "bandwidth", "clip-bandwidth", "step-time", "clip-step-time", "lowbit-bandwidth",
+            "parity:AdamW-8bit",
+        ),
     ),
 )
 _TAIL_LINES = 120  # of each part's output, in the report
@@ -111,6 +121,15 @@ def main(argv: Sequence[str] | None = None, parts: Sequence[Part] = PARTS) -> in
             f"benchmarks, which the wheel does not ship ({', '.join(missing)} not found under "
             f"{root}). Run it from the root of a clone, after pip install -e \".[test,cuda12]\" "
             "there; from a wheel, python -m scaledoptim.doctor runs the doctor alone.\n",
+        )
+    modules = {module for part in parts for module in part.modules}
+    absent = sorted(module for module in modules if importlib.util.find_spec(module) is None)
+    if absent:
+        parser.exit(
+            2,
+            f"{parser.prog} runs the GPU tests and benchmarks with pytest, and {', '.join(absent)} "
+            "is not installed: install the test extra, pip install -e \".[test,cuda12]\" in this "
+            "checkout (\"[test,cuda13]\" for a CUDA 13 driver).\n",
         )
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     sections, failed, highlights = [], [], []

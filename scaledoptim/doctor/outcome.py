@@ -9,7 +9,9 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["Outcome", "kernels_env", "same_bits", "snapshot"]
+from ..fused.backends import KERNELS, select
+
+__all__ = ["Outcome", "backend_label", "kernels_env", "same_bits", "snapshot"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,15 @@ def kernels_env(mode: str | None) -> Iterator[None]:
             os.environ.pop("SCALEDOPTIM_KERNELS", None)
         else:
             os.environ["SCALEDOPTIM_KERNELS"] = saved
+
+
+def backend_label(device: torch.device) -> str:
+    """What runs the fused steps on ``device``, in the doctor's words: our kernels are the
+    "CUDA kernels" on a GPU and the "CPU emulator" (``SCALEDOPTIM_KERNELS=emulate``) elsewhere."""
+    name = select(device).name
+    if name == KERNELS.name:
+        return "CUDA kernels" if device.type == "cuda" else "CPU emulator"
+    return f"{name} backend"
 
 
 def snapshot(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

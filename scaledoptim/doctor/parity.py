@@ -14,9 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..fused.backends import select
 from .optimizers import OptimizerRow
-from .outcome import Outcome, kernels_env, same_bits, snapshot
+from .outcome import Outcome, backend_label, kernels_env, same_bits, snapshot
 
 __all__ = ["run"]
 
@@ -29,14 +28,14 @@ INIT_SCALE = 2.0**10  # fp16 grads times the scale stay finite
 def run(row: OptimizerRow, device: torch.device) -> Outcome:
     """Runs the comparison for every dtype; fails on the first mismatch, naming it."""
     with kernels_env(None if device.type == "cuda" else "emulate"):
-        backend = select(device).name
+        backend = backend_label(device)
         for dtype in DTYPES:
             problem = _compare(row, dtype, device)
             if problem is not None:
                 return Outcome(False, f"{str(dtype).removeprefix('torch.')}: {problem}")
     return Outcome(
         True,
-        f"{backend} backend, {STEPS} steps x fp32/fp16/bf16 within tolerance, inf step skipped",
+        f"{backend}, {STEPS} steps x fp32/fp16/bf16 within tolerance, inf step skipped",
     )
 
 

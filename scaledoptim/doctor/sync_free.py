@@ -13,10 +13,9 @@ from collections.abc import Iterator
 
 import torch
 
-from ..fused.backends import select
 from ..fused.backends.torch_native import decide_skips_on_device
 from .optimizers import OPTIMIZERS
-from .outcome import Outcome, kernels_env
+from .outcome import Outcome, backend_label, kernels_env
 
 __all__ = ["HOST_READS", "no_host_reads", "run"]
 
@@ -76,16 +75,16 @@ def run(device: torch.device) -> Outcome:
     checked = []
     for mode in modes:
         with kernels_env(mode):
-            backend = select(device).name
+            backend = backend_label(device)
             for row in OPTIMIZERS:
                 problem = _steps_without_sync(row.ours, device)
                 if problem is not None:
-                    return Outcome(False, f"{row.name} on the {backend} backend: {problem}")
+                    return Outcome(False, f"{row.name} on the {backend}: {problem}")
             checked.append(backend)
     what = "torch.cuda sync debug mode 'error' and " if device.type == "cuda" else ""
     return Outcome(
         True,
-        f"{len(OPTIMIZERS)} optimizers x {' + '.join(checked)} backend, clean and inf steps; "
+        f"{len(OPTIMIZERS)} optimizers x {' + '.join(checked)}, clean and inf steps; "
         f"{what}host reads patched to raise",
     )
 

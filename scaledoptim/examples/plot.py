@@ -122,8 +122,8 @@ def _scale_panel(ax, results: list[RunResult]) -> None:
                             xytext=(4, 6), fontsize=7, color="tab:red")
             marked.append("^: evaluations replayed (how many beside)")
         if r.evaluations and r.scales[0] == LBFGS_INIT_SCALE:
-            ax.text(0.98, 0.97, LBFGS_SCALE_NOTE, transform=ax.transAxes, ha="right", va="top",
-                    fontsize=7, bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+            # Above the panel, not in it: inside, it hid the replay counts of the first steps.
+            ax.set_title(LBFGS_SCALE_NOTE, fontsize=7)
     if ax.has_data():
         ax.set_yscale("log", base=2)
         ax.legend(fontsize=8, loc="lower right")

@@ -112,6 +112,7 @@ def plan_loaded_state(
     for key, saved in state.items():
         param = by_id[key]
         group = group_of[id(param)]
+        layouts = optimizer.state_layouts(group)
         # Afresh: an empty state (torch.optim initialises it at the step), or only a step
         # where torch.optim makes missing moments itself (FusedOptimizer._state_may_lack_step).
         lone_step = optimizer._state_may_lack_step and set(saved) == {"step"}
@@ -121,7 +122,8 @@ def plan_loaded_state(
             where = f"state[{key!r}][{name!r}]"
             if name == "step":
                 _check_step(where, value)
-            loaded[name] = _named(where, functools.partial(cast_loaded_state, param, name), value)
+            cast = functools.partial(cast_loaded_state, param, name, layout=layouts.get(name))
+            loaded[name] = _named(where, cast, value)
         for name in optimizer.state_keys(group):
             if name is None or (fresh and name not in saved):
                 continue
@@ -133,8 +135,12 @@ def plan_loaded_state(
                     f"{type(optimizer).__name__} reads with these options; {_FIX}, or drop "
                     f"state[{key!r}] to start that param afresh"
                 )
-            _check_tensor(where, param, loaded[name], param.is_complex())
-            checks.append((where, loaded[name], name in _NONNEGATIVE))
+            layout = layouts.get(name)
+            if layout is None:
+                _check_tensor(where, param, loaded[name], param.is_complex())
+            # (a low-bit state's codes were checked when cast; its scales must not be negative)
+            nonnegative = name in _NONNEGATIVE or (layout is not None and layout.block_size)
+            checks.append((where, loaded[name], bool(nonnegative)))
         if not (fresh or "step" in saved or optimizer._state_may_lack_step):
             raise ValueError(
                 f"Corrupt optimizer state_dict: state[{key!r}] holds {sorted(saved)} but no "
@@ -159,7 +165,8 @@ def _optional_flags(cls: type[Any]) -> frozenset[str]:
     "let the implementation choose"). A group holds ``None`` for them when it was built without
     them, or loaded from a checkpoint of a release that lacked them (torch's ``__setstate__``
     fills in ``None``), whatever the loading optimizer was built with."""
-    parameters = inspect.signature(cls).parameters.values()
+    # The constructor's, not the class's: a class with a low-bit variant has its own __new__.
+    parameters = inspect.signature(cls.__init__).parameters.values()
     return frozenset(p.name for p in parameters if p.default is None)
 
 

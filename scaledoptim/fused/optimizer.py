@@ -2,37 +2,33 @@
 reads ``found_inf`` on device, so that skipping an overflowed step needs no host sync.
 
 A subclass implements the :class:`~scaledoptim.fused.update.Update` protocol (its state, its
-kernel's arguments, its torch form); the engine (``plan.py``, ``cache.py``,
-``backends/``) does the rest.
+kernel's arguments, its torch form); the engine (``planning.py``, ``plan.py``, ``backends/``)
+does the rest, and the protocol (``scaledoptim.protocol``) runs the step.
 """
 
 from __future__ import annotations
 
 import abc
 import ctypes
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from .. import compile_boundary
 from ..kernels import ROUNDING_LISTS, MultiTensorKernel
 from ..protocol import Optimizer
 from ..protocol.backward_check import GradCheck
-from ..protocol.plans import PendingStep
+from ..protocol.plans import check_param_groups
+from ..protocol.steps import planned_step
 from .backends import select
-from .cache import StepCache
 from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
-from .plan import FusedStepPlan, MasterWatch, build_plan
-from .rounding import check_rounding_options, check_rounding_params
+from .plan import FusedStepPlan, StepCache, hyperparameter
+from .planning import build_plan
+from .rounding import MasterWatch, check_rounding_options, check_rounding_params
+from .state import StateLayout
 from .update import GradReduction, Group, TensorLists
 
-__all__ = [
-    "FusedOptimizer",
-    "check_hyperparameter",
-    "check_tensor_hyperparameter",
-    "hyperparameter",
-]
+__all__ = ["FusedOptimizer"]
 
 
 class FusedOptimizer(Optimizer, abc.ABC):
@@ -51,7 +47,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
       ``initial_state_options``); ``state["step"]`` (a 0-dim float32 tensor counting taken
       steps) is added and advanced for every optimizer.
     * ``check_options(options)``: validates hyper-parameters (a dict of them); called by the
-      constructor and on every param group before every step.
+      constructor, and on a param group before a step whenever one of its values changed.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
       (``found_inf``/``inv_scale`` are device pointers or ``None``).
     * its torch form, for the torch-native backend (16-bit params arrive as fp32 working
@@ -107,11 +103,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
     torch_form_in_place: ClassVar[bool] = False
     #: Whether ``torch_update`` also takes ``grad_scale=`` (grads still scaled by it; no).
     torch_update_takes_grad_scale: ClassVar[bool] = False
-    #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests]).
+    #: The update plans itself in ``step()``, after the step pre-hooks (Note [step requests] in
+    #: protocol/guard.py): the protocol's step.
     _plans_in_step: ClassVar[bool] = True
-    #: The last step's plan, for the next (Note [step cache] in cache.py); not pickled, as
-    #: torch.optim pickles only its defaults, state and param groups.
-    _step_cache: StepCache | None = None
+    step = planned_step
     #: The params with an fp32 master as the last step left them (Note [param edits under
     #: master weights] in rounding.py); not pickled either: a copy trusts its masters.
     _master_watch: MasterWatch | None = None
@@ -168,6 +163,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
     def check_torch_optim(self, group: Group, params: list[torch.Tensor]) -> None:
         """Raises what torch.optim's step would raise for ``params`` (nothing by default)."""
 
+    def state_layouts(self, group: Group) -> Mapping[str, StateLayout]:
+        """The state names whose tensors are not float32 ones shaped like the param, and their
+        layouts (none by default; a low-bit state's codes and scales)."""
+        return {}
+
     def scratch_lists(self, group: Group, params: list[torch.Tensor]) -> TensorLists:
         """Per-param scratch lists of the kernel after the state lists (none by default)."""
         return []
@@ -177,54 +177,22 @@ class FusedOptimizer(Optimizer, abc.ABC):
         return None
 
     # ------------------------------------------------------------------ the inherited machinery
-    @compile_boundary.disable  # See Note [compile boundary] in protocol/split_form.py
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Performs a single optimization step.
-
-        After :meth:`~scaledoptim.Optimizer.unscale` it skips where ``found_inf`` is set, as
-        :meth:`~scaledoptim.Optimizer.step_after_unscale`; after a backward scaled by
-        :attr:`~scaledoptim.Optimizer.scale` it unscales and skips on overflow, as
-        :meth:`~scaledoptim.Optimizer.unscale_and_step`; otherwise it steps as torch.optim's.
-        Never reads the host, but to skip params that take torch.optim's own non-fused
-        implementation (complex, sparse grads, views with gaps, ``differentiable=True``: one
-        read of ``found_inf``, as torch.amp.GradScaler makes for it; see the migration guide,
-        "What takes torch.optim's own implementation").
-
-        Args:
-            closure: optional, re-evaluates the model and returns the loss.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        # See Note [step requests]: what the protocol asks of this step is planned here, after the
-        # step pre-hooks, so that what they did to the grads is what is checked and used.
-        request, self._scaledoptim_request = self._scaledoptim_request, None
-        if request is not None:  # a protocol method's: it reads the outcome
-            _, self._scaledoptim_outcome = self._execute(request)
-            return loss
-        request = self._implicit_request(closure is not None)
-        if request is None:
-            self._plan_step().commit(PendingStep(None))
-        else:
-            self._execute(request)
-        return loss
-
-    def _plan_step(self) -> FusedStepPlan:
-        self._check_param_groups()
+    def _plan_step(self, run: Callable[[], Any] | None = None) -> FusedStepPlan:
+        """The step planned in full (``steps.plan`` renews the kept plan first: Note [step
+        cache] in plan.py), kept for the next step."""
+        check_param_groups(self)
         for group in self.param_groups:
-            self.check_options(group)
-            check_torch_flags(group)  # a group edited or loaded since: before any group steps
-        # This step's plan from the cache when nothing it depends on changed, else in full (and
-        # the cache for the next step from it).
-        if self._step_cache is not None:
-            plan = self._step_cache.plan(self)
-            if plan is not None:
-                return plan
+            self._check_group(group)
         plan = build_plan(self)
         self._step_cache = StepCache.of(self, plan)
         return plan
+
+    def _check_group(self, group: Group) -> None:
+        """A group's options, before any group steps (edited or loaded since the last step):
+        :meth:`check_options`, and torch.optim's refusals of ``fused`` with ``differentiable``
+        or ``foreach``."""
+        self.check_options(group)
+        check_torch_flags(group)
 
     def _overlapped_check(self, device: torch.device) -> GradCheck | None:
         backend = select(device)
@@ -288,40 +256,3 @@ class FusedOptimizer(Optimizer, abc.ABC):
                 group.setdefault(key, value)
 
 
-def check_hyperparameter(
-    name: str, value: Any, low: float = 0.0, high: float | None = None
-) -> None:
-    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's
-    style."""
-    if isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
-    if not (low <= value and (high is None or value < high)):
-        raise ValueError(f"Invalid {name}: {value}")
-
-
-def hyperparameter(name: str, value: Any) -> Any:
-    """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
-    current value (torch.optim accepts tensor ``lr``, ``betas``, SGD's ``weight_decay``; a
-    scheduler updates the tensor in place, and reading a CPU tensor costs no device sync). A
-    tensor on an accelerator is returned as it is: its group takes torch.optim's implementation,
-    which reads it on device. Anything else is returned as is.
-
-    Raises:
-        ValueError: a tensor with more than one element (torch's message).
-    """
-    if not isinstance(value, torch.Tensor):
-        return value
-    if value.numel() != 1:
-        raise ValueError(f"Tensor {name} must be 1-element")
-    return value if value.device.type != "cpu" else value.item()
-
-
-def check_tensor_hyperparameter(
-    label: str, name: str, value: object, low: float = 0.0, high: float | None = None
-) -> None:
-    """:func:`check_hyperparameter` for an option torch.optim also takes as a one-element tensor
-    (``name``: the option, as torch's ``"Tensor lr must be 1-element"`` names it). A tensor on an
-    accelerator is not read: a check at every step would sync the device."""
-    value = hyperparameter(name, value)
-    if not isinstance(value, torch.Tensor):
-        check_hyperparameter(label, value, low, high)

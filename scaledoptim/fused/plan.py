@@ -1,51 +1,68 @@
-"""A fused step's plan: every param, grad and state entry validated, new state built on the side,
-every update prepared (plan, then commit). The plan kept for the next step is ``cache.py``'s.
+"""A fused step's plan: what each backend runs in a step (the check of the grads, the update, the
+end of the step), kept for the next step and re-verified at every step; ``planning.py`` plans a
+step in full. Also how an update reads its hyper-parameters, which the kept plan re-verifies.
+
+Note [step cache]
+~~~~~~~~~~~~~~~~~
+A step's plan (every check, the state lists, the kernel tables) rests on what is stable from step
+to step: the params, their state, the options, sizes, dtypes and layouts. What changes is where
+the grads live (``zero_grad(set_to_none=True)`` frees them). So :class:`StepCache` keeps the plan
+and re-verifies, at every step and in passes done in C, each fact it reuses (the concepts page's
+"What a kept plan re-verifies"): the params (objects, data pointers, and layouts through
+torch.compile's ``TensorGuards``, which sees ``p.data = p.data[:k]`` or ``.t()``); which params
+have grads, and the grads' layouts (new pointers are repointed to); the data pointer of every
+state value, in order; the groups and each option's value object (identity, not equality: ``1``
+is no valid ``master_weights`` though it equals ``True``). A replaced value (a scheduler's new
+``lr``) is validated again, as at a full plan; values that may change in place (tensors) at
+every step; a change of ``lists_key`` plans in full. So whatever validating every option at
+every step would refuse is refused (tests/fused/test_step_cache_mutations.py). Anything else
+that differs plans the step in full, which raises the clear error if there is one. Not seen: a
+state tensor reinterpreted in place at an unchanged data pointer, which cannot reach outside the
+storage the plan validated. The cache keeps no grad alive.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from itertools import chain
+from operator import is_
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+from torch._C._dynamo.guards import TensorGuards
 
-from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
+from ..kernels import launch_config
 from ..protocol.clipping import clip_in_place_
-from ..protocol.plans import PendingStep
-from ..protocol.validation import check_param_grads
-from ..torch_ops import PackedSteps, local_tensors, refuse_during_capture
+from ..protocol.plans import check_param_groups
+from ..protocol.values import GradPass
+from ..torch_ops import PackedSteps
 from .backends import (
-    TORCH_NATIVE,
-    TORCH_OPTIM,
+    KERNELS_ENV,
     Backend,
     PreparedEpilogue,
     PreparedReduction,
     PreparedUnscale,
     PreparedUpdate,
-    select,
-    step_device,
-    torch_optim_indices,
 )
-from .rounding import (
-    MASTER_KEY,
-    check_rounding_options,
-    check_rounding_params,
-    is_master_of,
-    resync_masters_,
-    stage_rounding_state,
-)
-from .sharded import MeshAgreement, check_dtensor_update, kernels_take_shards
-from .state import stage_state
-from .update import Group, TensorLists, Update
+from .rounding import MasterWatch
+from .update import Group, Update, lists_key
 
-__all__ = ["FusedStepPlan", "MasterWatch", "Planned", "build_plan"]
+__all__ = [
+    "FusedStepPlan",
+    "Part",
+    "Planned",
+    "StepCache",
+    "check_hyperparameter",
+    "check_tensor_hyperparameter",
+    "hyperparameter",
+]
 
 # The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
+_GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
 _DATA_PTR = Tensor.data_ptr
-_VERSION: Callable[[Tensor], int] = vars(torch._C.TensorBase)["_version"].__get__
 
 
 class Planned(Update, Protocol):
@@ -57,393 +74,377 @@ class Planned(Update, Protocol):
 
     def _params_device(self) -> torch.device: ...
 
-    def initial_state_fill(self) -> dict[str, float]: ...
 
-
-# ----------------------------------------------------------------------------------- the plan
 @dataclasses.dataclass
-class _Part:
-    """What one backend runs in a step: its group updates, the grads they read (per group, in
-    their params' layout), their step counters, the check (or unscale) of those grads, the
-    update's grad reduction if any, and the epilogue over the counters."""
+class Part:
+    """What one backend runs in a step: its group updates, their grads, params and counters (per
+    group; the counters also all together), the check, the grad reduction and the epilogue."""
 
     updates: list[PreparedUpdate] = dataclasses.field(default_factory=list)
     grad_lists: list[list[Tensor]] = dataclasses.field(default_factory=list)
+    param_lists: list[list[Tensor]] = dataclasses.field(default_factory=list)
+    step_lists: list[list[Tensor]] = dataclasses.field(default_factory=list)
     steps: list[Tensor] = dataclasses.field(default_factory=list)
     unscale: PreparedUnscale | None = None
     reduction: PreparedReduction | None = None
     epilogue: PreparedEpilogue | None = None
 
 
-@dataclasses.dataclass
-class _GroupLists:
-    """One group's part of a plan: the group, its params with a grad, its update's lists and the
-    tensors of its scratch lists."""
-
-    group: Group
-    params: list[Tensor]
-    lists: TensorLists
-    scratch: list[Tensor]
-
-
 class FusedStepPlan:
-    """A fused step, validated: the prepared updates and the state they will create.
-
-    ``params`` are the params with a grad and ``grads`` their grads as they are (the protocol's
-    :class:`~scaledoptim.protocol.plans.StepPlan`).
-    """
+    """A fused step, validated (the protocol's ``StepPlan``): its parts, one per backend, and the
+    state they will create. ``params`` are the params with a grad, ``grads`` their grads."""
 
     def __init__(self, optimizer: Planned, backend: Backend) -> None:
         self.optimizer = optimizer
-        self.backend = backend
-        self.applies_scale_update = backend.applies_scale_update
-        self.new_state: dict[Tensor, dict[str, Any]] = {}
-        self.parts: dict[Backend, _Part] = {}
+        self.backend = backend  # the device's: it ends the step and moves the scale
+        self.parts: dict[Backend, Part] = {}
         self.params: list[Tensor] = []
         self.grads: list[Tensor] = []
-        self.groups: list[_GroupLists] = []
-        self.grads_copied = False  # a grad was copied into its param's layout
-        self.over_subclasses = False  # a param is a tensor subclass (a DTensor, ...)
-        # DTensors stepped on their local shards by our kernels: what the ranks of their meshes
-        # agree on (Note [DTensor steps on our kernels] in fused/sharded.py).
-        self.mesh: MeshAgreement | None = None
-        # Per backend, the inv_scale its updates must still apply once the grads are checked.
-        self.left: dict[Backend, Tensor | None] = {}
-        # See Note [param edits under master weights]: the masters, and those to resync first.
+        self.new_state: dict[Tensor, dict[str, Any]] = {}
+        # Set by planning.py: what the step cache cannot keep, the groups it keeps, the meshes our
+        # kernels agree over (Note [DTensor steps on our kernels] in sharded.py), the masters.
+        self.grads_copied = self.over_subclasses = False
+        self.groups: list[tuple[Group, list[Tensor]]] = []
+        self.mesh: Any = None
         self.masters: MasterWatch | None = None
         self.edited_masters: list[int] = []
 
-    def part(self, backend: Backend) -> _Part:
-        return self.parts.setdefault(backend, _Part())
+    def part(self, backend: Backend) -> Part:
+        return self.parts.setdefault(backend, Part())
 
-    def unscale_grads_(
+    def check(
         self,
         found_inf: Tensor,
-        inv_scale: Tensor,
-        checked: frozenset[int] = frozenset(),
-        norm_sq: Tensor | None = None,
-    ) -> Tensor | None:
+        inv_scale: Tensor | None,
+        checked: frozenset[int],
+        norm_sq: Tensor | None,
+    ) -> tuple[tuple[list[list[Tensor]], bool], ...]:
+        assert inv_scale is not None  # the pipeline checks scaled grads, or ones to clip
         mesh, own_sum = self.mesh, norm_sq
         if mesh is not None and norm_sq is not None:
             own_sum = mesh.own_sum(norm_sq)
             mesh.sum_of_squares_(self.grads, inv_scale, norm_sq)  # before any is unscaled
-        for backend, part in self.parts.items():
-            assert part.unscale is not None  # every part is prepared before the plan is returned
-            self.left[backend] = part.unscale(
-                found_inf, inv_scale, checked, part.grad_lists, own_sum
-            )
+        grads = []
+        for part in self.parts.values():
+            assert part.unscale is not None  # every part is prepared before the plan is used
+            left = part.unscale(found_inf, inv_scale, checked, part.grad_lists, own_sum)
+            grads.append((part.grad_lists, left is not None))
         if mesh is not None:
             mesh.agree_(found_inf, norm_sq)
-        return inv_scale
+        return tuple(grads)
 
-    def clip_grads_(self, coef: Tensor) -> None:
+    def clip(self, grad_pass: GradPass, coef: Tensor) -> GradPass:
         # See Note [clipping in the step] in protocol/clipping.py: in the inv_scale an update
-        # applies in registers, else in the grads the unscale left (the torch forms read those).
-        for backend, part in self.parts.items():
-            left = self.left.get(backend)
-            if left is not None:
-                self.left[backend] = left * coef
-                continue
-            grads = list(chain.from_iterable(part.grad_lists))
-            if grads:
+        # applies in registers, else in the grads the check unscaled (the torch forms read those).
+        for grad_lists, scaled in grad_pass.grads or ():
+            grads = list(chain.from_iterable(grad_lists))
+            if grads and not scaled:
                 clip_in_place_(grads, coef)
+        inv_scale = grad_pass.inv_scale
+        clipped = None if inv_scale is None else inv_scale * coef
+        return dataclasses.replace(grad_pass, inv_scale=clipped)
 
-    def commit(self, pending: PendingStep) -> None:
-        """Installs the new state, runs every update and the epilogue: only device errors can
-        interrupt."""
-        found_inf = pending.found_inf
-        self.optimizer.state.update(self.new_state)
-        masters = self.masters
-        if masters is not None and self.edited_masters:
-            resync_masters_(
-                [masters.params[i] for i in self.edited_masters],
-                [masters.masters[i] for i in self.edited_masters],
-            )
+    def update(self, grad_pass: GradPass) -> None:
+        found_inf = grad_pass.found_inf if grad_pass.skip else None
+        if self.masters is not None and self.edited_masters:
+            self.masters.resync_(self.edited_masters)
+        # The torch forms advance their counters with the math; put back on a failure (Note
+        # [atomic step] in protocol/steps.py). Our kernels' epilogue advances them at commit.
+        saved = []
         for backend, part in self.parts.items():
-            left = self.left.get(backend, pending.inv_scale)
-            if part.reduction is not None:
-                part.reduction(found_inf, left, part.grad_lists)
-            for update, grads in zip(part.updates, part.grad_lists):
-                update(found_inf, left, grads)
+            if not backend.applies_scale_update:
+                saved.append((part.step_lists, _saved_counters(part.step_lists)))
+        try:
+            for part, (grad_lists, scaled) in zip(self.parts.values(), self._grads(grad_pass)):
+                inv_scale = grad_pass.inv_scale if scaled else None
+                if part.reduction is not None:
+                    part.reduction(found_inf, inv_scale, grad_lists)
+                for update, grads in zip(part.updates, grad_lists):
+                    update(found_inf, inv_scale, grads)
+        except BaseException:
+            for step_lists, counters in saved:
+                _restore_counters(step_lists, counters)
+            raise
+
+    def commit(self, grad_pass: GradPass) -> None:
+        self.optimizer.state.update(self.new_state)
+        found_inf = grad_pass.found_inf if grad_pass.skip else None
         for backend, part in self.parts.items():
             assert part.epilogue is not None
-            part.epilogue(found_inf, pending.scale_update if backend is self.backend else None)
-        if masters is not None:
-            masters.record(self.optimizer)
+            part.epilogue(found_inf, grad_pass.scale_update if backend is self.backend else None)
+        if self.masters is not None:
+            self.masters.record(self.optimizer)
+
+    def settle(self, grad_pass: GradPass) -> GradPass | None:
+        # See Note [atomic step] in protocol/steps.py: the user's grads the check wrote (unscaled
+        # in place: those still in a part's lists) make the pass pending; the others are made
+        # what unscale() leaves (unscaled by what the update would have applied, or copied
+        # from the unscaled copies the update would have read).
+        grads = list(zip(self.parts.values(), self._grads(grad_pass)))
+        if not any(
+            any(map(is_, gs, map(_GRAD, ps)))
+            for part, (grad_lists, scaled) in grads
+            if not scaled
+            for gs, ps in zip(grad_lists, part.param_lists)
+        ):
+            return None
+        for part, (grad_lists, scaled) in grads:
+            for gs, ps in zip(grad_lists, part.param_lists):
+                for grad, user in zip(gs, map(_GRAD, ps)):
+                    if scaled:
+                        user.mul_(grad_pass.inv_scale)
+                    elif grad is not user:
+                        user.copy_(grad)
+        return dataclasses.replace(grad_pass, inv_scale=None, grads=None)
+
+    def _grads(self, grad_pass: GradPass) -> tuple[tuple[list[list[Tensor]], bool], ...]:
+        """The pass's grads per part, or this plan's own, unscaled already (a pending pass)."""
+        if grad_pass.grads is not None:
+            return grad_pass.grads
+        return tuple((part.grad_lists, False) for part in self.parts.values())
 
 
-def build_plan(optimizer: Planned) -> FusedStepPlan:
-    """The step's plan from scratch: every param, grad and state entry validated, new state
-    built on the side, every group's update, the grad reduction and the epilogue prepared."""
-    device = optimizer._params_device()
-    backend = select(device)
-    plan = FusedStepPlan(optimizer, backend)
-    plan.over_subclasses = any(
-        type(p) not in PLAIN_TENSOR_TYPES
-        for group in optimizer.param_groups
-        for p in group["params"]
-    )
-    on_shards = False  # See Note [DTensor steps on our kernels] in fused/sharded.py
-    if plan.over_subclasses:
-        check_dtensor_update(optimizer, optimizer.param_groups)
-        all_params = [p for group in optimizer.param_groups for p in group["params"]]
-        on_shards = backend is not TORCH_NATIVE and kernels_take_shards(optimizer, all_params)
-        if backend is not TORCH_NATIVE and not on_shards:
-            # See Note [launchable tensors] in kernels/launcher.py: our kernels take plain tensors
-            # only; torch's ops take a DTensor (or another subclass) as torch.optim gives it them.
-            plan = FusedStepPlan(optimizer, TORCH_NATIVE)
-            plan.over_subclasses = True
-    seed_index = _seed_index(optimizer)
-    rounds = optimizer.kernel.lists[-3:-1] == ROUNDING_LISTS
-    for group in optimizer.param_groups:
-        # Checked here, not at every step: what they depend on (the options' values and the
-        # params' dtypes) sends a step through the full plan when it changes.
-        check_rounding_options(group, rounds)
-        check_rounding_params(group)
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
-            plan.groups.append(_GroupLists(group, params, [], []))
+def _saved_counters(step_lists: list[list[Tensor]]) -> list[Tensor | None]:
+    saved: list[Tensor | None] = []
+    for steps in step_lists:
+        if isinstance(steps, PackedSteps):
+            saved.append(steps.flat.clone())
+        else:
+            saved.append(torch.stack(steps) if steps else None)
+    return saved
+
+
+def _restore_counters(step_lists: list[list[Tensor]], saved: list[Tensor | None]) -> None:
+    for steps, counters in zip(step_lists, saved):
+        if counters is None:
             continue
-        # checks every param
-        routed = torch_optim_indices(optimizer, group, params, any(route_key(optimizer, group)))
-        check_param_grads(params, device)
-        plan.params += params
-        plan.grads += [p.grad for p in params]
-        # Updates walk param, grad and state storage in lockstep, so a grad whose strides
-        # differ from its param's is copied into the param's layout (torch 2.13's CPU fused
-        # AdamW silently mixes up the elements of a transposed grad).
-        # (torch.optim's implementation takes grads as they are: sparse ones have no strides.)
-        grads = [
-            p.grad
-            if i in routed or p.grad.stride() == p.stride()
-            else torch.empty_like(p, dtype=p.grad.dtype).copy_(p.grad)
-            for i, p in enumerate(params)
-        ]
-        plan.grads_copied |= any(g is not p.grad for g, p in zip(grads, params))
-        keys = optimizer.state_keys(group)
-        fill = optimizer.initial_state_fill()
-        state_lists: TensorLists = [[] for key in keys if key is not None]
-        steps = []
-        for i, param in enumerate(params):
-            counter_device = step_device(group, param) if i in routed else None
-            tensors, step, replacement = stage_state(
-                param, optimizer.state.get(param, {}), keys, counter_device, fill
-            )
-            for state_list, tensor in zip(state_lists, tensors):
-                state_list.append(tensor)
-            steps.append(step)
-            if replacement is not None:
-                plan.new_state[param] = replacement
-        steps = _pack_counters(params, steps, plan.new_state, optimizer.state)
-        scratch = optimizer.scratch_lists(group, params)
-        rounding = _stage_rounding(optimizer, group, params, plan.new_state, seed_index)
-        filled = iter(state_lists)
-        state = [[] if key is None else next(filled) for key in keys]
-        lists = [params, grads, *state, *scratch, *rounding, steps]
-        if on_shards:  # the kernels get plain local tensors; the state stays DTensors
-            lists = [local_tensors(tensors) for tensors in lists]
-        plan.groups.append(_GroupLists(group, params, lists, list(chain.from_iterable(scratch))))
-        for part_backend, picked in _split_by_support(plan.backend, params, routed):
-            chosen = (
-                lists
-                if len(picked) == len(params)
-                else [[t[i] for i in picked] if t else [] for t in lists]
-            )
-            part = plan.part(part_backend)
-            chosen_scratch = list(
-                chain.from_iterable(chosen[2 + len(keys) : 2 + len(keys) + len(scratch)])
-            )
-            part.updates.append(part_backend.prepare(optimizer, group, chosen, chosen_scratch))
-            part.grad_lists.append(chosen[1])
-            part.steps += chosen[-1]
-    if plan.new_state:
-        refuse_during_capture("Creating or converting optimizer state")
-    plan.part(plan.backend)  # the device's backend ends the step (and moves the scale) always
-    reduction = optimizer.grad_reduction(plan.grads) if plan.grads else None
-    if reduction is not None and len(plan.parts) > 1:
-        dtypes = sorted({str(p.dtype) for p in plan.params if not plan.backend.supports(p)})
-        raise ValueError(
-            f"{type(optimizer).__name__}'s update reduces over every grad of the step, but the "
-            f"{plan.backend.name} backend cannot update {', '.join(dtypes)} params; use float32, "
-            "float16 or bfloat16 params, or torch's ops for all of them (SCALEDOPTIM_KERNELS=torch)"
-        )
-    for part_backend, part in plan.parts.items():
-        part.unscale = part_backend.prepare_unscale(part.grad_lists, part.updates)
-        if reduction is not None:
-            part.reduction = part_backend.prepare_reduction(reduction, part.grad_lists)
-        part.epilogue = part_backend.prepare_epilogue(part.steps)
-    if on_shards:
-        plan.mesh = MeshAgreement(plan.params)
-    plan.masters = MasterWatch.of(optimizer, plan.new_state)
-    if plan.masters is not None:
-        plan.edited_masters = plan.masters.edited(optimizer)
-    return plan
+        if isinstance(steps, PackedSteps):
+            steps.flat.copy_(counters)
+        else:
+            torch._foreach_copy_(steps, list(counters.unbind()))
 
 
-def _pack_counters(
-    params: list[Tensor],
-    steps: list[Tensor],
-    new_state: dict[Tensor, dict[str, Any]],
-    state: dict[Tensor, dict[str, Any]],
-) -> list[Tensor]:
-    """A CPU group's step counters as views of one tensor (Note [packed counters] in
-    torch_ops/skip.py), in ``new_state`` where they were not yet; other devices' as they are."""
-    if any(step.device.type != "cpu" for step in steps):
-        return steps  # kernels advance them in the update; CUDA's foreach op is one launch
-    flat = steps[0]._base
-    if (
-        flat is not None
-        and flat.dim() == 1
-        and flat.dtype == torch.float32
-        and flat.device.type == "cpu"
-        and len(flat) == len(steps)
-        and flat.is_contiguous()
-        and all(step._base is flat for step in steps)
-        and [step.storage_offset() for step in steps]
-        == list(range(flat.storage_offset(), flat.storage_offset() + len(steps)))
-    ):
-        packed = PackedSteps(flat)
-        packed[:] = steps  # the same objects as the state's
-        return packed
-    packed = PackedSteps(torch.stack([step.detach() for step in steps]))
-    for param, counter in zip(params, packed):
-        replacement = new_state.get(param)
-        if replacement is None:
-            replacement = new_state[param] = dict(state.get(param, {}))
-        replacement["step"] = counter
-    return packed
+# ------------------------------------------------------------------------------- the kept plan
+def _layout_guard(tensors: list[Tensor]) -> TensorGuards:
+    """A check, in one C++ pass, that tensors have the exact type, dispatch keys, dtype, device,
+    requires_grad, shape and strides of ``tensors`` now (torch.compile's guard on its inputs)."""
+    # One list of dims per tensor, as torch.compile passes them (the stub says one list).
+    sizes: Any = [list(t.size()) for t in tensors]
+    strides: Any = [list(t.stride()) for t in tensors]
+    return TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
 
 
-def _split_by_support(
-    backend: Backend, params: list[Tensor], routed: set[int]
-) -> list[tuple[Backend, list[int]]]:
-    """The indices of ``params`` per backend: torch.optim's implementation for ``routed`` (Note
-    [torch.optim route]), ``backend``'s, and torch's ops for the rest (those our kernels cannot
-    take: torch.optim takes float64 params, so the fused optimizers do too)."""
-    ours = [i for i, p in enumerate(params) if i not in routed and backend.supports(p)]
-    others = [i for i, p in enumerate(params) if i not in routed and not backend.supports(p)]
-    split = ((backend, ours), (TORCH_NATIVE, others), (TORCH_OPTIM, sorted(routed)))
-    return [(b, picked) for b, picked in split if picked]
+_IMMUTABLE = (bool, int, float, str, type(None))
 
 
-def _seed_index(optimizer: Planned) -> dict[Tensor, int]:
-    """Each param's index among all of the optimizer's, which seeds its stochastic rounding;
-    built only when a group asks for it."""
-    if not any(group.get("stochastic_rounding", False) for group in optimizer.param_groups):
-        return {}
-    return {p: i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+def _settled(value: Any) -> bool:
+    """Whether an option's value cannot change in place (numbers, strings, tuples of them)."""
+    if isinstance(value, tuple):
+        return all(isinstance(item, _IMMUTABLE) for item in value)
+    return isinstance(value, _IMMUTABLE)
 
 
-def _stage_rounding(
-    optimizer: Planned,
-    group: Group,
-    params: list[Tensor],
-    new_state: dict[Tensor, dict[str, Any]],
-    seed_index: dict[Tensor, int],
-) -> TensorLists:
-    """The kernel's ``master_params`` and ``sr_seeds`` lists for ``params`` (none for a kernel
-    without them), recording created or dropped state entries in ``new_state``."""
-    if optimizer.kernel.lists[-3:-1] != ROUNDING_LISTS:
-        return []
-    masters: list[Tensor] = []
-    seeds: list[Tensor] = []
-    for param in params:
-        state = new_state.get(param, optimizer.state.get(param, {}))
-        master, seed, changes = stage_rounding_state(param, state, group, seed_index.get(param, -1))
-        if changes:
-            updated = {**state, **changes}
-            new_state[param] = {k: v for k, v in updated.items() if v is not None}
-        if master is not None:
-            masters.append(master)
-        if seed is not None:
-            seeds.append(seed.view(torch.float32))  # the kernel reads its bits
-    return [masters, seeds]
+class _GroupEntry:
+    """One param group's part of a cached step (Note [step cache]): what was validated and its
+    prepared update."""
 
-
-def route_key(update: Update, group: Group) -> tuple[bool, bool]:
-    """What of ``group``, besides its params, sends all of them to torch.optim's implementation
-    (Note [torch.optim route] in backends/torch_optim.py): ``differentiable``, and a tensor
-    hyper-parameter on an accelerator. Here, as the step cache re-checks it at every step."""
-    if update.torch_optim is None:
-        return False, False
-    return bool(group.get("differentiable")), _holds_accelerator_tensor(group)
-
-
-def _holds_accelerator_tensor(group: Group) -> bool:
-    for key, value in group.items():
-        if key == "params":
-            continue
-        for item in value if isinstance(value, tuple) else (value,):
-            if isinstance(item, Tensor) and item.device.type != "cpu":
-                return True
-    return False
-
-
-def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
-    """What, besides the params and their state, decides a group's tensor lists (the value's type
-    too: ``1`` is no valid ``master_weights`` though it equals ``True``) and its backends."""
-    master, stochastic = group.get("master_weights", False), group.get("stochastic_rounding", False)
-    return (
-        optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
-        route_key(optimizer, group),
-    )
-
-
-class MasterWatch:
-    """The 16-bit params of ``master_weights`` groups that have an fp32 master, their masters,
-    and (once a step committed) each param's version counter and data pointer after it: Note
-    [param edits under master weights] in rounding.py."""
-
-    def __init__(self, params: list[Tensor], masters: list[Tensor]) -> None:
+    def __init__(
+        self, optimizer: Planned, group: Group, params: list[Tensor], update: PreparedUpdate | None
+    ) -> None:
+        self.group = group
+        self.lists_key = lists_key(optimizer, group)
+        self.remember_options(group)
+        with_grad = {id(p) for p in params}
+        self.without_grad = [i for i, p in enumerate(group["params"]) if id(p) not in with_grad]
         self.params = params
-        self.masters = masters
-        self.versions: list[int] | None = None
-        self.pointers: list[int] | None = None
-        # Where the params were when this step was planned: a commit does not move them.
-        self._planned_pointers: list[int] | None = None
+        self.param_ptrs = list(map(_DATA_PTR, params))
+        self.param_layouts = _layout_guard(params)
+        grads = list(map(_GRAD, params))
+        self.grad_ptrs = list(map(_DATA_PTR, grads))
+        self.grad_layouts = _layout_guard(grads)
+        self.update = update
+
+    def remember_options(self, group: Group) -> None:
+        self.keys = tuple(group)
+        self.values = list(group.values())
+        self.settled = all(_settled(value) for key, value in group.items() if key != "params")
+
+    def options_kept(self, group: Group) -> bool:
+        """Whether every option of ``group`` is the value object validated (in C)."""
+        return (
+            self.settled
+            and tuple(group) == self.keys
+            and all(map(is_, group.values(), self.values))
+        )
+
+    def current(self, group: Group) -> tuple[list[Tensor], list[Tensor]] | None:
+        """``(params, grads)``: the group's params with a grad and their grads, if the cached
+        update still holds for them (now repointed to the grads), else ``None`` (or a raise)."""
+        params = group["params"]
+        grads = list(map(_GRAD, params))
+        if self.without_grad:
+            if [i for i, g in enumerate(grads) if g is None] != self.without_grad:
+                return None
+            params = [p for p, g in zip(params, grads) if g is not None]
+            grads = [g for g in grads if g is not None]
+        # The same params at the same pointers with the same layout; the grads' layout against
+        # the validated grads', not their param's (a param pruned with its grad still matches
+        # it); a grad that turned None or sparse fails the guard before data_ptr() could raise.
+        if (
+            not all(map(is_, params, self.params))
+            or list(map(_DATA_PTR, params)) != self.param_ptrs
+            or not self.param_layouts.check(*params)
+            or not self.grad_layouts.check(*grads)
+        ):
+            return None
+        pointers = list(map(_DATA_PTR, grads))
+        if pointers != self.grad_ptrs:
+            # A null pointer with elements is a grad a kernel cannot read (Note [launchable
+            # tensors] in kernels/launcher.py): the full plan refuses it before any table moves.
+            if 0 in pointers and any(p == 0 and g.numel() for p, g in zip(pointers, grads)):
+                return None
+            if self.update is not None:
+                self.update.repoint(pointers)
+            self.grad_ptrs = pointers
+        return params, grads
+
+
+class StepCache:
+    """A fused optimizer's last step plan, reusable while nothing it depends on changed (Note
+    [step cache])."""
+
+    def __init__(self, optimizer: Planned, plan: FusedStepPlan) -> None:
+        (part,) = plan.parts.values()
+        self.backend = plan.backend
+        self.mode = os.environ.get(KERNELS_ENV)
+        self.device = optimizer._params_device()
+        self.chunk_size = launch_config.chunk_size
+        updates = iter(part.updates)  # one per group with grads, in order
+        self.groups = [
+            _GroupEntry(optimizer, group, params, next(updates) if params else None)
+            for group, params in plan.groups
+        ]
+        # The part as it was built, without grads: each step's are bound in renew().
+        self.part = dataclasses.replace(part, grad_lists=[], param_lists=[])
+        # Where every state value lives, in order: any value moved or replaced changes it.
+        self.state_ptrs = _state_pointers(optimizer.state)
+        self.masters = plan.masters
 
     @staticmethod
-    def of(optimizer: Planned, new_state: dict[Tensor, dict[str, Any]]) -> MasterWatch | None:
-        """Every param with a master after the step ``new_state`` creates, with or without a
-        grad (an edit is followed whether or not the param is stepped)."""
-        params, masters = [], []
-        for group in optimizer.param_groups:
-            if group.get("master_weights", False) is not True:
-                continue
-            for param in group["params"]:
-                state = new_state.get(param) or optimizer.state.get(param, {})
-                master = state.get(MASTER_KEY) if isinstance(state, dict) else None
-                if is_master_of(master, param):
-                    params.append(param)
-                    masters.append(master)
-        return MasterWatch(params, masters) if params else None
+    def of(optimizer: Planned, plan: FusedStepPlan) -> StepCache | None:
+        """The cache of ``plan``, or ``None`` when the next step may not be planned the same way:
+        state to create, two backends, grads copied into their param's layout, or tensor
+        subclasses (a DTensor's ``data_ptr()`` is 0: no pointer could show it moved)."""
+        if plan.new_state or plan.grads_copied or plan.over_subclasses or len(plan.parts) != 1:
+            return None
+        return StepCache(optimizer, plan)
 
-    def edited(self, optimizer: Planned) -> list[int]:
-        """The indices of the params written by someone else since the optimizer's last step
-        (their version counter or data pointer moved); none for a param it never recorded (a
-        loaded or copied state: its master is the truth)."""
-        pointers = self._planned_pointers = list(map(_DATA_PTR, self.params))
-        last = optimizer._master_watch
-        if last is None or last.versions is None or last.pointers is None:
-            return []
-        versions = list(map(_VERSION, self.params))
-        recorded: list[tuple[int, int] | None]
-        if last is self:  # the steady state: the same params, compared in C
-            if versions == last.versions and pointers == last.pointers:
-                return []
-            recorded = list(zip(last.versions, last.pointers))
-        else:  # the previous plan watched other params (the holder keeps their ids unique)
-            known = dict(zip(map(id, last.params), zip(last.versions, last.pointers)))
-            recorded = [known.get(id(p)) for p in self.params]
+    def renew(self, optimizer: Any) -> FusedStepPlan | None:
+        """This step's plan from the cache, or ``None`` when anything it depends on changed.
+        Raises for an option a full plan would refuse."""
+        groups = optimizer.param_groups
+        if (
+            os.environ.get(KERNELS_ENV) != self.mode
+            or launch_config.chunk_size != self.chunk_size
+            or len(groups) != len(self.groups)
+        ):
+            return None
+        for entry, group in zip(self.groups, groups):
+            if group is not entry.group:
+                return None
+            if not entry.options_kept(group):
+                check_param_groups(optimizer)
+                optimizer._check_group(group)
+                if lists_key(optimizer, group) != entry.lists_key:
+                    return None
+                entry.remember_options(group)
+        param_lists, grad_lists = [], []
+        try:
+            if optimizer._params_device() != self.device:
+                return None
+            if _state_pointers(optimizer.state) != self.state_ptrs:
+                return None
+            for entry, group in zip(self.groups, groups):
+                current = entry.current(group)
+                if current is None:
+                    return None
+                params, grads = current
+                if grads:
+                    param_lists.append(params)
+                    grad_lists.append(grads)
+            edited = self.masters.edited(optimizer) if self.masters is not None else []
+        except (RuntimeError, TypeError, AttributeError, KeyError):
+            return None
+        # The check's pointers from every group's, each step (a step may have repointed a group,
+        # then planned in full: an error in a later group).
+        pointers = (
+            self.groups[0].grad_ptrs
+            if len(self.groups) == 1
+            else list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
+        )
+        plan = FusedStepPlan(optimizer, self.backend)
+        plan.params = list(chain.from_iterable(param_lists))
+        plan.grads = list(chain.from_iterable(grad_lists))
+        plan.masters, plan.edited_masters = self.masters, edited
+        # (The same groups have grads as when the part was built: its updates are this step's.)
+        part = plan.parts[self.backend] = dataclasses.replace(
+            self.part, grad_lists=grad_lists, param_lists=param_lists
+        )
+        assert part.unscale is not None
+        part.unscale.repoint(pointers)
+        if part.reduction is not None:
+            part.reduction.repoint(pointers)
+        return plan
+
+
+def _state_pointers(state: dict[Tensor, dict[str, Any]]) -> list[int]:
+    """The data pointer of every value of every param's state, in order (``TypeError`` for a
+    state that is not a dict)."""
+    values = chain.from_iterable(map(dict.values, state.values()))
+    try:
+        return list(map(_DATA_PTR, values))
+    except TypeError:  # an entry a user added that is no tensor: no step reads it
         return [
-            i
-            for i, (now, then) in enumerate(zip(zip(versions, pointers), recorded))
-            if then is not None and now != then
+            v.data_ptr() if isinstance(v, Tensor) else id(v)
+            for v in chain.from_iterable(map(dict.values, state.values()))
         ]
 
-    def record(self, optimizer: Planned) -> None:
-        """Records the params as the step that just committed left them (torch's ops move
-        their version counters; our kernels write through pointers and do not)."""
-        self.versions = list(map(_VERSION, self.params))
-        self.pointers = self._planned_pointers or list(map(_DATA_PTR, self.params))
-        optimizer._master_watch = self
+
+# ---------------------------------------------------------------------- the hyper-parameters
+def check_hyperparameter(
+    name: str, value: Any, low: float = 0.0, high: float | None = None
+) -> None:
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's
+    style."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
+    if not (low <= value and (high is None or value < high)):
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+def hyperparameter(name: str, value: Any) -> Any:
+    """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
+    current value (torch.optim accepts tensor ``lr``, ``betas``, SGD's ``weight_decay``; a
+    scheduler updates the tensor in place, and reading a CPU tensor costs no device sync). A
+    tensor on an accelerator is returned as it is: its group takes torch.optim's implementation,
+    which reads it on device. Anything else is returned as is.
+
+    Raises:
+        ValueError: a tensor with more than one element (torch's message).
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.numel() != 1:
+        raise ValueError(f"Tensor {name} must be 1-element")
+    return value if value.device.type != "cpu" else value.item()
+
+
+def check_tensor_hyperparameter(
+    label: str, name: str, value: object, low: float = 0.0, high: float | None = None
+) -> None:
+    """:func:`check_hyperparameter` for an option torch.optim also takes as a one-element tensor
+    (``name``: the option, as torch's ``"Tensor lr must be 1-element"`` names it). A tensor on an
+    accelerator is not read: a check at every step would sync the device."""
+    value = hyperparameter(name, value)
+    if not isinstance(value, torch.Tensor):
+        check_hyperparameter(label, value, low, high)

@@ -10,7 +10,7 @@ an edit of the param between steps (weight clipping, max-norm, a Lookahead or Di
 re-initialising a layer, ``model.load_state_dict``) would be undone by the next step. A careful
 user expects the param they wrote to be the one trained, as with any torch optimizer, so the
 master follows the param: after each step the plan records every such param's version counter
-and data pointer (``MasterWatch`` in plan.py; two list passes in C, only for these params); the
+and data pointer (:class:`MasterWatch`; two list passes in C, only for these params); the
 next step, finding either moved (an in-place edit through the param, ``p.copy_``, ``p.set_``,
 ``p.data = t``, ``model.load_state_dict``), first copies into the master each element whose
 param differs from the master rounded to the param's dtype (``resync_masters_``), so the master
@@ -26,6 +26,7 @@ param.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import torch
@@ -36,12 +37,17 @@ from ..torch_ops import initial_seed
 __all__ = [
     "MASTER_KEY",
     "SEED_KEY",
+    "MasterWatch",
     "check_rounding_options",
     "check_rounding_params",
     "is_master_of",
     "resync_masters_",
     "stage_rounding_state",
 ]
+
+# The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
+_DATA_PTR = Tensor.data_ptr
+_VERSION: Callable[[Tensor], int] = vars(torch._C.TensorBase)["_version"].__get__
 
 MASTER_KEY = "master_param"
 SEED_KEY = "sr_seed"
@@ -172,3 +178,67 @@ def _as_seed(value: Any, index: int, param: Tensor) -> Tensor:
         f"{value!r}; it must be a one-element integer tensor. Load a state_dict saved by this "
         "optimizer, or delete the entry (del opt.state[p]['sr_seed']) to re-derive it"
     )
+
+
+class MasterWatch:
+    """The 16-bit params of ``master_weights`` groups that have an fp32 master, their masters,
+    and (once a step committed) each param's version counter and data pointer after it: Note
+    [param edits under master weights]."""
+
+    def __init__(self, params: list[Tensor], masters: list[Tensor]) -> None:
+        self.params = params
+        self.masters = masters
+        self.versions: list[int] | None = None
+        self.pointers: list[int] | None = None
+        # Where the params were when this step was planned: a commit does not move them.
+        self._planned_pointers: list[int] | None = None
+
+    @staticmethod
+    def of(optimizer: Any, new_state: dict[Tensor, dict[str, Any]]) -> MasterWatch | None:
+        """Every param with a master after the step ``new_state`` creates, with or without a
+        grad (an edit is followed whether or not the param is stepped)."""
+        params, masters = [], []
+        for group in optimizer.param_groups:
+            if group.get("master_weights", False) is not True:
+                continue
+            for param in group["params"]:
+                state = new_state.get(param) or optimizer.state.get(param, {})
+                master = state.get(MASTER_KEY) if isinstance(state, dict) else None
+                if is_master_of(master, param):
+                    params.append(param)
+                    masters.append(master)
+        return MasterWatch(params, masters) if params else None
+
+    def edited(self, optimizer: Any) -> list[int]:
+        """The indices of the params written by someone else since the optimizer's last step
+        (their version counter or data pointer moved); none for a param it never recorded (a
+        loaded or copied state: its master is the truth)."""
+        pointers = self._planned_pointers = list(map(_DATA_PTR, self.params))
+        last = optimizer._master_watch
+        if last is None or last.versions is None or last.pointers is None:
+            return []
+        versions = list(map(_VERSION, self.params))
+        recorded: list[tuple[int, int] | None]
+        if last is self:  # the steady state: the same params, compared in C
+            if versions == last.versions and pointers == last.pointers:
+                return []
+            recorded = list(zip(last.versions, last.pointers))
+        else:  # the previous plan watched other params (the holder keeps their ids unique)
+            known = dict(zip(map(id, last.params), zip(last.versions, last.pointers)))
+            recorded = [known.get(id(p)) for p in self.params]
+        return [
+            i
+            for i, (now, then) in enumerate(zip(zip(versions, pointers), recorded))
+            if then is not None and now != then
+        ]
+
+    def resync_(self, edited: list[int]) -> None:
+        """Copies the edits of the params at ``edited`` into their masters (resync_masters_)."""
+        resync_masters_([self.params[i] for i in edited], [self.masters[i] for i in edited])
+
+    def record(self, optimizer: Any) -> None:
+        """Records the params as the step that just committed left them (torch's ops move
+        their version counters; our kernels write through pointers and do not)."""
+        self.versions = list(map(_VERSION, self.params))
+        self.pointers = self._planned_pointers or list(map(_DATA_PTR, self.params))
+        optimizer._master_watch = self

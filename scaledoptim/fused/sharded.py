@@ -1,16 +1,19 @@
-"""DTensor params (FSDP2, tensor parallel) on our kernels: the step runs over their local
-shards, and what one shard cannot see alone is agreed over the params' meshes.
+"""DTensor params (FSDP2, tensor parallel), alone or beside plain params: the step runs over
+their local shards, and what one shard cannot see alone is agreed over the params' meshes.
 
 Note [DTensor steps on our kernels]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Each element of an elementwise update (``Update.elementwise``) reads only that element of its
 param, grad and state, so a DTensor's update is its local shard's update (Note [tensor
-subclasses] in backends/torch_native.py). On the kernel backend the plan therefore hands our
-kernels each DTensor's local tensor (``to_local()``: a plain tensor, a view of the DTensor's
-storage) of its param, grad, state and fp32 master; the state stays a DTensor of the param's
-placements in ``optimizer.state`` (so DCP saves and reshards it) and the kernels write through
-its local tensor. ``check_launchable`` still checks every tensor a table is built from (Note
-[launchable tensors] in kernels/launcher.py). What one rank's shards cannot see alone:
+subclasses] in backends/torch_native.py). On both backends the plan therefore hands the update
+each DTensor's local tensor (``to_local()``: a plain tensor, a view of the DTensor's storage) of
+its param, grad, state and fp32 master, so that our kernels, and torch's foreach and fused ops,
+get plain tensors, also where DTensors and plain params share one optimizer (tensor parallel
+leaves the modules it does not parallelize plain; torch's ops refuse a list that mixes the two).
+The state stays a DTensor of the param's placements in ``optimizer.state`` (so DCP saves and
+reshards it) and the update writes through its local tensor. ``check_launchable`` still checks
+every tensor a table is built from (Note [launchable tensors] in kernels/launcher.py). What one
+rank's shards cannot see alone:
 
 * ``found_inf``: the read-only check sees this rank's shards only, so the plan's unscale ends
   with a MAX all-reduce of it over every dimension of each mesh of the step's params, on device
@@ -29,8 +32,11 @@ its local tensor. ``check_launchable`` still checks every tensor a table is buil
 
 The rest takes torch's ops (the plan routes the whole step there): LAMB, whose kernels compute
 each tensor's norms and use them for its trust ratio inside one launch sequence, with no point
-between them where a sum could be added up over the mesh; ``Partial`` placements (values not
-summed yet); and every other tensor subclass. A DTensor step is not cached (``StepCache.of``):
+between them where a sum could be added up over the mesh, gets the DTensors themselves (its torch
+form sums over the mesh itself), and the agreement above, whose check reads their local tensors;
+``Partial`` placements (values not summed yet) and every other tensor subclass go to torch's ops
+as they are, and are refused beside plain params (one foreach op cannot take both), before
+anything changes. A DTensor step is not cached (``StepCache.of``):
 a DTensor's ``data_ptr()`` is 0, and checking its local tensors' pointers would take Python per
 tensor at every step, about what the plan costs; each step plans in full, and the launcher
 reuses its argument tables while the local tensors stay where they are.
@@ -49,29 +55,45 @@ from ..scale import agree_on_found_inf
 from ..torch_ops import MeshSums, local_tensors
 from .update import Group, Update
 
-__all__ = ["MeshAgreement", "check_dtensor_update", "kernels_take_shards"]
+__all__ = ["MeshAgreement", "check_dtensor_update", "steps_on_local_shards"]
 
 
 def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
-    """Raises for DTensor params of an update that is not elementwise whose placements its sums
-    over whole tensors cannot take (a ``Partial`` one), naming the param group."""
-    # See Note [sums over the mesh] in torch_ops/sharded.py.
-    if update.elementwise:
+    """Raises, naming the param group or the fix, for DTensor params whose placements the
+    update's sums over whole tensors cannot take (a ``Partial`` one, for an update that is not
+    elementwise), and for tensor subclasses beside plain params that the step cannot take on
+    local shards (Note [DTensor steps on our kernels])."""
+    name = type(update).__name__
+    if not update.elementwise:
+        for index, group in enumerate(param_groups):
+            try:
+                # See Note [sums over the mesh] in torch_ops/sharded.py.
+                MeshSums(list(group["params"]))
+            except ValueError as error:
+                raise ValueError(
+                    f"{name}: param group {index}: {error}; nothing was changed"
+                ) from None
+    params = [p for group in param_groups for p in group["params"]]
+    others = [type(p).__name__ for p in params if type(p) not in PLAIN_TENSOR_TYPES]
+    if (
+        len(others) == len(params)
+        or steps_on_local_shards(update, params)
+        or (not update.elementwise and set(others) <= {"DTensor"})
+    ):
         return
-    for index, group in enumerate(param_groups):
-        try:
-            MeshSums(list(group["params"]))
-        except ValueError as error:
-            raise ValueError(
-                f"{type(update).__name__}: param group {index}: {error}; nothing was changed"
-            ) from None
+    raise ValueError(
+        f"{name}'s params mix plain tensors and {sorted(set(others))}, which its step cannot take "
+        "on local shards (a DTensor with a Partial placement, or another tensor subclass), and "
+        "torch's ops refuse a list that mixes the two; nothing was changed. Step the plain "
+        "params with an optimizer of their own, or make them DTensors too (e.g. "
+        "nn.Parameter(distribute_tensor(p, mesh, [Replicate()])))"
+    )
 
 
-def kernels_take_shards(update: Update, params: list[Tensor]) -> bool:
-    """Whether our kernels can step ``params``, some of them tensor subclasses, on their local
-    shards: an elementwise update, and every subclass a DTensor without a ``Partial`` placement
-    whose local tensor is a plain tensor."""
-    # See Note [DTensor steps on our kernels] for what the rest takes instead.
+def steps_on_local_shards(update: Update, params: list[Tensor]) -> bool:
+    """Whether a step of ``params``, some of them tensor subclasses, runs on their local shards
+    (Note [DTensor steps on our kernels]): an elementwise update, and every subclass a DTensor
+    without a ``Partial`` placement whose local tensor is a plain tensor."""
     if not update.elementwise or not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor

@@ -8,14 +8,24 @@ file each in ``scaledoptim/optim/``); nothing here knows an optimizer.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
 from ..kernels import MultiTensorKernel
+from .state import StateLayout
 
-__all__ = ["GradReduction", "Group", "ScaledTorchUpdate", "TensorLists", "Update"]
+__all__ = [
+    "GradReduction",
+    "Group",
+    "ScaledTorchUpdate",
+    "TensorLists",
+    "Update",
+    "lists_key",
+    "route_key",
+]
 
 #: A param group: ``"params"`` and the optimizer's options.
 Group = dict[str, Any]
@@ -89,7 +99,20 @@ class Update(Protocol):
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists (``None`` for a
         list the group's options turn off). They are created as float32 zeros shaped like the
-        param (``state["step"]``, a float32 counter, exists for every optimizer)."""
+        param, or as :meth:`initial_state_fill` says (``state["step"]``, a float32 counter,
+        exists for every optimizer)."""
+        ...
+
+    def initial_state_fill(self) -> dict[str, float]:
+        """The value each state key created filled rather than with zeros starts at (Adagrad's
+        ``sum``: the constructor's ``initial_accumulator_value``); usually none."""
+        ...
+
+    def state_layouts(self, group: Group) -> Mapping[str, StateLayout]:
+        """The state names of :meth:`state_keys` whose tensors are not float32 ones shaped
+        like the param, and their layouts (a low-bit state's codes and per-block scales); our
+        kernels then take their lists in the layouts their names declare (``MultiTensorKernel``:
+        ``*_codes``, ``*_scales``), the scales' block size from here. Usually none."""
         ...
 
     def scratch_lists(self, group: Group, params: list[Tensor]) -> TensorLists:
@@ -161,3 +184,32 @@ class ScaledTorchUpdate(Protocol):
         found_inf: Tensor | None,
         grad_scale: Tensor | None = None,
     ) -> None: ...
+
+
+def route_key(update: Update, group: Group) -> tuple[bool, bool]:
+    """What of ``group``, besides its params, sends all of them to torch.optim's implementation
+    (Note [torch.optim route] in backends/torch_optim.py): ``differentiable``, and a tensor
+    hyper-parameter on an accelerator."""
+    if update.torch_optim is None:
+        return False, False
+    return bool(group.get("differentiable")), _holds_accelerator_tensor(group)
+
+
+def _holds_accelerator_tensor(group: Group) -> bool:
+    for key, value in group.items():
+        if key == "params":
+            continue
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, Tensor) and item.device.type != "cpu":
+                return True
+    return False
+
+
+def lists_key(optimizer: Update, group: Group) -> tuple[Any, ...]:
+    """What, besides the params and their state, decides a group's tensor lists (the value's type
+    too: ``1`` is no valid ``master_weights`` though it equals ``True``) and its backends."""
+    master, stochastic = group.get("master_weights", False), group.get("stochastic_rounding", False)
+    return (
+        optimizer.state_keys(group), type(master), master, type(stochastic), stochastic,
+        route_key(optimizer, group),
+    )

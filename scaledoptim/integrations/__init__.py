@@ -7,6 +7,8 @@
 * :mod:`scaledoptim.integrations.transformers`: :class:`ScaledTrainer`, a ``transformers.Trainer``
   that autocasts and scales with scaledoptim on any device (needs the ``examples-hf`` and
   ``accelerate`` extras).
+* :mod:`scaledoptim.integrations.timm`: :class:`NativeScaler`, timm's loss scaler whose scale is
+  the optimizer's and whose clip by norm is inside the step (imports no timm).
 
 Nothing here is imported until you import its module, so ``import scaledoptim`` never needs
 Lightning, Accelerate or transformers.

@@ -34,6 +34,7 @@ import torch
 
 from ..amp import autocast
 from ..protocol import Optimizer, scale_outputs
+from ..protocol.clipping import to_max_grad_norm
 
 try:
     import lightning.pytorch as pl
@@ -211,14 +212,21 @@ class ScaledMixedPrecision(Precision):
         return closure_result
 
     def _clips_in_step(self, model: pl.LightningModule) -> bool:
-        """Whether this step clips inside ``unscale_and_step``: norm clipping configured."""
+        """Whether this step clips inside ``unscale_and_step``: norm clipping configured
+        (``gradient_clip_val`` 0 and ``None`` do not clip; negative, nan and inf raise)."""
         trainer = model.trainer
         value, algorithm = trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        try:
+            value = to_max_grad_norm(value)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"Invalid Trainer(gradient_clip_val={value!r}): the norm or value to clip the "
+                "grads to must be finite and > 0 (0 or None: no clipping)"
+            ) from error
         return (
             self.clip_in_step
             and model.automatic_optimization
             and value is not None
-            and value > 0
             and algorithm in (None, "norm")
         )
 

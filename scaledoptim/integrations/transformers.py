@@ -19,29 +19,34 @@ Trainer's and the Accelerator's public methods:
 * ``autocast_smart_context_manager``: the :func:`scaledoptim.autocast` region of every
   ``compute_loss`` (training and evaluation).
 * ``clip_grad_norm_`` (Accelerator, public) and ``step`` (of accelerate's ``AcceleratedOptimizer``,
-  public): with ``args.max_grad_norm > 0`` the Trainer asks the Accelerator to clip before it
-  calls ``optimizer.step()``. Under ``fp16=True`` that call records the clip instead and returns
+  public): with ``args.max_grad_norm`` set (not 0) the Trainer asks the Accelerator to clip before
+  it calls ``optimizer.step()``. Under ``fp16=True`` that call records the clip instead and returns
   a tensor the step fills with ``opt.grad_norm``; the optimizer's ``step()`` then runs
   ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=args.max_grad_norm)`` (Note [clipping
   in the step] in protocol/clipping.py), so the grads are unscaled and clipped inside the fused
   step, never in place. The Trainer logs that tensor as ``grad_norm`` after the step.
-* ``training_step``: with ``max_grad_norm <= 0`` (no clipping), after the backward of the last
-  micro-batch of an accumulation window, ``opt.unscale(grads_scaled_by=S)``, so the Trainer's
+* ``training_step``: with ``max_grad_norm`` 0 or ``None`` (no clipping), after the backward of the
+  last micro-batch of an accumulation window, ``opt.unscale(grads_scaled_by=S)``, so the Trainer's
   logged ``grad_norm`` sees unscaled grads; the Trainer's ``optimizer.step()`` then honours the
   ``found_inf`` it recorded, as ``opt.step_after_unscale()`` does.
 * ``create_optimizer``: a :class:`scaledoptim.AdamW` from the arguments (the AdamW optimizers);
   an optimizer given through ``optimizers=`` must have the loss-scaling protocol.
 * ``log``: adds ``loss_scale`` to the training logs.
-* ``_load_scaler``, the Trainer's one private method overridden: it loads ``scaler.pt``, a
-  GradScaler's ``state_dict`` a stock ``Trainer(fp16=True)`` checkpoint holds, into
-  ``self.accelerator.scaler``, which ScaledTrainer has not. Here the scaler's scale and growth
-  tracker are imported into the optimizer's scale (``load_gradscaler_state_dict``), after the
-  Trainer loaded ``optimizer.pt``; a transformers release without the method simply never
-  calls it.
+* ``_save_scaler`` and ``_load_scaler``, the Trainer's two private methods overridden: a stock
+  ``Trainer(fp16=True)`` saves ``self.accelerator.scaler`` (a GradScaler, which ScaledTrainer
+  has not) as ``scaler.pt`` and loads it back. Here ``scaler.pt`` is the optimizer's scale in
+  GradScaler's format (``gradscaler_state_dict``), and on resume, after the Trainer loaded
+  ``optimizer.pt``, a ``scaler.pt`` that differs from the scale ``optimizer.pt`` gave is
+  imported into it (``load_gradscaler_state_dict``): the checkpoint of a stock Trainer, or of
+  one that resumed ours and stepped on (the scale our param groups carry is then stale). A
+  transformers release without the methods simply never calls them.
 
-The scale is in the optimizer's ``state_dict``, which the Trainer saves as ``optimizer.pt``
-and loads on resume; ``scaler.pt`` is never written (there is no accelerate scaler), and read
-only from checkpoints of a stock Trainer.
+The scale is in the optimizer's ``state_dict``, which the Trainer saves as ``optimizer.pt`` and
+loads on resume (with hysteresis and bounds, which GradScaler's format lacks), and in
+``scaler.pt``, so that a stock Trainer resumes a ScaledTrainer checkpoint with its scale, and the
+reverse. The AdamW built here saves the ``fused`` flag of the stock Trainer's AdamW for
+``optim``: torch's ``AdamW(fused=True)`` + GradScaler cannot step after loading a state saved
+with ``fused=None`` ("Expected grad_scale and found_inf to be None").
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -56,6 +62,7 @@ import torch
 from ..amp import autocast
 from ..optim import AdamW
 from ..protocol import Optimizer, patch_optimizer, scale_outputs
+from ..protocol.clipping import to_max_grad_norm
 from ..scale import ScalingConfig
 from .accelerate import unwrap_optimizer
 
@@ -75,7 +82,8 @@ __all__ = ["ScaledTrainer"]
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # TrainingArguments.optim values that ScaledTrainer replaces by scaledoptim.AdamW.
-_ADAMW_NAMES = frozenset({"adamw_torch", "adamw_torch_fused", "adamw_hf"})
+_FUSED_NAME = "adamw_torch_fused"
+_ADAMW_NAMES = frozenset({"adamw_torch", _FUSED_NAME, "adamw_hf"})
 
 
 class _ScalingRun:
@@ -86,7 +94,7 @@ class _ScalingRun:
         self.optimizer: Any = None  # the Trainer's optimizer (maybe accelerate's wrapper)
         self.found_inf: torch.Tensor | None = None
         self.skipped = False
-        #: ``args.max_grad_norm`` when the step clips (fp16 and > 0), else ``None``.
+        #: ``args.max_grad_norm`` when the step clips (fp16, not 0 or None), else ``None``.
         self.max_grad_norm: float | None = None
         #: What the Accelerator's ``clip_grad_norm_`` returned, filled by the next step.
         self.grad_norm: torch.Tensor | None = None
@@ -181,20 +189,24 @@ class ScaledTrainer(transformers.Trainer):
     With ``TrainingArguments(fp16=True)`` every ``compute_loss`` runs under
     :func:`scaledoptim.autocast` with float16 on the training device, **CPU included**, each
     backward is scaled by the optimizer's :attr:`~scaledoptim.Optimizer.scale`, and the step
-    unscales and clips in one: with ``max_grad_norm > 0`` (the Trainer's default, 1.0) it is
+    unscales and clips in one: with ``max_grad_norm`` set (the Trainer's default, 1.0) it is
     ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=args.max_grad_norm)``, which clips
     the global norm of the unscaled grads as ``torch.nn.utils.clip_grad_norm_`` does, without
     writing the grads (the Trainer's own clipping is skipped), and the logged ``grad_norm`` is
     :attr:`~scaledoptim.Optimizer.grad_norm`, the unscaled norm before clipping (inf or nan on
     an overflowed step). Callbacks' ``on_pre_optimizer_step`` then see the grads as the
-    backward left them: scaled, not clipped. With ``max_grad_norm=0`` the grads are unscaled
+    backward left them: scaled, not clipped. With ``max_grad_norm=0`` (or ``None``; negative,
+    nan and inf raise) the grads are unscaled
     in place with :meth:`~scaledoptim.Optimizer.unscale` after the last backward of each
     accumulation window, and the logged ``grad_norm`` is unscaled. A step whose grads
     overflowed is skipped (the parameters and optimizer state stay as they were), the scale
     backs off, and the LR
     scheduler does not advance. Training logs carry ``loss_scale`` (the scale of the next
     step) in ``trainer.state.log_history``; the scale is in the optimizer's ``state_dict``, so
-    checkpoints save it and ``train(resume_from_checkpoint=...)`` continues the run exactly.
+    checkpoints save it and ``train(resume_from_checkpoint=...)`` continues the run exactly, and
+    in ``scaler.pt``, GradScaler's format, with the ``fused`` flag of ``optim`` in the
+    optimizer's param groups: a stock ``Trainer(fp16=True)`` resumes the checkpoint with its
+    scale, as this one resumes a stock checkpoint (below).
     Accelerate is given ``mixed_precision="no"``: it creates no ``GradScaler`` and no autocast
     of its own.
 
@@ -211,16 +223,16 @@ class ScaledTrainer(transformers.Trainer):
     :func:`scaledoptim.patch_optimizer`.
 
     Every method it overrides is public (``create_accelerator_and_postprocess``,
-    ``create_optimizer``, ``autocast_smart_context_manager``, ``training_step``, ``log``), and
+    ``create_optimizer``, ``autocast_smart_context_manager``, ``training_step``, ``log``) but
+    the two that save and load ``scaler.pt``, and
     so are the methods of ``accelerate.Accelerator`` it overrides on the Trainer's
     Accelerator (``backward``, ``optimizer_step_was_skipped``, ``clip_grad_norm_``,
     ``prepare_optimizer``) and of the ``AcceleratedOptimizer`` it prepares (``step``), by
     giving those objects a subclass of their class. Not supported with ``fp16=True``: DeepSpeed
     (which scales by itself) and gradient-accumulation settings that make the Trainer call backward
-    outside ``training_step``. Several processes: call
-    ``optimizer.configure_scaling(process_group=torch.distributed.group.WORLD,
-    grads_across_ranks="replicated")`` on the optimizer you pass (DDP), so that every rank skips
-    together and ``max_grad_norm`` clips by each rank's norm of the same grads.
+    outside ``training_step``. Several processes under DDP need nothing more: DDP's all-reduce
+    leaves every rank the same grads, so every rank finds the same overflow and the same norm
+    (see the DDP recipe for when an optimizer needs ``process_group``).
 
     The dynamic scale's settings (``init_scale``, ``growth_interval``, ``hysteresis``, ...) are
     one argument, ``scaling_config``. Resuming a checkpoint of a stock ``Trainer(fp16=True)``
@@ -274,8 +286,8 @@ class ScaledTrainer(transformers.Trainer):
                 "not supported"
             )
         self._scaledoptim_run = _ScalingRun(_DTYPES.get(precision))
-        if self._scaledoptim_run.scaled and self.args.max_grad_norm > 0:
-            self._scaledoptim_run.max_grad_norm = float(self.args.max_grad_norm)
+        if self._scaledoptim_run.scaled:  # 0, None: no clipping
+            self._scaledoptim_run.max_grad_norm = to_max_grad_norm(self.args.max_grad_norm)
         self.args.mixed_precision = "no"
         try:
             super().create_accelerator_and_postprocess()
@@ -314,11 +326,15 @@ class ScaledTrainer(transformers.Trainer):
                 },
                 {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
             ]
+            # The fused flag the stock Trainer's AdamW is built with, saved in the param groups:
+            # its AdamW(fused=True) + GradScaler resumes our optimizer.pt only with it.
+            fused = str(getattr(self.args.optim, "value", self.args.optim)) == _FUSED_NAME
             self.optimizer = AdamW(
                 [g for g in groups if g["params"]],
                 lr=self.args.learning_rate,
                 betas=(self.args.adam_beta1, self.args.adam_beta2),
                 eps=self.args.adam_epsilon,
+                fused=True if fused else None,
             )
         given = self.optimizer is not None
         optimizer = super().create_optimizer(model)
@@ -336,13 +352,24 @@ class ScaledTrainer(transformers.Trainer):
         return optimizer
 
     def _load_scaler(self, checkpoint: str | None) -> None:
-        """Imports a stock fp16 Trainer checkpoint's GradScaler state into the optimizer's scale
-        (Note [ScaledTrainer hooks]); nothing to do without ``scaler.pt`` or under bf16/fp32."""
+        """Imports a checkpoint's ``scaler.pt`` into the optimizer's scale when it differs from
+        the scale ``optimizer.pt`` gave it (Note [ScaledTrainer hooks]); nothing to do without
+        ``scaler.pt`` or under bf16/fp32."""
         path = None if checkpoint is None else os.path.join(checkpoint, SCALER_NAME)
         if path is None or not os.path.isfile(path) or not self._scaledoptim_run.scaled:
             return
         state = torch.load(path, map_location="cpu", weights_only=True)
-        self._scaledoptim_run.scaled_optimizer().load_gradscaler_state_dict(state)
+        optimizer = self._scaledoptim_run.scaled_optimizer()
+        if _gradscaler_state(optimizer) != state:  # another Trainer stepped on
+            optimizer.load_gradscaler_state_dict(state)
+
+    def _save_scaler(self, output_dir: str) -> None:
+        """Writes ``scaler.pt``, the optimizer's scale in ``torch.amp.GradScaler``'s format,
+        where a stock fp16 Trainer looks for it on resume (Note [ScaledTrainer hooks])."""
+        run = self._scaledoptim_run
+        if not (run.scaled and run.optimizer is not None and self.args.should_save):
+            return
+        torch.save(_gradscaler_state(run.scaled_optimizer()), os.path.join(output_dir, SCALER_NAME))
 
     # ------------------------------------------------------------------ the step
     def autocast_smart_context_manager(
@@ -378,6 +405,14 @@ class ScaledTrainer(transformers.Trainer):
         if run.scaled and run.optimizer is not None and "loss" in logs:
             logs = {**logs, "loss_scale": float(run.scaled_optimizer().scale)}
         super().log(logs, start_time)
+
+
+def _gradscaler_state(optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's scale as GradScaler's ``state_dict``, without the warning that GradScaler
+    lacks hysteresis and scale bounds: ``optimizer.pt`` keeps them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="GradScaler has no", category=UserWarning)
+        return optimizer.gradscaler_state_dict()
 
 
 def _unwrap(optimizer: Any) -> Any:

@@ -11,7 +11,7 @@ import ctypes
 import dataclasses
 import operator
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +43,8 @@ class PreparedLaunch:
     #: Whether the tables are this launch's own (see :meth:`detached`), not shared through the
     #: cache of :func:`prepare_launch`, so that :meth:`repoint` may rewrite them.
     owns_tables: bool = False
+    #: The block size its lists of low-bit scales were validated for (``kernel.block_lists``).
+    block_size: int | None = None
 
     def detached(self) -> PreparedLaunch:
         """The same launch with tables of its own, for :meth:`repoint`."""
@@ -55,7 +57,9 @@ class PreparedLaunch:
             )
             for instantiation, planned in self.plans
         )
-        return PreparedLaunch(self.kernel, self.device, plans, owns_tables=True)
+        return PreparedLaunch(
+            self.kernel, self.device, plans, owns_tables=True, block_size=self.block_size
+        )
 
     def repoint(self, list_index: int, pointers: Sequence[int]) -> None:
         """Moves list ``list_index`` to new storage: ``pointers[i]`` becomes the data pointer of
@@ -92,6 +96,12 @@ class PreparedLaunch:
         for given in (args, later_args):
             if given is not None:
                 check_args(self.kernel, given)
+                block_size = getattr(given, "block_size", None)
+                if self.kernel.block_lists and block_size != self.block_size:
+                    raise ValueError(
+                        f"{self.kernel.name}: args.block_size is {block_size} but the launch "
+                        f"was prepared for blocks of {self.block_size}; nothing was launched"
+                    )
         for index, (instantiation, planned) in enumerate(self.plans):
             this = args if index == 0 or later_args is None else later_args
             params = (ctypes.c_void_p * 2)(ctypes.addressof(planned.table), ctypes.addressof(this))
@@ -108,7 +118,10 @@ class PreparedLaunch:
 
 
 def prepare_launch(
-    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]
+    kernel: MultiTensorKernel,
+    tensor_lists: Sequence[Sequence[Tensor]],
+    *,
+    block_size: int | None = None,
 ) -> PreparedLaunch:
     r"""Validates ``tensor_lists`` for ``kernel`` and builds (or reuses) its argument tables.
 
@@ -117,8 +130,12 @@ def prepare_launch(
         tensor_lists: ``kernel.n_lists`` lists, each empty (the kernel gets null pointers and
             must not read that list) or as long as the first. All tensors are dense, on one
             device, and tensor ``i`` of every list has the strides of ``tensor_lists[0][i]``
-            and its element count, except in ``kernel.per_tensor_lists`` (one element each)
-            and ``kernel.per_chunk_lists`` (one element per chunk of ``tensor_lists[0][i]``).
+            and its element count, except in ``kernel.per_tensor_lists`` (one element each),
+            ``kernel.per_chunk_lists`` (one element per chunk of ``tensor_lists[0][i]``) and
+            ``kernel.block_lists`` (one per block of ``block_size`` of its elements).
+        block_size: the block size of a kernel with ``block_lists`` (low-bit scales): its
+            chunks are then the largest multiple of it not above ``launch_config.chunk_size``
+            (or one block), so that no block spans two chunks.
 
     Raises:
         ValueError, TypeError: naming the offending list and tensor; nothing is launched.
@@ -128,10 +145,19 @@ def prepare_launch(
             f"{kernel.name} takes {kernel.n_lists} tensor lists {kernel.lists}, "
             f"got {len(tensor_lists)}"
         )
+    if bool(kernel.block_lists) != (block_size is not None):
+        raise ValueError(
+            f"{kernel.name} takes a block_size if and only if it has lists of block scales "
+            f"(names ending in _scales): got block_size={block_size!r}"
+        )
+    if block_size is not None and not (
+        isinstance(block_size, int) and not isinstance(block_size, bool) and block_size > 0
+    ):
+        raise ValueError(f"{kernel.name}: block_size must be a positive int, got {block_size!r}")
     first = tensor_lists[0]
     device = first[0].device if first else torch.device("cpu")
-    plans = _planned_launches(kernel, tensor_lists) if first else []
-    return PreparedLaunch(kernel, device, tuple(plans))
+    plans = _planned_launches(kernel, tensor_lists, block_size) if first else []
+    return PreparedLaunch(kernel, device, tuple(plans), block_size=block_size)
 
 
 def check_args(kernel: MultiTensorKernel, args: object) -> None:
@@ -203,14 +229,24 @@ def check_launchable(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[
                 )
 
 
+def _launch_chunk_size(block_size: int | None) -> int:
+    """The chunk size of a launch: ``launch_config.chunk_size``, or whole blocks."""
+    chunk_size = launch_config.chunk_size
+    if block_size is None:
+        return chunk_size
+    return max(1, chunk_size // block_size) * block_size
+
+
 def _planned_launches(
-    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]
+    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]], block_size: int | None
 ) -> list[tuple[str, PlannedLaunch]]:
     check_launchable(kernel, tensor_lists)
     first = tensor_lists[0]
+    chunk_size = _launch_chunk_size(block_size)
     key = (
         kernel,
-        launch_config.chunk_size,
+        chunk_size,
+        block_size,
         # Per list: flattened, the same tensors with another list left empty would share a key
         # (the caching allocator hands the next optimizer's state the addresses just freed).
         tuple(tuple(t.data_ptr() for t in tensors) for tensors in tensor_lists),
@@ -226,8 +262,8 @@ def _planned_launches(
     plans = _plans.get(key)
     if plans is None:
         launch_config.validate()
-        _validate(kernel, tensor_lists)
-        plans = _build_plans(kernel, tensor_lists)
+        _validate(kernel, tensor_lists, block_size)
+        plans = _build_plans(kernel, tensor_lists, chunk_size)
         _plans[key] = plans
         if len(_plans) > _PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
@@ -237,7 +273,7 @@ def _planned_launches(
 
 
 def _build_plans(
-    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]
+    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]], chunk_size: int
 ) -> list[tuple[str, PlannedLaunch]]:
     groups: dict[tuple[torch.dtype, ...], list[int]] = {}
     for i in range(len(tensor_lists[0])):
@@ -249,7 +285,7 @@ def _build_plans(
             [tensors[i].data_ptr() if tensors else 0 for tensors in tensor_lists] for i in indices
         ]
         sizes = [tensor_lists[0][i].numel() for i in indices]
-        for planned in plan_launches(pointers, sizes, kernel.n_lists, launch_config.chunk_size):
+        for planned in plan_launches(pointers, sizes, kernel.n_lists, chunk_size):
             in_lists = tuple(indices[slot] for slot in planned.slot_tensors)
             plans.append(
                 (kernel.instantiation(dtypes), dataclasses.replace(planned, slot_tensors=in_lists))
@@ -257,7 +293,9 @@ def _build_plans(
     return plans
 
 
-def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]]) -> None:
+def _validate(
+    kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]], block_size: int | None
+) -> None:
     first = tensor_lists[0]
     device = first[0].device
     if device.type not in ("cuda", "cpu"):
@@ -270,9 +308,14 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
                 f"{kernel.name}: {list_name} has {len(tensors)} tensors but {kernel.lists[0]} has "
                 f"{len(first)}; pass one tensor per tensor of {kernel.lists[0]}, or an empty list"
             )
-        allowed = CUDA_TYPE_NAMES if list_index in kernel.dtype_lists else (torch.float32,)
+        allowed: Collection[torch.dtype] = (
+            CUDA_TYPE_NAMES if list_index in kernel.dtype_lists
+            else (torch.uint8,) if list_index in kernel.code_lists
+            else (torch.float32,)
+        )
         per_tensor = list_index in kernel.per_tensor_lists
         per_chunk = list_index in kernel.per_chunk_lists
+        per_block = list_index in kernel.block_lists
         for i, t in enumerate(tensors):
             where = f"{kernel.name}: {list_name}[{i}]"
             if t.device != device:
@@ -282,7 +325,7 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
             if t.dtype not in allowed:
                 raise TypeError(f"{where} has dtype {t.dtype}; expected one of {list(allowed)}")
             if not is_dense(t) or (
-                not (per_tensor or per_chunk) and t.stride() != first[i].stride()
+                not (per_tensor or per_chunk or per_block) and t.stride() != first[i].stride()
             ):
                 raise ValueError(
                     f"{where} is not dense with the layout of {kernel.lists[0]}[{i}]; kernels "
@@ -294,6 +337,9 @@ def _validate(kernel: MultiTensorKernel, tensor_lists: Sequence[Sequence[Tensor]
                 expected = 1
             elif per_chunk:
                 expected = chunk_count(expected)
+            elif per_block:
+                assert block_size is not None  # prepare_launch checked it
+                expected = -(-expected // block_size)
             if t.numel() != expected:
                 raise ValueError(f"{where} has {t.numel()} elements, expected {expected}")
 

@@ -49,6 +49,13 @@ class MultiTensorKernel:
             partial sums, which block ``b`` stores at the chunk number of its chunk); by
             default, from the names: every list but the first whose name ends in ``_partials``.
 
+    Low-bit states (Note [block-wise codes] in fused/lowbit/codes.py) are declared by their
+    names too: a list whose name ends in ``_codes`` holds ``uint8`` tensors laid out like those
+    of list 0 (:attr:`code_lists`), one ending in ``_scales`` one float32 per block of
+    ``block_size`` elements of them (:attr:`block_lists`); such a kernel is launched with a
+    ``block_size`` (``prepare_launch``), which its args struct carries in a field of that name,
+    and its chunks are whole blocks.
+
     Raises:
         ValueError: the kernel's name or a list name is not a C identifier, or two names make
             the same enum member (``exp_avg`` and ``expAvg``).
@@ -88,6 +95,16 @@ class MultiTensorKernel:
         # Kernels register themselves: the NVRTC checks, the doctor and the launch op find
         # every kernel that was defined, with no hand-kept list.
         _registry.setdefault(self)
+
+    @property
+    def code_lists(self) -> tuple[int, ...]:
+        """Indices of the lists of low-bit codes (``uint8``, one per element)."""
+        return tuple(i for i, n in enumerate(self.lists) if i and n.endswith("_codes"))
+
+    @property
+    def block_lists(self) -> tuple[int, ...]:
+        """Indices of the lists of low-bit scales (float32, one per block of elements)."""
+        return tuple(i for i, n in enumerate(self.lists) if i and n.endswith("_scales"))
 
     @property
     def n_lists(self) -> int:

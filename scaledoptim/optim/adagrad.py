@@ -15,6 +15,7 @@ from ..fused import (
     check_tensor_hyperparameter,
     hyperparameter,
 )
+from ..fused.lowbit import check_state_bits
 from ..fused.state import state_dtype
 from ..kernels import (
     CUDA_SOURCE_DIR,
@@ -102,6 +103,8 @@ class Adagrad(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
             :class:`~scaledoptim.FusedOptimizer`).
+        state_bits: 32 only: ``state_sum`` keeps float32 (8 raises, saying why).
+        block_size: checked as the other optimizers check it; unused.
     """
 
     kernel = ADAGRAD_KERNEL
@@ -128,12 +131,24 @@ class Adagrad(FusedOptimizer):
         fused: bool | None = None,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
+        state_bits: int = 32,
+        block_size: int = 256,
     ) -> None:
         # Checked here, not by check_options: only the constructor's value is used (see above).
         check_tensor_hyperparameter(
             "initial_accumulator_value value", "initial_accumulator_value",
             initial_accumulator_value,
         )
+        check_state_bits(state_bits, block_size)
+        if state_bits != 32:
+            # Adagrad declares no 8-bit state (See Note [low-bit variants]).
+            raise ValueError(
+                "Adagrad keeps float32 states (state_bits=32): its state_sum is a sum, not an "
+                "average; it only grows, each step's g**2 a shrinking part of it, and a sum "
+                "keeps the rounding error of every step (an average forgets it): at 8 bits "
+                "that error outgrows the late steps' increments. Use AdamW or RMSprop for 8-bit "
+                "states"
+            )
         defaults = dict(
             lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
             initial_accumulator_value=initial_accumulator_value, eps=eps, foreach=foreach,

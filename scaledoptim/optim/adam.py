@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -16,6 +17,15 @@ from ..fused import (
     check_tensor_hyperparameter,
     hyperparameter,
 )
+from ..fused.lowbit import (
+    SIGNED,
+    UNSIGNED,
+    check_float32_states,
+    lowbit_fields,
+    lowbit_kernel,
+    lowbit_new,
+)
+from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -23,7 +33,9 @@ from ..kernels import (
 )
 from ..torch_ops import advance_steps_
 
-__all__ = ["ADAM_KERNEL", "Adam", "AdamArgs", "AdamW", "adam_args"]
+__all__ = [
+    "ADAM_KERNEL", "ADAM_LOWBIT_KERNEL", "Adam", "AdamArgs", "AdamW", "LowBitAdamArgs", "adam_args",
+]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -53,6 +65,18 @@ ADAM_KERNEL = MultiTensorKernel(
     ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", *ROUNDING_LISTS, "steps"),
     AdamArgs,
     dtype_lists=(0, 1),
+)
+
+
+class LowBitAdamArgs(ctypes.Structure):
+    """Mirror of ``LowBitAdamArgs`` in cuda/adam.cu: :class:`AdamArgs` and the block size."""
+
+    _fields_ = lowbit_fields(AdamArgs)
+
+
+#: The kernel of Adam's 8-bit states (``state_bits=8``; Note [low-bit variants]).
+ADAM_LOWBIT_KERNEL = lowbit_kernel(
+    ADAM_KERNEL, ("exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"), LowBitAdamArgs
 )
 
 
@@ -98,7 +122,11 @@ class Adam(FusedOptimizer):
     Complex params, views with gaps, ``differentiable=True`` and hyper-parameter tensors on an
     accelerator take :func:`torch.optim.adam.adam` with the group's flags, in the same step
     (the migration guide, "What takes torch.optim's own implementation"). State is fp32 whatever the
-    param dtype, and 16-bit params are updated in fp32 and rounded once.
+    param dtype, and 16-bit params are updated in fp32 and rounded once; or, with
+    ``state_bits=8``, 8-bit block-wise codes (the low-bit states guide): ``exp_avg_codes`` and
+    ``exp_avg_scales`` for ``exp_avg``, and so on, about 2.03 bytes per element for both moments
+    in blocks of 256 (float32 moments: 8), updated in the same pass; such an optimizer refuses
+    what takes torch.optim's implementation, and sharded (DTensor) params.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -121,9 +149,17 @@ class Adam(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
             :class:`~scaledoptim.FusedOptimizer`).
+        state_bits: 32 (float32 states) or 8 (8-bit block-wise codes of every moment).
+        block_size: elements per block of 8-bit states, each with its float32 scale.
     """
 
     kernel = ADAM_KERNEL
+    lowbit_kernel = ADAM_LOWBIT_KERNEL
+    #: The precision of its states with ``state_bits=8``: the code of each (Note [low-bit
+    #: variants]).
+    lowbit_codes = MappingProxyType(
+        {"exp_avg": SIGNED, "exp_avg_sq": UNSIGNED, "max_exp_avg_sq": UNSIGNED}
+    )
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adam
@@ -149,6 +185,8 @@ class Adam(FusedOptimizer):
         decoupled_weight_decay: bool = False,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
+        state_bits: int = 32,
+        block_size: int = 256,
     ) -> None:
         betas = _check_tensor_options(lr, betas, foreach=foreach, capturable=capturable)
         defaults = dict(
@@ -157,10 +195,16 @@ class Adam(FusedOptimizer):
             differentiable=differentiable, fused=fused,
             decoupled_weight_decay=decoupled_weight_decay,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+            **_lowbit_options(state_bits, block_size),
         )
         super().__init__(params, defaults)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
+        return lowbit_new(cls, kwargs)
+
     def check_options(self, options: dict[str, Any]) -> None:
+        check_float32_states(self, options)
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
         check_tensor_hyperparameter("epsilon value", "eps", options["eps"])
         for i, beta in enumerate(options["betas"]):
@@ -208,6 +252,17 @@ class Adam(FusedOptimizer):
             torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
         )
         fused(*tensors, steps, **options, grad_scale=grad_scale, found_inf=found_inf)
+
+    def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]) -> None:
+        """torch's fused Adam(W) in place and taken, over counters that already count this
+        step: the float32 update of a batch of decoded 8-bit states (Note [low-bit
+        batches]); the float32 states take :meth:`torch_update`."""
+        *tensors, steps = tensor_lists
+        options = _adam_options(group)
+        fused: Any = (
+            torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
+        )
+        fused(*tensors, steps, **options)
 
     def torch_optim_update(
         self,
@@ -259,12 +314,15 @@ class AdamW(Adam):
         fused: bool | None = None,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
+        state_bits: int = 32,
+        block_size: int = 256,
     ) -> None:
         super().__init__(
             params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
             foreach=foreach, maximize=maximize, capturable=capturable,
             differentiable=differentiable, fused=fused, decoupled_weight_decay=True,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+            state_bits=state_bits, block_size=block_size,
         )
 
     def __setstate__(self, state: dict[str, Any]) -> None:

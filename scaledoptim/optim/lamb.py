@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
+from ..fused.backends.in_place import tensor_batches_
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -18,7 +19,7 @@ from ..kernels import (
     MultiTensorKernel,
     chunk_count,
 )
-from ..torch_ops import BATCH, MeshSums, PackedSteps, batches, scalars, storage_flat
+from ..torch_ops import MeshSums, PackedSteps, scalars
 
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
@@ -233,10 +234,15 @@ class LAMB(FusedOptimizer):
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
         """The update in place and taken unconditionally, on grads unscaled and the squared
         global grad norm computed: the torch-native backend skips it, on the host on a CPU, else
-        on working copies."""
+        on working copies. Its math (:class:`_LambStep`) runs by the backend's batches of whole
+        tensors (Note [batches of whole tensors] in fused/backends/in_place.py)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         norm_sq = self._grad_norm_sq(params[0].device)
-        _lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, norm_sq, _lamb_options(group))
+        options = _lamb_options(group)
+        tensor_batches_(
+            lambda local: _LambStep(local[0], steps, norm_sq, options),
+            [params, grads, exp_avgs, exp_avg_sqs],
+        )
 
     def _grad_norm_sq(self, device: torch.device) -> Tensor:
         if self._grad_norms_sq is None:
@@ -285,81 +291,13 @@ class _GlobalGradNorm:
             self.out.zero_()
 
 
-def _lamb_(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    steps: list[Tensor],
-    grad_norm_sq: Tensor,
-    o: dict[str, Any],
-) -> None:
-    """LAMB's torch form, the only one: the update in place, taken unconditionally, on device
-    (no host read; ``steps`` count this step). The bias-corrected direction
-    ``(m / bc1) / (sqrt(v / bc2) + eps)`` is ``k * m / (sqrt(v) + eps * sqrt(bc2))`` with
-    ``k = sqrt(bc2) / bc1``, where ``k`` (and so the weight decay's ``wd / k``) cancels out of
-    the trust ratio. On a CPU the tensors are updated by batches of about ``BATCH`` elements
-    with two temporary lists each (the clipped grads and the direction), a larger tensor by
-    pieces of that size (:func:`_lamb_large_`): its data passes through the cache once or twice
-    instead of a dozen times. Elsewhere, and for DTensors, over the whole lists."""
-    # See Note [sums over the mesh]: DTensors step on their local shards, their norms summed over
-    # the mesh.
-    sums = MeshSums(params)
-    params, grads, exp_avgs, exp_avg_sqs = map(sums.local, (params, grads, exp_avgs, exp_avg_sqs))
-    c = _Coefficients(params, steps, grad_norm_sq, o)
-    by_batch = params[0].device.type == "cpu" and not sums.sharded
-    for run in batches(params) if by_batch else [slice(None)]:
-        p, g, m, v = params[run], grads[run], exp_avgs[run], exp_avg_sqs[run]
-        if by_batch and len(p) == 1 and p[0].numel() > BATCH:
-            _lamb_large_(p[0], g[0], m[0], v[0], c, run)
-            continue
-        _lamb_moments_(p, g, m, v, c)
-        u = _lamb_direction(p, m, v, c, run)
-        factors = c.step_sizes[run]
-        if c.trust_ratio:
-            norms = torch.stack([torch.stack(torch._foreach_norm(ts)) for ts in (p, u)])
-            if sums.sharded:
-                norms = sums.reduce_(norms.square()).sqrt()
-            factors = c.trust_ratio_factors(norms[0], norms[1], factors)
-        torch._foreach_addcmul_(p, u, list(factors.unbind()))
-
-
-#: The largest tensor whose whole direction the CPU form keeps while it computes its norm (8 MB
-#: in float32); a larger one computes it again, piece by piece (a second sqrt pass costs less
-#: than writing and reading back a direction out of the cache).
-KEPT_DIRECTION = 1 << 21
-
-
-def _lamb_large_(p: Tensor, g: Tensor, m: Tensor, v: Tensor, c: _Coefficients, run: slice) -> None:
-    """One tensor of more than ``BATCH`` elements on a CPU, by pieces of ``BATCH``: each piece's
-    moments and direction while it is in the cache. With the trust ratio, which needs the norm
-    of the whole direction, the pieces' directions are kept (up to :data:`KEPT_DIRECTION`
-    elements) or computed again once the norm is known (the kernels' way)."""
-    pieces = list(zip(*(storage_flat(t).split(BATCH) for t in (p, g, m, v))))
-    factor = c.step_sizes[run]
-    kept: list[Tensor] = []
-    squares = torch.zeros(2, dtype=torch.float64, device=p.device)
-    for piece_p, piece_g, piece_m, piece_v in pieces:
-        _lamb_moments_([piece_p], [piece_g], [piece_m], [piece_v], c)
-        (piece_u,) = _lamb_direction([piece_p], [piece_m], [piece_v], c, run)
-        if not c.trust_ratio:
-            piece_p.addcmul_(piece_u, factor[0])
-            continue
-        squares += torch.stack(torch._foreach_norm([piece_p, piece_u])).double().square()
-        if p.numel() <= KEPT_DIRECTION:
-            kept.append(piece_u)
-    if not c.trust_ratio:
-        return
-    p_norm, u_norm = squares.sqrt().unbind()
-    factor = c.trust_ratio_factors(p_norm.view(1), u_norm.view(1), factor)
-    for i, (piece_p, _, piece_m, piece_v) in enumerate(pieces):
-        piece_u = kept[i] if kept else _lamb_direction([piece_p], [piece_m], [piece_v], c, run)[0]
-        piece_p.addcmul_(piece_u, factor[0])
-
-
-class _Coefficients:
-    """The factors of one LAMB step, on device: scalars, the clipping divisor (0-dim), and 1-D
-    tensors of one factor per param where it depends on the param's step count."""
+class _LambStep:
+    """One LAMB step's math over batches (the torch form, run by the backend's driver: Note
+    [batches of whole tensors] in fused/backends/in_place.py), its factors on device:
+    scalars, the clipping divisor (0-dim), and 1-D tensors of one factor per param where it
+    depends on the param's step count. The bias-corrected direction ``(m / bc1) / (sqrt(v /
+    bc2) + eps)`` is ``k * m / (sqrt(v) + eps * sqrt(bc2))`` with ``k = sqrt(bc2) / bc1``, where
+    ``k`` (and so the weight decay's ``wd / k``) cancels out of the trust ratio."""
 
     def __init__(
         self, params: list[Tensor], steps: list[Tensor], grad_norm_sq: Tensor, o: dict[str, Any]
@@ -382,44 +320,48 @@ class _Coefficients:
         self.epsilons = (o["eps"] * root_bc2).to(dtype)
         self.step_sizes = (-lr * k).to(dtype)
         self.decays = (wd / k).to(dtype) if o["adam_w_mode"] and wd != 0 else None
-        self.trust_ratio = o["use_nvlamb"] or wd != 0
+        self.needs_norms = o["use_nvlamb"] or wd != 0  # the trust ratio
 
-    def trust_ratio_factors(self, p_norms: Tensor, u_norms: Tensor, step_sizes: Tensor) -> Tensor:
-        """``-lr * ||p|| / ||u||`` where both norms are non-zero, else the step sizes."""
-        ratios = (-self.lr * p_norms / u_norms).to(step_sizes.dtype)
-        return torch.where((p_norms > 0) & (u_norms > 0), ratios, step_sizes)
+    def first_(self, lists: list[list[Tensor]], run: slice) -> list[Tensor]:
+        """The new moments, in place, from the grads clipped (and with the L2 term: new tensors,
+        the grads are the user's); returns the directions."""
+        p, g, m, v = lists
+        if self.clip is not None:
+            g = list(torch._foreach_div(g, self.clip))
+        if self.l2:
+            g = list(torch._foreach_add(g, p, alpha=self.weight_decay))
+        if self.grad_averaging:
+            torch._foreach_lerp_(m, g, 1 - self.beta1)  # beta1 * m + (1 - beta1) * g in one pass
+        else:
+            torch._foreach_mul_(m, self.b1)
+            torch._foreach_add_(m, g)
+        torch._foreach_mul_(v, self.b2)
+        torch._foreach_addcmul_(v, g, g, value=1 - self.beta2)
+        return self.direction(lists, run)
 
+    def direction(self, lists: list[list[Tensor]], run: slice) -> list[Tensor]:
+        """``m / (sqrt(v) + eps * sqrt(bc2)) (+ wd / k * p)``: the direction over ``k``, new
+        tensors."""
+        p, _, m, v = lists
+        u = list(torch._foreach_sqrt(v))
+        torch._foreach_add_(u, list(self.epsilons[run].expand(len(u)).unbind()))
+        torch._foreach_reciprocal_(u)
+        torch._foreach_mul_(u, m)
+        if self.decays is not None:
+            torch._foreach_addcmul_(u, p, list(self.decays[run].expand(len(u)).unbind()))
+        return u
 
-def _lamb_moments_(
-    p: list[Tensor], g: list[Tensor], m: list[Tensor], v: list[Tensor], c: _Coefficients
-) -> None:
-    """The new moments, in place, from the grads clipped (and with the L2 term): new tensors,
-    the grads are the user's."""
-    if c.clip is not None:
-        g = list(torch._foreach_div(g, c.clip))
-    if c.l2:
-        g = list(torch._foreach_add(g, p, alpha=c.weight_decay))
-    if c.grad_averaging:
-        torch._foreach_lerp_(m, g, 1 - c.beta1)  # beta1 * m + (1 - beta1) * g in one pass
-    else:
-        torch._foreach_mul_(m, c.b1)
-        torch._foreach_add_(m, g)
-    torch._foreach_mul_(v, c.b2)
-    torch._foreach_addcmul_(v, g, g, value=1 - c.beta2)
-
-
-def _lamb_direction(
-    p: list[Tensor], m: list[Tensor], v: list[Tensor], c: _Coefficients, run: slice
-) -> list[Tensor]:
-    """``m / (sqrt(v) + eps * sqrt(bc2)) (+ wd / k * p)``: the direction over ``k``, new tensors
-    (``run``: the params' slice of the per-param factors)."""
-    u = list(torch._foreach_sqrt(v))
-    torch._foreach_add_(u, list(c.epsilons[run].expand(len(u)).unbind()))
-    torch._foreach_reciprocal_(u)
-    torch._foreach_mul_(u, m)
-    if c.decays is not None:
-        torch._foreach_addcmul_(u, p, list(c.decays[run].expand(len(u)).unbind()))
-    return u
+    def last_(
+        self, params: list[Tensor], directions: list[Tensor], norms: Tensor | None, run: slice
+    ) -> None:
+        """``p -= lr * ratio * u``: ``ratio = ||p|| / ||u||`` where both norms are non-zero (with
+        the trust ratio), else 1 (times the bias correction's ``k``)."""
+        factors = self.step_sizes[run]
+        if norms is not None:
+            p_norms, u_norms = norms[0], norms[1]
+            ratios = (-self.lr * p_norms / u_norms).to(factors.dtype)
+            factors = torch.where((p_norms > 0) & (u_norms > 0), ratios, factors)
+        torch._foreach_addcmul_(params, directions, list(factors.unbind()))
 
 
 def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..fused import FusedOptimizer, check_hyperparameter
+from ..fused.lowbit import (
+    SIGNED,
+    check_float32_states,
+    lowbit_fields,
+    lowbit_kernel,
+    lowbit_new,
+)
+from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -17,7 +26,7 @@ from ..kernels import (
 )
 from ..torch_ops import scalars
 
-__all__ = ["LION_KERNEL", "Lion", "LionArgs", "lion_args"]
+__all__ = ["LION_KERNEL", "LION_LOWBIT_KERNEL", "Lion", "LionArgs", "LowBitLionArgs", "lion_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -42,6 +51,16 @@ LION_KERNEL = MultiTensorKernel(
     LionArgs,
     dtype_lists=(0, 1),
 )
+
+
+class LowBitLionArgs(ctypes.Structure):
+    """Mirror of ``LowBitLionArgs`` in cuda/lion.cu: :class:`LionArgs` and the block size."""
+
+    _fields_ = lowbit_fields(LionArgs)
+
+
+#: The kernel of Lion's 8-bit state (``state_bits=8``; Note [low-bit variants]).
+LION_LOWBIT_KERNEL = lowbit_kernel(LION_KERNEL, ("exp_avgs",), LowBitLionArgs)
 
 
 def lion_args(
@@ -74,7 +93,10 @@ class Lion(FusedOptimizer):
     ``p = p * (1 - lr * weight_decay) - lr * sign(c)`` (``sign(0) = 0``);
     ``m = beta2 * m + (1 - beta2) * g``, both interpolations computed as
     ``torch.lerp(m, g, 1 - beta)`` (the bits of ``pytorch-optimizer``'s foreach Lion).
-    State: ``exp_avg`` (fp32 whatever the param dtype) and ``step``.
+    State: ``exp_avg`` (fp32 whatever the param dtype) and ``step``; with ``state_bits=8``,
+    ``exp_avg_codes`` and ``exp_avg_scales`` (8-bit block-wise codes: the low-bit states
+    guide). Lion's update reads only the sign of its interpolation, so its momentum suits 8 bits
+    well.
 
     Args:
         params: iterable of parameters or dicts defining parameter groups.
@@ -88,6 +110,8 @@ class Lion(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
             :class:`~scaledoptim.FusedOptimizer`).
+        state_bits: 32 (float32 states) or 8 (8-bit block-wise codes of every state).
+        block_size: elements per block of 8-bit states, each with its float32 scale.
 
     Example::
 
@@ -96,6 +120,9 @@ class Lion(FusedOptimizer):
     """
 
     kernel = LION_KERNEL
+    lowbit_kernel = LION_LOWBIT_KERNEL
+    #: The precision of its state with ``state_bits=8`` (Note [low-bit variants]).
+    lowbit_codes = MappingProxyType({"exp_avg": SIGNED})
     elementwise = True
     torch_form_in_place = True
 
@@ -109,14 +136,22 @@ class Lion(FusedOptimizer):
         maximize: bool = False,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
+        state_bits: int = 32,
+        block_size: int = 256,
     ) -> None:
         defaults = dict(
             lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+            **_lowbit_options(state_bits, block_size),
         )
         super().__init__(params, defaults)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
+        return lowbit_new(cls, kwargs)
+
     def check_options(self, options: dict[str, Any]) -> None:
+        check_float32_states(self, options)
         check_hyperparameter("learning rate", options["lr"])
         check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
         check_hyperparameter("beta parameter at index 1", options["betas"][1], high=1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -11,6 +12,15 @@ from torch import Tensor
 from torch.optim.rmsprop import rmsprop as torch_rmsprop
 
 from ..fused import FusedOptimizer, check_tensor_hyperparameter, hyperparameter
+from ..fused.lowbit import (
+    SIGNED,
+    UNSIGNED,
+    check_float32_states,
+    lowbit_fields,
+    lowbit_kernel,
+    lowbit_new,
+)
+from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -18,7 +28,10 @@ from ..kernels import (
 )
 from ..torch_ops import scalars
 
-__all__ = ["RMSPROP_KERNEL", "RMSprop", "RmspropArgs", "rmsprop_args"]
+__all__ = [
+    "RMSPROP_KERNEL", "RMSPROP_LOWBIT_KERNEL", "LowBitRmspropArgs", "RMSprop", "RmspropArgs",
+    "rmsprop_args",
+]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -45,6 +58,19 @@ RMSPROP_KERNEL = MultiTensorKernel(
     ("params", "grads", "square_avgs", "momentum_buffers", "grad_avgs", *ROUNDING_LISTS, "steps"),
     RmspropArgs,
     dtype_lists=(0, 1),
+)
+
+
+class LowBitRmspropArgs(ctypes.Structure):
+    """Mirror of ``LowBitRmspropArgs`` in cuda/rmsprop.cu: :class:`RmspropArgs` and the block
+    size."""
+
+    _fields_ = lowbit_fields(RmspropArgs)
+
+
+#: The kernel of RMSprop's 8-bit states (``state_bits=8``; Note [low-bit variants]).
+RMSPROP_LOWBIT_KERNEL = lowbit_kernel(
+    RMSPROP_KERNEL, ("square_avgs", "momentum_buffers", "grad_avgs"), LowBitRmspropArgs
 )
 
 
@@ -88,6 +114,12 @@ class RMSprop(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
             :class:`~scaledoptim.FusedOptimizer`).
+        state_bits: 32 (float32 states) or 8 (8-bit block-wise codes of ``square_avg`` and
+            ``momentum_buffer``: the low-bit states guide). ``centered=True`` keeps float32
+            states: its denominator ``sqrt(square_avg - grad_avg**2)`` subtracts two averages
+            that 8-bit codes round apart by up to 1/16 of each, more than a small variance, so
+            the difference can turn negative (a NaN step).
+        block_size: elements per block of 8-bit states, each with its float32 scale.
 
     Example::
 
@@ -96,6 +128,11 @@ class RMSprop(FusedOptimizer):
     """
 
     kernel = RMSPROP_KERNEL
+    lowbit_kernel = RMSPROP_LOWBIT_KERNEL
+    #: The precision of its states with ``state_bits=8`` (Note [low-bit variants]).
+    lowbit_codes = MappingProxyType(
+        {"square_avg": UNSIGNED, "momentum_buffer": SIGNED, "grad_avg": SIGNED}
+    )
     elementwise = True
     torch_form_in_place = True
     torch_optim = torch.optim.RMSprop
@@ -120,16 +157,30 @@ class RMSprop(FusedOptimizer):
         *,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
+        state_bits: int = 32,
+        block_size: int = 256,
     ) -> None:
         defaults = dict(
             lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
             centered=centered, capturable=capturable, foreach=foreach, maximize=maximize,
             differentiable=differentiable, master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
+            **_lowbit_options(state_bits, block_size),
         )
         super().__init__(params, defaults)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
+        return lowbit_new(cls, kwargs)
+
     def check_options(self, options: dict[str, Any]) -> None:
+        check_float32_states(self, options)
+        if options.get("state_bits") == 8 and options["centered"]:
+            raise ValueError(
+                "centered=True keeps float32 states: sqrt(square_avg - grad_avg**2) subtracts "
+                "two averages 8-bit codes round apart by more than a small variance (a NaN step); "
+                "use state_bits=32 with centered=True"
+            )
         for label, name in (
             ("learning rate", "lr"),
             ("epsilon value", "eps"),

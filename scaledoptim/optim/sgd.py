@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any, ClassVar, cast
 
 import torch
@@ -15,6 +16,14 @@ from ..fused import (
     check_tensor_hyperparameter,
     hyperparameter,
 )
+from ..fused.lowbit import (
+    SIGNED,
+    check_float32_states,
+    lowbit_fields,
+    lowbit_kernel,
+    lowbit_new,
+)
+from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -22,7 +31,7 @@ from ..kernels import (
 )
 from ..torch_ops import advance_steps_
 
-__all__ = ["SGD", "SGD_KERNEL", "SgdArgs", "sgd_args"]
+__all__ = ["SGD", "SGD_KERNEL", "SGD_LOWBIT_KERNEL", "LowBitSgdArgs", "SgdArgs", "sgd_args"]
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -48,6 +57,16 @@ SGD_KERNEL = MultiTensorKernel(
     SgdArgs,
     dtype_lists=(0, 1),
 )
+
+
+class LowBitSgdArgs(ctypes.Structure):
+    """Mirror of ``LowBitSgdArgs`` in cuda/sgd.cu: :class:`SgdArgs` and the block size."""
+
+    _fields_ = lowbit_fields(SgdArgs)
+
+
+#: The kernel of SGD's 8-bit momentum (``state_bits=8``; Note [low-bit variants]).
+SGD_LOWBIT_KERNEL = lowbit_kernel(SGD_KERNEL, ("momentum_buffers",), LowBitSgdArgs)
 
 
 def sgd_args(
@@ -105,9 +124,15 @@ class SGD(FusedOptimizer):
             :class:`~scaledoptim.FusedOptimizer`).
         stochastic_rounding: round bf16 params stochastically (see
             :class:`~scaledoptim.FusedOptimizer`).
+        state_bits: 32 (a float32 momentum buffer) or 8 (8-bit block-wise codes of it:
+            ``momentum_buffer_codes`` and ``momentum_buffer_scales``, the low-bit states guide).
+        block_size: elements per block of 8-bit states, each with its float32 scale.
     """
 
     kernel = SGD_KERNEL
+    lowbit_kernel = SGD_LOWBIT_KERNEL
+    #: The precision of its state with ``state_bits=8`` (Note [low-bit variants]).
+    lowbit_codes = MappingProxyType({"momentum_buffer": SIGNED})
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.SGD
@@ -135,16 +160,24 @@ class SGD(FusedOptimizer):
         fused: bool | None = None,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
+        state_bits: int = 32,
+        block_size: int = 256,
     ) -> None:
         defaults = dict(
             lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
             nesterov=nesterov, maximize=maximize, foreach=foreach,
             differentiable=differentiable, fused=fused,
             master_weights=master_weights, stochastic_rounding=stochastic_rounding,
+            **_lowbit_options(state_bits, block_size),
         )
         super().__init__(params, defaults)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
+        return lowbit_new(cls, kwargs)
+
     def check_options(self, options: dict[str, Any]) -> None:
+        check_float32_states(self, options)
         check_tensor_hyperparameter("learning rate", "lr", options["lr"])
         check_tensor_hyperparameter("momentum value", "momentum", options["momentum"])
         check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
@@ -196,6 +229,16 @@ class SGD(FusedOptimizer):
             found_inf=found_inf,
         )
         advance_steps_(steps, found_inf)
+
+    def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]) -> None:
+        """torch's fused SGD in place and taken, over counters that already count this step
+        (the first step is the one they count as 1): the float32 update of a batch of decoded
+        8-bit states (Note [low-bit batches]); the float32 states take :meth:`torch_update`."""
+        params, grads, buffers, steps = tensor_lists
+        options = _sgd_options(group)
+        if buffers and options["dampening"] != 0:
+            _start_buffers_(params, grads, buffers, [step - 1 for step in steps], options)
+        torch._fused_sgd_(params, grads, buffers, **options, is_first_step=False)
 
     def torch_optim_update(
         self,

@@ -12,7 +12,7 @@ update reads ``unscaled grad * coef``. The step never reads the norm on the host
   grads are unscaled in place first, from foreach norms of the unscaled grads
   (:func:`sum_of_squares`); on a CPU, torch's fused Adam(W), SGD and Adagrad from the foreach
   norms of the scaled grads times ``inv_scale`` (Note [unscale in the update on a CPU] in
-  fused/backends/torch_native.py);
+  fused/backends/routes.py);
 * the parts of a step (two backends) and, under ``process_group``, the ranks add their sums on
   device (:func:`agree_on_sum_of_squares`), then ``total = sqrt(sum)``, which is
   :attr:`Optimizer.grad_norm <scaledoptim.Optimizer.grad_norm>`;
@@ -50,7 +50,6 @@ An optimizer whose params mix DTensors and plain tensors under ``process_group``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
@@ -61,24 +60,29 @@ from torch import Tensor
 __all__ = [
     "agree_on_sum_of_squares",
     "check_grads_across_ranks",
-    "check_max_grad_norm",
     "clip_coefficient",
     "clip_in_place_",
-    "clipping_each_call",
     "norm_and_coefficient",
     "norms_by_dtype",
     "sum_of_squares",
     "sums_over_process_group",
+    "to_max_grad_norm",
 ]
 
 GRADS_ACROSS_RANKS = ("replicated", "sharded")
 
 
-def check_max_grad_norm(max_grad_norm: Any) -> None:
-    """Raises, before anything changes, for a ``max_grad_norm`` that is not ``None`` or a finite
-    positive Python number."""
+def to_max_grad_norm(max_grad_norm: Any) -> float | None:
+    """``max_grad_norm`` as the step uses it: a finite Python float > 0, or ``None`` for no
+    clipping (``None`` or ``0``, as the Trainer and nanoGPT write it). Converted here, so that
+    nothing that passed can fail later for its type (a ``Fraction``, an int past int64).
+
+    Raises:
+        TypeError: not a Python number (a tensor, a bool, a string).
+        ValueError: negative, nan, inf, or too large for a float.
+    """
     if max_grad_norm is None:
-        return
+        return None
     if isinstance(max_grad_norm, Tensor):
         raise TypeError(
             "max_grad_norm must be a Python float, got a tensor: validating it would read it on "
@@ -86,15 +90,19 @@ def check_max_grad_norm(max_grad_norm: Any) -> None:
         )
     if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, Real):
         raise TypeError(
-            f"max_grad_norm must be a positive float or None (no clipping), got "
+            f"max_grad_norm must be a positive float, or 0 or None (no clipping), got "
             f"{type(max_grad_norm).__name__} {max_grad_norm!r}; pass e.g. max_grad_norm=1.0"
         )
-    value = float(max_grad_norm)  # numbers.Real: int, float, numpy floats
-    if not (math.isfinite(value) and value > 0):
+    try:
+        value = float(max_grad_norm)  # numbers.Real: int, float, Fraction, numpy numbers
+    except OverflowError:
+        value = math.inf
+    if not (math.isfinite(value) and value >= 0):
         raise ValueError(
-            f"Invalid max_grad_norm: {max_grad_norm}; it must be finite and > 0 (the norm the "
-            "grads are clipped to, e.g. 1.0). Pass max_grad_norm=None not to clip."
+            f"Invalid max_grad_norm: {max_grad_norm}; it must be finite and >= 0 (the norm the "
+            "grads are clipped to, e.g. 1.0; 0 or None: no clipping)"
         )
+    return value or None
 
 
 def sum_of_squares(grads: list[Tensor], device: torch.device | None = None) -> Tensor:
@@ -212,19 +220,6 @@ def norm_and_coefficient(
     agree_on_sum_of_squares(norm_sq, process_group)
     norm = norm_sq.sqrt()
     return norm, clip_coefficient(norm, max_grad_norm)
-
-
-def clipping_each_call(
-    closure: Callable[[], Any], clip_: Callable[[float], None], max_grad_norm: float
-) -> Callable[[], Any]:
-    """``closure`` (whose grads are unscaled), then ``clip_(max_grad_norm)`` at every call."""
-
-    def clipped() -> Any:
-        loss = closure()
-        clip_(max_grad_norm)
-        return loss
-
-    return clipped
 
 
 def clip_coefficient(norm: Tensor, max_grad_norm: float) -> Tensor:

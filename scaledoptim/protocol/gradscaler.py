@@ -22,7 +22,7 @@ methods then refuse (the scaler moves the scale, in ``update()``).
 own; ``update()`` is torch's: it sums every optimizer's ``found_inf`` and backs off once.
 
 *scaledoptim optimizers* are stepped through the protocol (Note [step requests] in
-optimizer.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
+guard.py): ``step(opt)`` hands ``opt.step()`` a request to check and unscale by the scaler's
 scale without moving it (or, after ``unscale_``, to skip on the ``found_inf`` found then). A
 fused optimizer reads ``found_inf`` on device and never reads the host in ``scale``,
 ``unscale_``, ``step`` or ``update``; since it cannot know on the host whether a step was
@@ -41,12 +41,15 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
-from .outputs import scale_outputs
-from .ownership import ScaleOwner
-from .plans import StepRequest
-from .torch_scaler_interop import asked_by_torch_scaler, torch_scaler_request
+from . import steps
+from .clipping import to_max_grad_norm
+from .gradscaler_clip import check_no_unscale_before_clip, step_clipping_torch_optimizer
+from .optimizer import Optimizer
+from .outputs import first_tensor, scale_outputs
+from .user_frames import user_stacklevel
+from .values import GradPass, Request
 
-__all__ = ["GradScaler", "asked_by_torch_scaler", "torch_scaler_request"]
+__all__ = ["GradScaler"]
 
 _DRIVER = "scaledoptim.GradScaler"
 
@@ -196,7 +199,7 @@ class GradScaler(torch.amp.GradScaler):
                 raise ValueError("outputs must be a Tensor or an iterable of Tensors")
             return map(self.scale, outputs)  # another iterable: scaled lazily, as torch does
         if self._scale is None:
-            first = _first_tensor(outputs)
+            first = first_tensor(outputs)
             if first is None:
                 return outputs  # nothing to scale (torch does not create the scale either)
             self._lazy_init_scale_growth_tracker(first.device)
@@ -213,21 +216,28 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return
-        if not isinstance(optimizer, ScaleOwner):  # (every ScaleOwner is a scaledoptim.Optimizer)
+        if not isinstance(optimizer, Optimizer):
             super().unscale_(optimizer)
             return
         self._check_scale_growth_tracker("unscale_")
         self._check_stage(optimizer, "unscale_")
         self._check_can_adopt(optimizer)
         assert self._scale is not None and self._loss_scale is not None
-        found_inf = optimizer._unscale_for_scaler(self._scale, self._loss_scale, _DRIVER)
+        found_inf = _unscale(optimizer, self._scale, self._loss_scale)
         state = self._per_optimizer_states[id(optimizer)]
         # With no grads nothing was checked (as torch), and step() will say so.
         state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
         state["stage"] = OptState.UNSCALED
 
-    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        """Unscales the grads (unless :meth:`unscale_` did) and steps, skipping on inf/nan.
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *args: Any,
+        max_grad_norm: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Unscales the grads (unless :meth:`unscale_` did) and steps, skipping on inf/nan; with
+        ``max_grad_norm``, clips the global norm of the unscaled grads inside the step.
 
         As :meth:`torch.amp.GradScaler.step`; ``*args``/``**kwargs`` go to ``optimizer.step``
         and closures are refused. A scaledoptim optimizer steps through ``optimizer.step()``
@@ -235,45 +245,64 @@ class GradScaler(torch.amp.GradScaler):
         skips on device (no host read) and the return value is ``optimizer.step()``'s, skipped or
         not; a generic one reads ``found_inf`` on the host and returns ``None`` when skipped.
 
+        ``max_grad_norm=c`` stands for ``unscale_(opt)`` + ``clip_grad_norm_(params, c)`` +
+        ``step(opt)``. A scaledoptim optimizer clips inside the step as
+        ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=c)`` does (no pass of its own,
+        no host read) and keeps the norm before clipping in ``opt.grad_norm``; its params are
+        those of the three calls within one float32 rounding of each grad the update reads
+        (``1 / S`` and the clip factor multiply it once, not twice). Another optimizer runs the
+        three calls. ``0`` and ``None`` do not clip; a disabled scaler still clips.
+
         Returns:
             what ``optimizer.step()`` returned, or ``None`` for a step skipped on the host.
 
         Raises:
             AssertionError: the optimizer has no grads to check (torch's "No inf checks were
                 recorded for this optimizer."), before anything changes.
+            RuntimeError: ``max_grad_norm`` after :meth:`unscale_` (the grads are unscaled
+                already: clip them yourself, or drop ``unscale_``), before anything changes.
+            TypeError, ValueError: a ``max_grad_norm`` that is not a finite Python number >= 0,
+                before anything changes.
         """
+        max_grad_norm = to_max_grad_norm(max_grad_norm)
+        if "closure" in kwargs and (self._enabled or max_grad_norm is not None):
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        if max_grad_norm is not None:
+            check_no_unscale_before_clip(self, optimizer)
+            if not isinstance(optimizer, Optimizer):
+                return step_clipping_torch_optimizer(
+                    self, optimizer, max_grad_norm, *args, **kwargs
+                )
+            if not self._enabled:  # not scaled: the optimizer's own step clips
+                optimizer.unscale_and_step(max_grad_norm=max_grad_norm)
+                return None
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        if not isinstance(optimizer, ScaleOwner):
+        if not isinstance(optimizer, Optimizer):
             return super().step(optimizer, *args, **kwargs)
-        if "closure" in kwargs:
-            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
         stage = self._check_stage(optimizer, "step")
         assert self._loss_scale is not None
         found_infs = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         if stage is OptState.UNSCALED and found_infs:
             (found_inf,) = found_infs.values()
-            request = StepRequest(unscale=False, found_inf=found_inf)
+            request = Request(pending=GradPass(found_inf))
         elif stage is OptState.UNSCALED or not _has_grads(optimizer):
             # torch's assertion: an iteration with nothing checked is not a clean one.
             raise AssertionError("No inf checks were recorded for this optimizer.")
         else:
             self._check_can_adopt(optimizer)
-            request = StepRequest(
-                unscale=True,
+            request = dataclasses.replace(
+                steps.validate_request(optimizer, optimizer.scaling_state, None, max_grad_norm),
                 scaled_by=self._scale,
                 moves_scale=False,
                 adopt=(self._loss_scale, _DRIVER),
             )
-        result, outcome = optimizer._run_step(request, *args, **kwargs)
-        if outcome is None:
-            raise RuntimeError(
-                f"{type(optimizer).__name__}.step() did not run the step scaledoptim.GradScaler "
-                "asked for: a subclass that overrides step() must call super().step()"
-            )
+        result, outcome = steps.run_step(optimizer, request, *args, **kwargs)
         state = self._per_optimizer_states[id(optimizer)]
-        state["found_inf_per_device"] = {outcome.found_inf.device: outcome.found_inf}
+        found_inf = outcome.found_inf
+        assert found_inf is not None  # a scale or a found_inf was given
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
         state["stage"] = OptState.STEPPED
         return result
 
@@ -357,7 +386,7 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
         return stage
 
-    def _check_can_adopt(self, optimizer: ScaleOwner) -> None:
+    def _check_can_adopt(self, optimizer: Optimizer) -> None:
         """Refuses, before anything changes, an optimizer whose scale cannot become this
         scaler's; warns when adopting it drops a scale it loaded from a checkpoint."""
         loss_scale = self._loss_scale
@@ -392,23 +421,25 @@ class GradScaler(torch.amp.GradScaler):
                 "the scaler's state_dict too (scaler.load_state_dict(...)), as with "
                 "torch.amp.GradScaler.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
+
+
+def _unscale(
+    optimizer: Optimizer, scaled_by: torch.Tensor, loss_scale: LossScale
+) -> torch.Tensor | None:
+    """:meth:`GradScaler.unscale_` of a scaledoptim optimizer: its grads unscaled by the
+    scaler's ``scaled_by`` in place, which the scale does not move, and the scaler's scale taken
+    as the optimizer's. Returns the agreed ``found_inf``, ``None`` when no param has a grad."""
+    plan = steps.plan(optimizer)
+    if not plan.grads:
+        return None
+    device = optimizer.scaling_state.loss_scale.device
+    scale = scaled_by.to(device, torch.float32, non_blocking=True)
+    request = Request(scale, moves_scale=False, adopt=(loss_scale, _DRIVER))
+    return steps.unscale(optimizer, request, plan).found_inf
 
 
 def _has_grads(optimizer: torch.optim.Optimizer) -> bool:
     return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
-
-def _first_tensor(outputs: Any) -> torch.Tensor | None:
-    """The first tensor of a nested list/tuple/dict (what torch makes the scale's device)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, Mapping):
-        outputs = list(outputs.values())
-    if isinstance(outputs, (list, tuple)):
-        for value in outputs:
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None

@@ -1,78 +1,39 @@
-"""The loss-scaling protocol, inherited by every scaledoptim optimizer.
+"""``scaledoptim.Optimizer``: the loss-scaling protocol, inherited by every scaledoptim optimizer.
 
-The base class owns the step sequence, the same for every optimizer:
+One class, its documented methods and the state they own; what they run lives by job: the step's
+stages in ``steps.py``, closure replay in ``replay.py``, the plain-``step()`` guard in
+``guard.py``, the scale's configuration, checkpoints and copies in ``scaling.py``. A subclass
+answers one hook, :meth:`Optimizer._plan_step` (the fused optimizers: ``fused/plan.py``).
 
-1. plan: every check that can fail (the stage, the scale, param groups, grads, and whatever the
-   step will need, which :meth:`Optimizer._plan_step` validates), before anything changes;
-2. unscale the grads in place, or only check them when the update folds the unscale in;
-3. agree on ``found_inf`` across the process group, record it and move the scale;
-4. step, through ``self.step()`` so that hooks, schedulers and the profiler see a step.
-
-A subclass answers one hook, :meth:`Optimizer._plan_step`; the fused optimizers answer it with
-an update that skips on device (Note [found_inf contract] in cuda/common.cuh).
-
-Note [step requests]
-~~~~~~~~~~~~~~~~~~~~
-Every protocol step goes through ``self.step()``, and ``step()`` itself honours the protocol:
-
-* A protocol method hands the step it wants to ``step()`` as a :class:`StepRequest`. An optimizer
-  whose update we own (:attr:`Optimizer._plans_in_step`: the fused ones) receives it in ``step()``
-  and plans there, *after* the step pre-hooks ran, so what a hook does to the grads (assigned,
-  zeroed in place) is what the plan validates, checks and uses. Any other optimizer is planned,
-  unscaled and read on the host first, and its ``step()`` runs only when not skipped
-  (torch.amp.GradScaler's order; the hooks see unscaled grads).
-* A plain ``step()`` call asks :meth:`Optimizer._implicit_request` what the protocol owes it:
-  after :meth:`~Optimizer.unscale`, the pending ``found_inf`` (``step_after_unscale``); after a
-  backward scaled by ``opt.scale`` (Note [scale handles] in scale/loss_scale.py), an unscale
-  (``unscale_and_step``); with ``grad_scale``/``found_inf`` set by ``torch.amp.GradScaler``,
-  those. So the GradScaler habits ``scale_outputs(loss, S).backward(); opt.step()`` and
-  ``opt.unscale(...); opt.step()`` never step on scaled grads or past an overflow.
-  Fused optimizers do this in their ``step()``; every other subclass's ``step`` is wrapped by
-  :meth:`Optimizer.__init_subclass__` (and :func:`~scaledoptim.with_scaling`) in a guard that
-  does it around the step it wraps. The protocol's own calls of ``step()`` set
-  ``_scaledoptim_stepping``, which the guard lets through.
+Note [compile boundary]
+~~~~~~~~~~~~~~~~~~~~~~~
+The protocol's Python (stage, plans, tables, host reads of a closure replay) is not traceable;
+torch.compile runs it eagerly and compiles around it.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from .. import compile_boundary
-from ..scale import (
-    LossScale,
-    ScalingConfig,
-)
-from ..torch_ops import refuse_during_capture
-from . import replay
-from .backward_check import GradCheck
-from .clipping import (
-    check_max_grad_norm,
-    clip_in_place_,
-    clipping_each_call,
-    norm_and_coefficient,
-    sum_of_squares,
-    sums_over_process_group,
-)
-from .ownership import ScalingState
-from .plans import (
-    GenericStepPlan,
-    PendingStep,
-    StepOutcome,
-    StepPlan,
-    StepRequest,
-)
+from ..scale import gradscaler_state_from_loss_scale
+from . import guard, replay, scaling, steps
+from .backward_check import BackwardCheck, GradCheck
+from .plans import GenericStepPlan, check_param_groups
 from .replay import ClosureReplayError
-from .split_form import SplitForm
-from .validation import check_param_grads
+from .scale_carrying import GROUP_SCALE_KEY
+from .scaling import ScalingState
+from .values import GradPass, Request, StepPlan
 
-__all__ = ["ClosureReplayError", "Optimizer", "StepRequest"]
+__all__ = ["ClosureReplayError", "Optimizer"]
+
+_Self = TypeVar("_Self", bound="Optimizer")
 
 
-class Optimizer(SplitForm):
+class Optimizer(torch.optim.Optimizer):
     r"""A :class:`torch.optim.Optimizer` that owns its dynamic loss scale.
 
     Subclass it exactly as you would subclass :class:`torch.optim.Optimizer`: an ordinary
@@ -84,16 +45,14 @@ class Optimizer(SplitForm):
     * :meth:`unscale_and_step` does both; with a closure it replays the closure with a smaller
       scale until its grads are finite (LBFGS and other closure optimizers just work).
     * :attr:`scale` is the current recommended scale, a 0-dim float32 tensor on the params'
-      device, updated in place: one tensor for the optimizer's lifetime (checkpoint loads and
-      :meth:`configure_scaling` copy into it).
+      device, updated in place: one tensor for the optimizer's lifetime.
     * A plain ``step()`` never applies scaled grads: after a backward scaled by :attr:`scale`
       it unscales and skips on overflow as :meth:`unscale_and_step` does; after
       :meth:`unscale` it skips on ``found_inf`` as :meth:`step_after_unscale` does.
 
-    Fused subclasses (:class:`scaledoptim.AdamW`, ...) skip on device and never sync. A generic
-    ``step()`` cannot be told to skip on device, so for it :meth:`step_after_unscale` reads
-    ``found_inf`` on the host once per step, unless the optimizer supports torch's own
-    ``found_inf`` protocol (``torch.optim.AdamW(fused=True)`` does).
+    Fused subclasses (:class:`scaledoptim.AdamW`, ...) skip on device and never sync; a generic
+    ``step()`` is skipped after one host read of ``found_inf`` per step, unless it takes torch's
+    own ``found_inf`` (``torch.optim.AdamW(fused=True)`` does).
 
     Example::
 
@@ -103,24 +62,37 @@ class Optimizer(SplitForm):
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
 
-    #: The request the ``self.step()`` a protocol method calls must carry out, and what it used.
-    _scaledoptim_request: StepRequest | None = None
-    _scaledoptim_outcome: StepOutcome | None = None
-    #: The pre-clip norm of the last step that clipped (:attr:`grad_norm`).
+    # Per-instance, set lazily (with_scaling's classes and patched instances have no __init__ of
+    # ours): the scale and protocol state, the backward check, grad_norm, the request a protocol
+    # method hands step() and its pass, and whether the protocol runs step() (Note [step
+    # requests] in guard.py).
+    _scaledoptim_scaling: ScalingState | None = None
+    _scaledoptim_backward_check: BackwardCheck | None = None
+    _scaledoptim_warned_torch_scaler: bool = False
     _scaledoptim_grad_norm: torch.Tensor | None = None
+    _scaledoptim_request: Request | None = None
+    _scaledoptim_outcome: GradPass | None = None
+    _scaledoptim_stepping: bool = False
+    #: Whether ``step()`` is the protocol's (``steps.planned_step``: the fused optimizers).
+    _plans_in_step: ClassVar[bool] = False
+    #: The last step's plan, kept for the next (Note [step cache] in fused/plan.py); not pickled.
+    _step_cache: Any = None
 
-    # ------------------------------------------------------------------ the scale
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wraps a subclass's own ``step`` in the protocol's guard (``guard.py``)."""
+        super().__init_subclass__(**kwargs)
+        guard.wrap_step(cls)
+
+    # ------------------------------------------------------------------ the scale and its state
     @property
     def scale(self) -> torch.Tensor:
         """The current recommended loss scale: a 0-dim float32 tensor on the params' device.
 
-        It is updated in place by :meth:`unscale`; ``opt.scale.clone()`` keeps a snapshot. It is
-        one tensor for the optimizer's lifetime: :meth:`load_state_dict`,
-        :meth:`configure_scaling` and :meth:`load_gradscaler_state_dict` copy into it, so
+        Updated in place (``opt.scale.clone()`` keeps a snapshot), and one tensor for the
+        optimizer's lifetime: loads and :meth:`configure_scaling` copy into it, so
         ``S = opt.scale`` taken once stays the scale in use. After
-        :func:`~scaledoptim.share_scale` it is the first optimizer's tensor, and after a
-        :class:`scaledoptim.GradScaler` stepped the optimizer, the scaler's; an old tensor is
-        then refused by the protocol with the one to pass instead.
+        :func:`~scaledoptim.share_scale` or a :class:`scaledoptim.GradScaler`'s first step it is
+        their tensor; an old one is refused with the one to pass instead.
         """
         return self._scaling().loss_scale.scale
 
@@ -129,44 +101,32 @@ class Optimizer(SplitForm):
         """The total 2-norm of the unscaled grads, before clipping, of the last
         :meth:`unscale_and_step` given ``max_grad_norm`` (``None`` before the first).
 
-        A 0-dim float32 tensor on the params' device, computed on device during the step (read
-        it when you choose: ``opt.grad_norm.item()`` is a host sync). It is the norm
-        :func:`torch.nn.utils.clip_grad_norm_` returns, over all of the optimizer's grads (across
-        the ranks of ``process_group``, and over whole DTensors); inf or nan when the step
-        overflowed (and so was skipped). Each step stores a new tensor, so a kept value stays.
+        A 0-dim float32 tensor on the params' device, computed on device during the step
+        (``opt.grad_norm.item()`` is a host sync): the norm
+        :func:`torch.nn.utils.clip_grad_norm_` returns, over all of the optimizer's grads; inf or
+        nan when the step overflowed (and was skipped). Each step stores a new tensor.
         """
         return self._scaledoptim_grad_norm
 
-    def _scaling(self) -> ScalingState:
-        """This optimizer's scale and protocol state, created on first use (on the params'
-        device at that time)."""
-        state = self._scaledoptim_scaling
-        if state is None:
-            state = self._create_scaling()
-        return state
+    @property
+    def scaling_state(self) -> ScalingState:
+        """This optimizer's loss scale and its place in the protocol (read-only).
 
-    # Created eagerly even when first touched inside torch.compile: a scale created while
-    # tracing could be a different tensor from the one the protocol moves, and then the scale
-    # the next compiled call reads never backs off.
-    @compile_boundary.disable
-    def _create_scaling(self) -> ScalingState:
-        refuse_during_capture("Creating the loss scale")
-        state = self._scaledoptim_scaling = ScalingState(
-            LossScale(ScalingConfig(), self._params_device())
-        )
-        return state
+        The :class:`~scaledoptim.scale.LossScale` in use, the step an :meth:`unscale` left
+        pending, the process group; created on first use, on the params' device.
+        """
+        return self._scaling()
+
+    def _scaling(self) -> ScalingState:
+        """The scale and protocol state, created on first use (on the params' device then)."""
+        state = self._scaledoptim_scaling
+        return state if state is not None else scaling.create(self)
 
     def _params_device(self) -> torch.device:
         for group in self.param_groups:
             for param in group["params"]:
                 return param.device
         raise RuntimeError("The optimizer holds no parameters, so it has no device for its scale")
-
-    def _overlapped_check(self, device: torch.device) -> GradCheck | None:
-        """How ``check_during_backward`` folds a grad on ``device`` into ``found_inf`` as backward
-        produces it, or ``None`` when that saves nothing: a generic step unscales, and so
-        checks, every grad in place anyway."""
-        return None
 
     # ------------------------------------------------------------------ the protocol
     @compile_boundary.disable  # See Note [compile boundary]
@@ -181,236 +141,309 @@ class Optimizer(SplitForm):
 
         Without a closure: :meth:`unscale` then :meth:`step_after_unscale`, with no host sync on
         fused optimizers, whose update may fold the unscale in (our CUDA kernels do: the grads
-        are then read twice and written never, so they stay *scaled*; call :meth:`unscale` and
-        :meth:`step_after_unscale` when you need them unscaled, to inspect them say; to clip
-        them, pass ``max_grad_norm``). With
-        ``closure(S) -> loss`` (which zeroes the grads and runs a backward scaled by ``S``): the
-        closure is wrapped so that every call unscales and, on inf/nan, replays with the
-        backed-off scale; ``self.step`` sees only the wrapped closure, so optimizers that
-        evaluate it many times (LBFGS) get finite grads every time. Every closure evaluation
-        counts as one step of the scale's state machine. With ``grads_scaled_by=None`` a
-        torch-style ``closure()`` that takes no argument works too, exactly as in ``step``.
+        stay scaled). With ``closure(S) -> loss`` (which zeroes the grads and runs a backward
+        scaled by ``S``): every evaluation is checked and replayed with the backed-off scale on
+        inf/nan, so ``self.step`` only sees finite grads, however often it evaluates the closure
+        (LBFGS); one host read per evaluation (the protocol page's *Closures*). With
+        ``grads_scaled_by=None`` a torch-style ``closure()`` works too.
 
-        Closure replay costs one host read per evaluation and a copy of params and optimizer
-        state per call (to restore them if replay fails).
+        With ``max_grad_norm=c`` the update reads each unscaled grad times
+        ``min(c / (total + 1e-6), 1)``, ``total`` being the 2-norm of the unscaled grads of all
+        the optimizer's params, as after :meth:`torch.amp.GradScaler.unscale_` and
+        :func:`torch.nn.utils.clip_grad_norm_`; ``total`` is kept in :attr:`grad_norm`. No host
+        sync and no extra pass over the grads, fp16 grads included (the protocol page's
+        *Clipping in the step*).
 
-        With ``max_grad_norm=c`` the step clips as :func:`torch.nn.utils.clip_grad_norm_` does
-        after :meth:`torch.amp.GradScaler.unscale_`: ``total`` is the 2-norm of the unscaled
-        grads of all the optimizer's params, and the update reads each unscaled grad times
-        ``min(c / (total + 1e-6), 1)``; ``total`` is kept in :attr:`grad_norm`. No host sync:
-        on our kernels the norm comes from the inf/nan check's read of the grads (in float32) and
-        the clip factor is applied with the unscale in the update (the grads stay scaled and are
-        read no more often than without clipping); on a CPU torch's fused Adam(W), SGD and
-        Adagrad apply it with the unscale where they read the grads, and the other torch forms
-        and generic optimizers multiply the grads they unscaled in place, as
-        ``clip_grad_norm_`` does. It works for fp16 grads, which :meth:`unscale` refuses. A step
-        that overflows is skipped as always. Under ``process_group`` plain params need
-        :meth:`configure_scaling`'s ``grads_across_ranks``: ``"sharded"`` adds the ranks' sums
-        of squares (each rank's optimizer holds its own part of the model), ``"replicated"``
-        (DDP) takes each rank's own norm of the same grads. DTensor params (FSDP2) count their
-        whole sharded tensors, over their mesh, as ``clip_grad_norm_`` does (not added again
-        over ``process_group``; params mixing DTensors and plain tensors under
-        ``process_group`` are refused). With a closure every
-        evaluation is clipped after it is unscaled (its grads are unscaled in place). LAMB's own
-        ``max_grad_norm`` option then clips what this clip left. To clip by another rule, call
-        :meth:`unscale`, clip the grads yourself and :meth:`step_after_unscale`.
+        A fused optimizer's step pre-hooks see the grads as backward left them, other optimizers'
+        see them unscaled. If the update fails nothing is committed (scale, trackers, counters,
+        :attr:`grad_norm`): the same call takes the step again, or :meth:`step_after_unscale`
+        does where the grads were unscaled in place already.
 
         Args:
             closure: optional ``closure(S) -> loss``.
             grads_scaled_by: the scale the loss was (or will be) multiplied by; ``None``: not
                 scaled, nothing is unscaled or skipped.
-            max_grad_norm: clip the global 2-norm of the unscaled grads to this (a finite
-                Python float > 0); ``None`` (default): no clipping, the step is unchanged.
+            max_grad_norm: clip the global 2-norm of the unscaled grads to this (a Python number
+                > 0, converted to a float); ``None`` (default) or ``0``: no clipping.
 
         Returns:
             ``(loss, found_inf, S)``: ``loss`` from the closure (``None`` without one),
             ``found_inf`` as from :meth:`unscale` (always 0.0 after closure replay) and the
             recommended scale for the next iteration.
 
-        On fused optimizers the step pre-hooks run first, on the grads as backward left them
-        (scaled), and the step validates, checks and uses what they leave; on other optimizers
-        they run in ``self.step()``, after the unscale, on a step that is not skipped (as under
-        :class:`torch.amp.GradScaler`).
-
         Raises:
             ClosureReplayError: if the closure's grads stay non-finite through every replay;
                 params, optimizer state and scale are then exactly as before the call.
-            TypeError: a closure that takes no argument given with a scale (it could not run
-                its backward scaled by ``S``), or a ``max_grad_norm`` that is not a Python number
-                (a tensor, a bool), before anything changes.
-            ValueError: a ``max_grad_norm`` that is not finite and > 0, or with
-                ``process_group`` params that mix DTensors and plain tensors, or plain params
-                without ``grads_across_ranks`` (see :meth:`configure_scaling`), before anything
-                changes.
-            RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`
-                (the grads are scaled), a scale tensor no longer in use (see :meth:`unscale`),
-                or an optimizer a :class:`scaledoptim.GradScaler` steps.
+            TypeError: a closure that takes no argument given with a scale, or a
+                ``max_grad_norm`` that is not a Python number, before anything changes.
+            ValueError: a ``max_grad_norm`` that is negative or not finite, or clipping under
+                ``process_group`` that cannot add the norm up (see :meth:`configure_scaling`).
+            RuntimeError: ``grads_scaled_by=None`` after a backward scaled by :attr:`scale`, a
+                scale tensor no longer in use, a step still pending after :meth:`unscale`, or an
+                optimizer a :class:`scaledoptim.GradScaler` steps.
         """
-        self._check_own_protocol("unscale_and_step")
-        check_max_grad_norm(max_grad_norm)
-        if max_grad_norm is not None:
-            self._clip_sums_over_process_group()  # raises for a mix it cannot add up
+        state = steps.own_state(self, "unscale_and_step")
         if closure is not None:
-            replay.check_callable(closure, "unscale_and_step", "grads_scaled_by")
-            if grads_scaled_by is None:
-                # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
-                unscaled = closure if not replay.takes_scale(closure) else lambda: closure(None)
-                if max_grad_norm is not None:
-                    unscaled = clipping_each_call(
-                        unscaled,  # type: ignore[arg-type]  # torch-style: takes no argument
-                        self._clip_in_place,
-                        max_grad_norm,
-                    )
-                loss = self.step(unscaled)  # type: ignore[arg-type]  # torch types its closure's loss as a float
-                return (
-                    loss,
-                    torch.zeros((), dtype=torch.float32, device=self._scaling().loss_scale.device),
-                    None,
-                )
-            replay.check_takes_scale(closure, "unscale_and_step")
+            return replay.unscale_and_step(self, closure, grads_scaled_by, max_grad_norm)
+        steps.check_closure_free(self, "unscale_and_step")
+        steps.check_can_unscale(state, grads_scaled_by, id(self))
+        request = steps.validate_request(self, state, grads_scaled_by, max_grad_norm)
+        found_inf = steps.run_step(self, request)[1].found_inf
+        if found_inf is None:  # nothing was checked: the grads are not scaled
+            found_inf = torch.zeros((), dtype=torch.float32, device=state.loss_scale.device)
+        return None, found_inf, None if request.scaled_by is None else state.loss_scale.scale
 
-            def evaluate(scale: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
-                loss = closure(scale)
-                found_inf, recommended = self.unscale(grads_scaled_by=scale)
-                if max_grad_norm is not None:  # the grads are unscaled in place: clip them so
-                    self._clip_in_place(max_grad_norm)
-                return loss, found_inf, recommended
+    @compile_boundary.disable  # See Note [compile boundary]
+    @torch.no_grad()
+    def unscale(
+        self, grads_scaled_by: torch.Tensor | float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r"""Divides every grad by ``grads_scaled_by`` in place and checks them for inf/nan.
 
-            return replay.step_replaying(self, evaluate, grads_scaled_by)
-        self._check_can_step_without_closure("unscale_and_step")
-        self._check_can_unscale()
-        self._check_told_unscaled(grads_scaled_by)
-        _, outcome = self._run_step(StepRequest(
-            unscale=True, scaled_by=grads_scaled_by, max_grad_norm=max_grad_norm
-        ))
-        if outcome is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.step() did not run the step unscale_and_step() asked "
-                "for: a subclass of FusedOptimizer that overrides step() must call super().step()"
-            )
-        return None, outcome.found_inf, outcome.scale
+        Records ``found_inf`` for the next :meth:`step_after_unscale` (or plain ``step()``) and
+        moves the scale: back off on overflow, grow after ``growth_interval`` clean steps. No
+        host sync when ``grads_scaled_by`` is ``opt.scale`` or a Python float.
 
-    # ------------------------------------------------------------------ plan, then commit
-    def _run_step(
-        self, request: StepRequest, *args: Any, **kwargs: Any
-    ) -> tuple[Any, StepOutcome | None]:
-        """Runs ``self.step(*args, **kwargs)`` carrying ``request`` out (Note [step requests]);
-        returns what the step returned (``None`` for a step skipped on the host) and its
-        outcome, ``None`` when a ``step()`` override never carried the request out.
+        Args:
+            grads_scaled_by: the scale the loss was multiplied by, or ``None`` when the grads
+                are not scaled (nothing is unscaled, nothing will be skipped).
 
-        Package-internal: :class:`scaledoptim.GradScaler` steps an optimizer through it.
+        Returns:
+            ``(found_inf, recommended_scale)``: ``found_inf`` is a 0-dim float32 tensor (1.0 if
+            any grad was inf/nan); ``recommended_scale`` is :attr:`scale` (``None`` if
+            ``grads_scaled_by`` was ``None``).
+
+        fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
+        in place they cannot hold small grads (below 6e-8 they flush to zero), and a clipped run
+        drifts from fp32. A fused optimizer's :meth:`unscale_and_step` unscales them in fp32
+        inside the update, and clips them there with ``max_grad_norm``; one whose own ``step()``
+        reads the grads (:func:`~scaledoptim.with_scaling`) refuses them at every scaled step.
+        bf16 grads have float32's range.
+
+        Raises:
+            RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
+                grads on another device than the scale, a scale tensor no longer in use (the
+                concepts guide's "S = opt.scale stays the scale in use"), ``None`` after a
+                backward scaled by :attr:`scale`, or an optimizer a GradScaler steps.
+            ValueError: if the scale is not finite and positive, or for fp16 grads.
         """
-        if not self._plans_in_step:
-            run = functools.partial(self.step, *args, **kwargs) if args or kwargs else None
-            return self._execute(request, run=run)
-        # step() takes no request and returns the loss: the request and its outcome pass
-        # through these two slots, each read once.
-        self._scaledoptim_request, self._scaledoptim_outcome = request, None
-        try:
-            result = self.step(*args, **kwargs)
-            return result, self._scaledoptim_outcome
-        finally:
-            self._scaledoptim_request = self._scaledoptim_outcome = None
+        state = steps.own_state(self, "unscale")
+        steps.check_can_unscale(state, grads_scaled_by, id(self))
+        plan = steps.plan(self)  # the step it prepares must be possible too
+        request = steps.validate_request(self, state, grads_scaled_by)
+        found_inf = steps.unscale(self, request, plan).found_inf
+        assert found_inf is not None  # the check always makes one
+        return found_inf, None if request.scaled_by is None else state.loss_scale.scale
 
-    def _execute(
-        self, request: StepRequest, run: Callable[[], Any] | None = None
-    ) -> tuple[Any, StepOutcome]:
-        """Plans the step, unscales, records ``found_inf`` and commits: ``request`` carried out.
-        Returns what the step returned and the :class:`StepOutcome`.
+    @compile_boundary.disable  # See Note [compile boundary]
+    def step_after_unscale(
+        self,
+        closure: Callable[[Any], tuple[Any, torch.Tensor, Any]] | None = None,
+        current_grad_scale: torch.Tensor | float | None = None,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
+        r"""Steps with the grads :meth:`unscale` left, skipping the step if it found inf/nan.
 
-        Called by a fused ``step()`` (after its pre-hooks), by :meth:`_run_step` for other
-        optimizers, and by the guard of a plain ``step()``, which passes the step function it
-        wraps as ``run`` (that step call is under way already). Every check runs before
-        anything changes.
+        Without a closure: consumes the ``found_inf`` recorded by :meth:`unscale` and returns
+        ``None``. Fused optimizers skip on device; a generic ``step()`` costs one host read.
+
+        With a closure: ``closure(S)`` must zero the grads, run a backward scaled by ``S``, call
+        ``opt.unscale(grads_scaled_by=S)`` itself (to clip or inspect the grads) and return
+        ``(loss, found_inf, S)`` as :meth:`unscale` gave them; it is replayed with the
+        backed-off ``S`` until its grads are finite (one host read per call).
+
+        Args:
+            closure: optional, see above.
+            current_grad_scale: the scale passed to the closure's first call.
+
+        Returns:
+            ``None`` without a closure; ``(loss, found_inf, S)`` with one.
+
+        Raises:
+            RuntimeError: without a closure, if :meth:`unscale` was not called first.
+            ClosureReplayError: if the closure's grads stay non-finite; nothing is changed.
         """
-        step = self._plan_step()
-        state = self._scaling()
-        if isinstance(step, GenericStepPlan) and run is not None:
-            step.run = run
-        if request.unscale:
-            plan = self._plan_unscale(
-                request.scaled_by, step, own=request.moves_scale, found_inf=request.found_inf
-            )
-            if request.adopt is not None:
-                self._adopt_scale(*request.adopt)  # the GradScaler's scale, once all is checked
-            scaled = plan.inv_scale is not None
-            clip, norm_sq = request.max_grad_norm, None
-            if clip is not None:
-                # See Note [clipping in the step] in clipping.py: the check sums the squares of
-                # every grad (those checked during backward too: a plan given norm_sq ignores
-                # checked). Unscaled grads are checked into a flag of their own: nothing skips
-                # their step.
-                norm_sq = torch.zeros((), dtype=torch.float32, device=plan.found_inf.device)
-                checking = plan.found_inf if scaled else torch.zeros_like(plan.found_inf)
-                inv = plan.inv_scale if plan.inv_scale is not None else torch.ones_like(checking)
-                left = step.unscale_grads_(checking, inv, plan.checked, norm_sq)
-            elif plan.inv_scale is not None:
-                left = step.unscale_grads_(plan.found_inf, plan.inv_scale, plan.checked)
-            else:
-                left = None
-            if request.moves_scale:
-                found_inf, scale, update = self._record_unscale(plan, step.applies_scale_update)
-            else:  # a GradScaler's scale: it moves in scaler.update()
-                found_inf, scale, update = self._agree(plan.found_inf), None, None
-            if clip is not None and norm_sq is not None:
-                step.clip_grads_(self._clip_coefficient(norm_sq, clip))
-            pending = PendingStep(found_inf if scaled else None, left, update)
-            outcome = StepOutcome(found_inf, scale)
-        else:
-            # Every request that does not unscale carries the found_inf to skip on.
-            assert request.found_inf is not None
-            pending = PendingStep(request.found_inf)
-            outcome = StepOutcome(request.found_inf, None)
-        self._scaledoptim_stepping = True  # a plan that calls self.step() is let through
-        try:
-            result = step.commit(pending)
-        finally:
-            self._scaledoptim_stepping = False
-        state.found_inf = None
-        return result, outcome
+        steps.own_state(self, "step_after_unscale")
+        if closure is not None:
+            return replay.step_after_unscale(self, closure, current_grad_scale)
+        steps.run_step(self, steps.validate_pending(self))
+        return None
 
-    def _clip_coefficient(self, norm_sq: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
-        """The clip factor from this rank's sum of squares; keeps the norm in :attr:`grad_norm`
-        (Note [clipping in the step] in clipping.py). On device, no host read."""
-        summing = self._clip_sums_over_process_group()  # not for DTensors: over their mesh
-        process_group = self._scaling().process_group if summing else None
-        norm, coef = norm_and_coefficient(norm_sq, max_grad_norm, process_group)
-        self._scaledoptim_grad_norm = norm
-        return coef
+    def _plan_step(self, run: Callable[[], Any] | None = None) -> StepPlan:
+        """Validates everything a step will need and returns it, ready to run; changes nothing.
+        The hook a subclass answers; this generic plan runs ``run`` (``self.step()`` when
+        ``None``), skipped after a host read of ``found_inf`` (``plans.py``)."""
+        check_param_groups(self)
+        return GenericStepPlan(self, run)
 
-    def _clip_sums_over_process_group(self) -> bool:
-        """Whether the clip's sums of squares are added over ``process_group`` (not for DTensor
-        params: Note [clipping in the step] in clipping.py)."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        state = self._scaling()
-        return sums_over_process_group(params, state.process_group, state.grads_across_ranks)
+    def _overlapped_check(self, device: torch.device) -> GradCheck | None:
+        """How ``check_during_backward`` folds a grad on ``device`` into ``found_inf`` as backward
+        produces it, or ``None`` when that saves nothing: a generic step unscales, and so
+        checks, every grad in place anyway."""
+        return None
 
-    def _clip_in_place(self, max_grad_norm: float) -> None:
-        """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does."""
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        norm_sq = sum_of_squares(grads, self._scaling().loss_scale.device)
-        clip_in_place_(grads, self._clip_coefficient(norm_sq, max_grad_norm))
+    #: torch's "my step() reads ``grad_scale`` and ``found_inf``" (Note [torch GradScaler]), and
+    #: what a plain step() owes the protocol (Note [step requests]): both in guard.py.
+    _step_supports_amp_scaling = guard.AMP_SCALING
+    _implicit_request = guard.implicit_request
 
-    def _plan_step(self) -> StepPlan:
-        """Validates everything a step will need (param groups, grads, ...) and returns it,
-        ready to run; changes nothing.
+    # ------------------------------------------------------------------ configuration
+    def configure_scaling(
+        self: _Self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        hysteresis: int = 1,
+        # Literals, not ScalingConfig's attributes: the API reference renders the source of a
+        # default, and a reader wants the value (a test checks that the two agree).
+        min_scale: float = 1.1754943508222875e-38,
+        max_scale: float = 3.4028234663852886e38,
+        max_replays: int = 32,
+        process_group: Any = None,
+        check_during_backward: bool = False,
+        grads_across_ranks: str | None = None,
+    ) -> _Self:
+        r"""Sets the dynamic loss scale's hyper-parameters and resets it to ``init_scale``.
 
-        The hook a subclass answers. This generic plan calls ``self.step()`` as it is: it reads
-        ``found_inf`` on the host to skip, or hands it to an optimizer that implements torch's
-        own on-device ``found_inf`` protocol (``_step_supports_amp_scaling``).
+        The defaults reproduce :class:`torch.amp.GradScaler`'s scale sequence exactly
+        (:class:`scaledoptim.ScalingConfig` checks the values). The new scale is written into
+        :attr:`scale`'s tensor: a handle taken before stays live.
+
+        Args:
+            init_scale: the scale before the first step. Default: ``2**16``.
+            growth_factor: multiplies the scale after ``growth_interval`` clean steps (> 1).
+                Default: ``2.0``.
+            backoff_factor: multiplies the scale when an overflow is not tolerated (in (0, 1)).
+                Default: ``0.5``.
+            growth_interval: consecutive clean steps before the scale grows; ``2**31`` or more
+                never grows it. Default: ``2000``.
+            hysteresis: consecutive overflows needed before the scale backs off; ``N``
+                tolerates ``N - 1``. Default: ``1`` (back off on every overflow, as GradScaler).
+            min_scale: the scale never backs off below this. Default: the smallest normal
+                float32 (about ``1.2e-38``).
+            max_scale: the scale never grows above this. Default: the largest float32 (about
+                ``3.4e38``).
+            max_replays: how many times a closure may be replayed with a smaller scale in one
+                step before :class:`~scaledoptim.ClosureReplayError` is raised. Default: ``32``.
+            process_group: a :class:`torch.distributed.ProcessGroup` whose ranks must agree on
+                overflow (DDP, FSDP, sharded optimizers): ``found_inf`` is all-reduced (MAX) over
+                it on device before the scale moves or anything steps, so every rank skips and
+                moves its scale alike; every rank must unscale once per iteration. Default:
+                ``None`` (single process).
+            grads_across_ranks: how the plain (non-DTensor) grads relate across
+                ``process_group``'s ranks, for clipping in the step: ``"replicated"`` (DDP: the
+                norm is this rank's) or ``"sharded"`` (each rank's optimizer holds its own part
+                of the model: the ranks' sums of squares are added). DTensor grads need neither.
+                Default: ``None``: clipping under ``process_group`` with plain params is refused.
+            check_during_backward: fold each grad into ``found_inf`` as backward produces it,
+                so that the step on our kernels reads each grad once instead of twice (the
+                concepts page says when it helps); nothing once torch.distributed is
+                initialized. Not kept in the ``state_dict`` or in copies. Default: ``False``.
+
+        Returns:
+            the optimizer itself, so ``opt = AdamW(...).configure_scaling(...)`` reads well.
+
+        Raises:
+            RuntimeError: on an optimizer that shares its scale (configure the first, then
+                share), or one a :class:`scaledoptim.GradScaler` steps (configure the scaler).
+            ValueError: ``grads_across_ranks`` other than ``None``, ``"replicated"`` or
+                ``"sharded"``, or given without ``process_group``.
         """
-        self._check_param_groups()
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        check_param_grads(params, self._scaling().loss_scale.device)
-        return GenericStepPlan(self, params)
+        options = dict(locals())  # every argument, named as ScalingConfig names its fields
+        scaling.configure(options.pop("self"), **options)
+        return self
 
-    # ------------------------------------------------------------------ torch.optim overrides
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As :meth:`torch.optim.Optimizer.zero_grad`; also forgets an unconsumed :meth:`unscale`
-        and what ``check_during_backward`` folded from the grads it drops."""
+        """As :meth:`torch.optim.Optimizer.zero_grad`; also drops a pending step (after
+        :meth:`unscale`), what ``check_during_backward`` folded from the grads it drops, and on
+        a shared scale lets the next unscale end a round this optimizer's iteration abandoned."""
         super().zero_grad(set_to_none)
         state = self._scaledoptim_scaling
         if state is not None:
-            state.found_inf = None
+            state.pending = None
+            if state.loss_scale.sharers > 1:
+                state.loss_scale.end_round(id(self))
         if self._scaledoptim_backward_check is not None:
             self._scaledoptim_backward_check.reset()
+
+    # ------------------------------------------------------------------ checkpoints and copies
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`torch.optim.Optimizer.state_dict`, plus ``"loss_scale"``: the scale, its
+        growth and hysteresis trackers and its config (loading it resumes bit for bit). Each
+        param group holds a copy, which ``get_optimizer_state_dict`` keeps, so a DCP checkpoint
+        carries the scale too. The process group is not saved: it belongs to the run.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`: no state_dict
+                holds the pending step's unscaled grads. Save before or after.
+        """
+        scaling.check_between_steps(self._scaledoptim_scaling, "state_dict()")
+        state_dict = super().state_dict()
+        loss_scale = self._scaling().loss_scale
+        state_dict["loss_scale"] = loss_scale.state_dict()
+        # See Note [the scale through DCP] in scale_carrying.py
+        for group in state_dict["param_groups"]:
+            group[GROUP_SCALE_KEY] = loss_scale.state_dict()
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`torch.optim.Optimizer.load_state_dict`, restoring the loss scale too.
+
+        A plan, then a commit, as a step: the load-state-dict pre-hooks run on the state_dict
+        given (they may replace it), then its layout, every value the optimizer will read and
+        the scale state are validated; only then is anything installed, and the post-hooks run.
+        A refusal names the key and the fix and changes nothing.
+
+        The scale state is the top-level ``"loss_scale"``, or else the copy every param group
+        holds (they must agree). A plain ``torch.optim`` state_dict loads with the scale reset
+        to the configured ``init_scale`` (a :class:`scaledoptim.GradScaler`'s optimizer keeps
+        the scaler's). The scale is copied into :attr:`scale`'s tensor; the process group stays.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale` (see
+                :meth:`state_dict`).
+            TypeError, ValueError: a state_dict this optimizer did not write, or one whose
+                values its next step would reject or turn into NaN, naming the key.
+        """
+        scaling.load(self, state_dict, super().load_state_dict)
+
+    def _plan_load_state(
+        self, state_dict: dict[str, Any], by_id: dict[Hashable, torch.Tensor]
+    ) -> dict[torch.Tensor, dict[str, Any]] | None:
+        """Validates the param groups and per-param state of ``state_dict`` (layout checked,
+        ``by_id``: the param each saved id stands for) and returns the state to install, or
+        ``None`` to let torch's loader cast and install it (a generic optimizer's state is
+        torch's business). Changes nothing. The hook an optimizer that knows its state
+        answers (the fused ones)."""
+        return None
+
+    def load_gradscaler_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continues a :class:`torch.amp.GradScaler`'s scale: loads ``scaler.state_dict()``.
+
+        Takes its scale, growth tracker, growth/backoff factors and growth interval, and keeps
+        this optimizer's hysteresis, bounds and process group: with their defaults the run
+        continues GradScaler's scale sequence. Validated before anything changes.
+
+        Raises:
+            TypeError, ValueError: for anything but a valid enabled GradScaler's state_dict.
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`, or on a
+                shared scale.
+        """
+        scaling.load_gradscaler_state(self, state_dict)
+
+    def gradscaler_state_dict(self) -> dict[str, Any]:
+        """The scale as ``torch.amp.GradScaler.state_dict()`` holds it (to go back to GradScaler).
+
+        Reads the scale on the host; warns if hysteresis or scale bounds are configured.
+
+        Raises:
+            RuntimeError: between :meth:`unscale` and :meth:`step_after_unscale`.
+        """
+        scaling.check_between_steps(self._scaledoptim_scaling, "gradscaler_state_dict()")
+        return gradscaler_state_from_loss_scale(self._scaling().loss_scale)
+
+    # torch's Optimizer.__getstate__ keeps only defaults, state and param_groups: a copy, pickle
+    # or torch.save(opt) would come back with a fresh scale. Not kept: the process group
+    # (configure the copy with its own) and sharing (share the copies again).
+    __getstate__ = scaling.getstate
+    __setstate__ = scaling.setstate

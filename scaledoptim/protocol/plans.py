@@ -1,195 +1,112 @@
-"""The plans of the step sequence: everything validated, ready to commit (see optimizer.py)."""
+"""The plan of an optimizer the protocol cannot see into: its own ``step()`` as it is (the
+``StepPlan`` of ``steps.py``; the fused optimizers plan in ``fused/plan.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import torch
+from torch import Tensor
 
-from ..scale import LossScale, ScaleUpdate
 from ..torch_ops import unscale_in_place_
 from .clipping import clip_in_place_, sum_of_squares
+from .validation import check_param_grads
+from .values import GradPass
 
-__all__ = [
-    "GenericStepPlan",
-    "PendingStep",
-    "StepOutcome",
-    "StepPlan",
-    "StepRequest",
-    "UnscalePlan",
-    "native_amp_scaling",
-]
+__all__ = ["GenericStepPlan", "check_param_groups", "native_amp_scaling"]
 
-
-@dataclasses.dataclass(frozen=True)
-class StepRequest:
-    """What a ``step()`` owes the protocol besides the update (Note [step requests] in
-    optimizer.py).
-
-    Attributes:
-        unscale: check the grads first, unscaling them by ``scaled_by`` (``None``: they are not
-            scaled; nothing is checked or skipped).
-        scaled_by: the scale the grads were scaled by.
-        found_inf: skip where it is set; given when the grads were checked already (after
-            :meth:`Optimizer.unscale`), or the flag a check adds to.
-        moves_scale: the unscale reports to the optimizer's own scale, which moves (its own
-            protocol); ``False`` when a GradScaler owns the scale and moves it in ``update()``.
-        adopt: a GradScaler's scale for the optimizer to take as its own, once every check
-            passed.
-        max_grad_norm: clip the global norm of the unscaled grads to it (Note [clipping in the
-            step] in clipping.py); ``None``: no clipping. Only with ``unscale``.
-
-    The step answers with a :class:`StepOutcome`.
-    """
-
-    unscale: bool
-    scaled_by: torch.Tensor | float | None = None
-    found_inf: torch.Tensor | None = None
-    moves_scale: bool = True
-    adopt: tuple[LossScale, str] | None = None
-    max_grad_norm: float | None = None
-
-
-class StepOutcome(NamedTuple):
-    """What a step that carried out a :class:`StepRequest` used.
-
-    Attributes:
-        found_inf: the ``found_inf`` the update skipped on.
-        scale: the recommended scale (the optimizer's own protocol only, else ``None``).
-    """
-
-    found_inf: torch.Tensor
-    scale: torch.Tensor | None
-
-
-@dataclasses.dataclass
-class UnscalePlan:
-    """A validated unscale: the scale (``None``: grads not scaled), its reciprocal and a fresh
-    ``found_inf``."""
-
-    scale: torch.Tensor | None
-    inv_scale: torch.Tensor | None
-    found_inf: torch.Tensor
-    # ids of grads already folded into found_inf during backward (Note [overlapped overflow check])
-    checked: frozenset[int] = frozenset()
-
-
-@dataclasses.dataclass
-class PendingStep:
-    """What a planned step needs when ``optimizer.step()`` commits it.
-
-    Attributes:
-        found_inf: skip the update where it is non-zero (``None``: always step).
-        inv_scale: the reciprocal scale the update must still apply to the grads (``None``:
-            they are unscaled, or were never scaled).
-        scale_update: the scale's move, for a step whose epilogue applies it.
-    """
-
-    found_inf: torch.Tensor | None
-    inv_scale: torch.Tensor | None = None
-    scale_update: ScaleUpdate | None = None
-
-
-class StepPlan(Protocol):
-    """A validated step, ready to commit: only device errors can interrupt it now.
-
-    ``params`` are the params that have a grad, ``grads`` their ``.grad``s (validated: dense or
-    strided, floating, on the loss scale's device, shaped like their param).
-    ``applies_scale_update``: the step's epilogue moves the loss scale, so the protocol hands it
-    the :class:`~scaledoptim.scale.ScaleUpdate` instead of applying it before the step.
-    """
-
-    params: list[torch.Tensor]
-    grads: list[torch.Tensor]
-    applies_scale_update: bool
-
-    def unscale_grads_(
-        self,
-        found_inf: torch.Tensor,
-        inv_scale: torch.Tensor,
-        checked: frozenset[int] = frozenset(),
-        norm_sq: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """Checks (and unscales, or leaves to the update) the grads; returns the ``inv_scale``
-        the update must still apply, or ``None`` when the grads were unscaled in place.
-        ``norm_sq``: a 0-dim float32 tensor to add the sum of squares of the unscaled grads to
-        (Note [clipping in the step] in clipping.py); ``checked`` is then ignored."""
-
-    def clip_grads_(self, coef: torch.Tensor) -> None:
-        """Makes the update read the unscaled grads times ``coef`` (after
-        :meth:`unscale_grads_`): folded into the ``inv_scale`` the update applies, or
-        multiplied into grads unscaled in place."""
-
-    def commit(self, pending: PendingStep) -> Any:
-        """Runs the update, skipped where ``pending.found_inf`` is set; returns what the
-        optimizer's step returned (``None`` for a step skipped on the host)."""
+#: Options torch.optim's ``__setstate__`` (run by ``load_state_dict``) adds to the defaults of
+#: every optimizer, but not to the groups of those that never had them (LBFGS, SparseAdam, Muon,
+#: Adafactor): their groups may lack them.
+_DEFAULTS_ONLY = frozenset({"differentiable"})
 
 
 class GenericStepPlan:
-    """The step of an optimizer we cannot see into: its ``step()`` as it is.
+    """The step of an optimizer we cannot see into: every grad unscaled in place by the check,
+    then its ``step()``, skipped after a host read of ``found_inf`` unless it takes torch's own
+    on-device ``found_inf`` (``native_amp_scaling``).
 
     Args:
-        optimizer: the optimizer.
-        params: its params that have a grad.
+        optimizer: the optimizer, its param groups validated (:func:`check_param_groups`).
         run: what runs the update; ``None``: ``optimizer.step()``, as hooks, schedulers and the
-            profiler see a step (the protocol commits with its guard open: Note [step requests]
-            in optimizer.py). The guard passes the step function it wraps, when a plain
+            profiler see a step (the protocol lets it through its guard: Note [step requests]
+            in guard.py). The guard passes the step function it wraps, when a plain
             ``step()`` call is already under way.
     """
 
-    applies_scale_update = False
-
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        params: list[torch.Tensor],
-        run: Callable[[], Any] | None = None,
-    ) -> None:
+    def __init__(self, optimizer: Any, run: Callable[[], Any] | None) -> None:
         self.optimizer = optimizer
-        self.params = params
-        self.grads = [p.grad for p in params if p.grad is not None]  # every one has a grad
+        self.params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        check_param_grads(self.params, optimizer._scaledoptim_scaling.loss_scale.device)
+        self.grads: list[Tensor] = [p.grad for p in self.params]
         self.run = run
 
-    def unscale_grads_(
+    def check(
         self,
-        found_inf: torch.Tensor,
-        inv_scale: torch.Tensor,
-        checked: frozenset[int] = frozenset(),
-        norm_sq: torch.Tensor | None = None,
-    ) -> None:
-        unscale_in_place_(self.grads, found_inf, inv_scale)
+        found_inf: Tensor,
+        inv_scale: Tensor | None,
+        checked: frozenset[int],
+        norm_sq: Tensor | None,
+    ) -> tuple[tuple[list[list[Tensor]], bool], ...]:
+        if inv_scale is not None:
+            unscale_in_place_(self.grads, found_inf, inv_scale)
         if norm_sq is not None and self.grads:
             norm_sq.add_(sum_of_squares(self.grads))
+        return (([self.grads], False),)
 
-    def clip_grads_(self, coef: torch.Tensor) -> None:
+    def clip(self, grad_pass: GradPass, coef: Tensor) -> GradPass:
         if self.grads:
             clip_in_place_(self.grads, coef)
+        return grad_pass
 
-    def commit(self, pending: PendingStep) -> Any:
-        opt, found_inf = self.optimizer, pending.found_inf
+    def update(self, grad_pass: GradPass) -> Any:
+        opt, found_inf = self.optimizer, grad_pass.found_inf if grad_pass.skip else None
         if found_inf is None:
             return self._run()
         if native_amp_scaling(opt):
-            opt.grad_scale, opt.found_inf = None, found_inf  # type: ignore[attr-defined]
+            opt.grad_scale, opt.found_inf = None, found_inf
             try:
                 return self._run()
             finally:
-                del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
+                del opt.grad_scale, opt.found_inf
         if found_inf.item() == 0.0:  # the documented host read of a generic step
             return self._run()
         return None
 
+    def commit(self, grad_pass: GradPass) -> None:
+        if grad_pass.scale_update is not None:
+            grad_pass.scale_update.apply()
+
+    def settle(self, grad_pass: GradPass) -> GradPass | None:
+        # The check unscaled (and the decision clipped) the user's grads in place.
+        written = grad_pass.grads is not None and bool(self.grads)
+        return dataclasses.replace(grad_pass, grads=None) if written else None
+
     def _run(self) -> Any:
-        # The protocol commits with its guard open (Optimizer._execute), so opt.step() is let
-        # through as it is.
         return self.run() if self.run is not None else self.optimizer.step()
+
+
+def check_param_groups(optimizer: torch.optim.Optimizer) -> None:
+    """Rejects a param group that lost an option its optimizer's defaults have (torch would
+    raise a bare ``KeyError`` mid-step)."""
+    for index, group in enumerate(optimizer.param_groups):
+        if optimizer.defaults.keys() <= group.keys():
+            continue
+        missing = sorted(optimizer.defaults.keys() - group.keys() - _DEFAULTS_ONLY)
+        if missing:
+            raise ValueError(
+                f"param_groups[{index}] has no {missing}: every param group must hold all of "
+                f"{type(optimizer).__name__}'s options. Add groups with opt.add_param_group(...) "
+                "(it fills in the defaults), or restore the key, e.g. "
+                f"opt.param_groups[{index}][{missing[0]!r}] = opt.defaults[{missing[0]!r}]"
+            )
 
 
 def native_amp_scaling(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer``'s own ``step()`` implements torch's on-device ``found_inf`` /
     ``grad_scale`` protocol (torch's fused optimizers set ``_step_supports_amp_scaling`` on the
     instance). Read from the instance: scaledoptim's class-level answer is for
-    ``torch.amp.GradScaler`` (see ``Optimizer._step_supports_amp_scaling``)."""
+    ``torch.amp.GradScaler`` (Note [torch GradScaler] in guard.py)."""
     return bool(vars(optimizer).get("_step_supports_amp_scaling", False))

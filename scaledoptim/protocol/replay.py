@@ -1,8 +1,12 @@
 """Closure replay: a closure whose grads overflow is run again with the backed-off scale.
 
-Replays are bounded (``max_replays``, and never below ``min_scale``). Params, optimizer state
-and the scale are snapshotted first and restored bit for bit if replay fails or the closure
-raises.
+Each evaluation runs the pipeline's stages (``steps.py``): a fused optimizer's is checked and
+decided as ``unscale_and_step`` checks a step without a closure (its update unscales in fp32, so
+fp16 grads work), and the finite one is left pending for the ``step()`` it runs in to update and
+commit; any other optimizer's is unscaled in place (:func:`steps.unscale`), as the optimizer may
+read the grads many times (LBFGS). Replays are bounded (``max_replays``, and never below
+``min_scale``). Params, optimizer state and the scale are snapshotted first and restored bit for
+bit if replay fails or the closure raises.
 """
 
 from __future__ import annotations
@@ -10,35 +14,22 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from .ownership import ScalingState
+from . import steps
+from .clipping import clip_in_place_, norm_and_coefficient, sum_of_squares
 
 __all__ = [
     "ClosureReplayError",
     "check_callable",
-    "check_takes_scale",
-    "checked_result",
-    "step_replaying",
+    "step_after_unscale",
     "takes_scale",
+    "unscale_and_step",
 ]
 
 Evaluation = tuple[Any, torch.Tensor, "torch.Tensor | None"]
-
-
-class Replayable(Protocol):
-    """What closure replay needs of an optimizer: its params and state (to restore them), its
-    scale and protocol state, and ``step(closure)``."""
-
-    param_groups: list[dict[str, Any]]
-    state: Any
-
-    def step(self, closure: Callable[[], Any]) -> Any: ...
-
-    @property
-    def scaling_state(self) -> ScalingState: ...
 
 
 class ClosureReplayError(RuntimeError):
@@ -49,15 +40,83 @@ class ClosureReplayError(RuntimeError):
     """
 
 
-def step_replaying(
-    optimizer: Replayable,
+def unscale_and_step(
+    optimizer: Any,
+    closure: Callable[..., Any],
+    grads_scaled_by: torch.Tensor | float | None,
+    max_grad_norm: Any,
+) -> Evaluation:
+    """``optimizer.unscale_and_step(closure, ...)``: every evaluation checked (unscaled, clipped)
+    and replayed on overflow; returns ``(loss, found_inf, S)``."""
+    check_callable(closure, "unscale_and_step", "grads_scaled_by")
+    state = optimizer._scaling()
+    clip = steps.validate_request(optimizer, state, None, max_grad_norm)  # before any change
+    if grads_scaled_by is None:
+        # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
+        run = closure if not takes_scale(closure) else lambda: closure(None)
+        unscaled = run if clip.max_grad_norm is None else _clipping(optimizer, run, clip)
+        loss = optimizer.step(unscaled)
+        return loss, torch.zeros((), dtype=torch.float32, device=state.loss_scale.device), None
+    _check_takes_scale(closure, "unscale_and_step")
+    if optimizer._plans_in_step:
+
+        def evaluate(scale: Any) -> Evaluation:
+            loss = closure(scale)
+            request = steps.validate_request(optimizer, state, scale, max_grad_norm)
+            plan = steps.plan(optimizer)
+            grad_pass = steps.check(plan, state, request, optimizer._scaledoptim_backward_check)
+            grad_pass = steps.decide(plan, state, request, grad_pass, id(optimizer))
+            assert grad_pass.found_inf is not None  # a scale was given
+            if grad_pass.found_inf.item() != 0.0:  # replayed: the backoff is committed now
+                steps.commit(optimizer, plan, steps.PLAIN, grad_pass)
+            else:  # the step this evaluation runs in updates and commits it
+                state.pending = grad_pass
+            return loss, grad_pass.found_inf, state.loss_scale.scale
+
+    else:
+
+        def evaluate(scale: Any) -> Evaluation:
+            loss = closure(scale)
+            found_inf, next_scale = optimizer.unscale(grads_scaled_by=scale)
+            if clip.max_grad_norm is not None:  # the grads are unscaled in place: clip them
+                _clip_unscaled(optimizer, clip)
+            return loss, found_inf, next_scale
+
+    return _step_replaying(optimizer, evaluate, grads_scaled_by)
+
+
+def step_after_unscale(
+    optimizer: Any, closure: Callable[..., Any], first_scale: torch.Tensor | float | None
+) -> Evaluation:
+    """``optimizer.step_after_unscale(closure, ...)``: ``closure(S)`` unscales itself."""
+    check_callable(closure, "step_after_unscale", "current_grad_scale")
+    _check_takes_scale(closure, "step_after_unscale")
+
+    def evaluate(scale: Any) -> Evaluation:
+        result = closure(scale)
+        if not (
+            isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], torch.Tensor)
+        ) or not optimizer._scaling().unscaled:
+            raise TypeError(
+                "A closure given to step_after_unscale() must call "
+                "opt.unscale(grads_scaled_by=S) and return (loss, found_inf, S) as unscale() "
+                f"returned them; got {type(result).__name__}. For a closure that only returns "
+                "the loss, use unscale_and_step(closure, grads_scaled_by=S)."
+            )
+        return result
+
+    return _step_replaying(optimizer, evaluate, first_scale)
+
+
+def _step_replaying(
+    optimizer: Any,
     evaluate: Callable[[Any], Evaluation],
     first_scale: torch.Tensor | float | None,
 ) -> Evaluation:
     """Runs ``optimizer.step(closure)`` where the closure calls ``evaluate(S)`` until its grads
     are finite, backing the scale off in between; returns ``(loss, found_inf, S)``."""
-    state = optimizer.scaling_state
-    if state.found_inf is not None:
+    state = optimizer._scaling()
+    if state.pending is not None:
         raise RuntimeError(
             "The grads were unscaled before a closure step; a closure step computes its own "
             "grads. Drop the unscale() call or step with step_after_unscale() first."
@@ -75,7 +134,7 @@ def step_replaying(
         tries = 0
         while tries <= max_replays:
             tries += 1
-            state.found_inf = None
+            state.pending = None
             tried = None if scale is None else float(scale)  # the scale updates in place
             loss, found_inf, next_scale = evaluate(scale)
             if next_scale is None or found_inf.item() == 0.0:
@@ -101,7 +160,7 @@ def step_replaying(
         raise
     finally:
         state.replaying = False
-        state.found_inf = None
+        state.pending = None
     return loss, outcome["found_inf"], outcome["scale"]
 
 
@@ -126,7 +185,7 @@ def takes_scale(closure: Callable[..., Any]) -> bool:
     return True
 
 
-def check_takes_scale(closure: Callable[..., Any], method: str) -> None:
+def _check_takes_scale(closure: Callable[..., Any], method: str) -> None:
     """A closure given with a scale must take it: say so before anything changes."""
     if not takes_scale(closure):
         raise TypeError(
@@ -137,35 +196,47 @@ def check_takes_scale(closure: Callable[..., Any], method: str) -> None:
         )
 
 
-def checked_result(optimizer: Replayable, result: Any) -> Evaluation:
-    """The ``(loss, found_inf, S)`` a ``step_after_unscale`` closure must return, checked."""
-    if not (
-        isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], torch.Tensor)
-    ) or optimizer.scaling_state.found_inf is None:
-        raise TypeError(
-            "A closure given to step_after_unscale() must call opt.unscale(grads_scaled_by=S) "
-            "and return (loss, found_inf, S) as unscale() returned them; got "
-            f"{type(result).__name__}. For a closure that only returns the loss, use "
-            "unscale_and_step(closure, grads_scaled_by=S)."
-        )
-    return result
+def _clipping(
+    optimizer: Any, closure: Callable[[], Any], request: steps.Request
+) -> Callable[[], Any]:
+    """``closure`` (whose grads are unscaled), then the clip, at every call."""
+
+    def clipped() -> Any:
+        loss = closure()
+        _clip_unscaled(optimizer, request)
+        return loss
+
+    return clipped
 
 
-def _snapshot(optimizer: Replayable) -> tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]:
+def _clip_unscaled(optimizer: Any, request: steps.Request) -> None:
+    """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does; keeps the norm in
+    ``grad_norm`` (Note [clipping in the step] in clipping.py)."""
+    assert request.max_grad_norm is not None
+    state = optimizer._scaling()
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    norm_sq = sum_of_squares(grads, state.loss_scale.device)
+    group = state.process_group if request.sums_over_group else None
+    norm, coef = norm_and_coefficient(norm_sq, request.max_grad_norm, group)
+    optimizer._scaledoptim_grad_norm = norm
+    clip_in_place_(grads, coef)
+
+
+def _snapshot(optimizer: Any) -> tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]:
     params = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
     opt_state = {p: copy.deepcopy(s) for p, s in optimizer.state.items()}
-    return params, opt_state, optimizer.scaling_state.loss_scale.state_dict()
+    return params, opt_state, optimizer._scaling().loss_scale.state_dict()
 
 
 @torch.no_grad()
 def _restore(
-    optimizer: Replayable, snapshot: tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]
+    optimizer: Any, snapshot: tuple[list[torch.Tensor], dict[Any, Any], dict[str, Any]]
 ) -> None:
     params, opt_state, scale_state = snapshot
     for param, saved in zip((p for g in optimizer.param_groups for p in g["params"]), params):
         param.copy_(saved)
     optimizer.state.clear()
     optimizer.state.update(opt_state)
-    loss_scale = optimizer.scaling_state.loss_scale
+    loss_scale = optimizer._scaling().loss_scale
     for name in ("scale", "growth_tracker", "hysteresis_tracker"):
         getattr(loss_scale, name).copy_(scale_state[name])

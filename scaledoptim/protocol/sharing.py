@@ -6,7 +6,7 @@ import torch
 
 from ..scale import LossScale
 from .optimizer import Optimizer
-from .ownership import ScalingState
+from .scaling import ScalingState
 
 __all__ = ["share_scale"]
 

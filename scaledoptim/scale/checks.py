@@ -14,14 +14,12 @@ __all__ = ["as_scale_tensor", "is_float32_scale"]
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
-def as_scale_tensor(
-    scale: torch.Tensor | float, device: torch.device, *, trusted: torch.Tensor | None = None
-) -> torch.Tensor:
+def as_scale_tensor(scale: torch.Tensor | float, device: torch.device) -> torch.Tensor:
     """Returns ``scale`` as a 0-dim float32 tensor on ``device``, rejecting bad values.
 
-    A Python number is checked on the host for free. The optimizer's own scale tensor
-    (``trusted``) is valid by construction and is not read. Any other tensor is validated with
-    one host read, so pass ``opt.scale`` itself to stay sync-free.
+    A Python number is checked on the host for free; a tensor with one host read (the protocol
+    takes ``opt.scale`` itself, valid by construction, without calling this: it stays
+    sync-free).
     """
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.is_floating_point():
@@ -34,8 +32,6 @@ def as_scale_tensor(
                 f"grads_scaled_by is on {scale.device} but the optimizer's grads are on {device}; "
                 f"pass opt.scale (it lives on {device}) or move the scale there"
             )
-        if scale is trusted:
-            return scale
         refuse_during_capture("Validating a scale tensor other than opt.scale (a host read)")
         as_float32 = scale.detach().reshape(()).to(torch.float32)
         _check_scale_value(as_float32.to("cpu", torch.float64).item())

@@ -113,43 +113,35 @@ class LossScale:
                 "iteration before any of them unscales again."
             )
 
-    def report(
-        self,
-        reporter: int,
-        scaled_by: torch.Tensor,
-        found_inf: torch.Tensor,
-        *,
+    def round_move(
+        self, reporter: int, scaled_by: torch.Tensor, found_inf: torch.Tensor, *,
         force_backoff: bool,
-        defer: bool = False,
     ) -> ScaleUpdate | None:
-        """Records one optimizer's ``found_inf``; moves the scale once every sharer reported.
+        """The move of a shared scale that ``reporter``'s report completes, or ``None`` while the
+        round waits for other sharers; changes nothing (:meth:`record_report` records the report
+        once the step ran). An unshared scale moves at every report: ``ScaleUpdate(self, ...)``."""
+        if reporter in self._round or len(self._round) + 1 < self.sharers:
+            # (A reporter already in the round starts an abandoned one over: check_can_report.)
+            return None
+        # A new tensor: the round's flag is cleared when the report is recorded.
+        found = torch.maximum(self._round_found_inf, found_inf)
+        return ScaleUpdate(self, scaled_by, found, force_backoff)
 
-        With ``defer``, the move is returned as a :class:`ScaleUpdate` for the step's epilogue
-        kernel to apply (``None`` when this report does not complete the round).
-        """
-        self.check_can_report(reporter)
-        if self.sharers == 1:
-            update = ScaleUpdate(self, scaled_by, found_inf, force_backoff)
-            self.handle["scaled"] = False  # the scale moves for the scaled backward
-        else:
-            if reporter in self._round:  # check_can_report let it through: the round was abandoned
-                self._round_found_inf.zero_()
-                self._round.clear()
-                self._zeroed.clear()
-            torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
-            self._round.add(reporter)
-            if len(self._round) < self.sharers:
-                return None
-            # A copy: the round's flag is cleared now, before a deferred update reads it.
-            update = ScaleUpdate(self, scaled_by, self._round_found_inf.clone(), force_backoff)
+    def record_report(self, reporter: int, found_inf: torch.Tensor) -> None:
+        """Records ``reporter``'s report to a shared scale's round, whose move, when it completes
+        the round, :meth:`round_move` gave and the step applied."""
+        if reporter in self._round:  # check_can_report let it through: the round was abandoned
+            self._clear_round()
+        torch.maximum(self._round_found_inf, found_inf, out=self._round_found_inf)
+        self._round.add(reporter)
+        if len(self._round) == self.sharers:
             self.handle["scaled"] = False  # every sharer unscaled the scaled backward
-            self._round_found_inf.zero_()
-            self._round.clear()
-            self._zeroed.clear()
-        if defer:
-            return update
-        update.apply()
-        return None
+            self._clear_round()
+
+    def _clear_round(self) -> None:
+        self._round_found_inf.zero_()
+        self._round.clear()
+        self._zeroed.clear()
 
     def end_round(self, reporter: int) -> None:
         """``reporter`` called ``zero_grad()``. Once every sharer has called it since a round

@@ -167,6 +167,13 @@ class OptimInfo:
         return (*([] if reduction is None else [reduction.kernel]), *self.kernels)
 
     @property
+    def lowbit_kernels(self) -> tuple[MultiTensorKernel, ...]:
+        """The kernel of its 8-bit states (``state_bits=8``), if it has them (Note [low-bit
+        variants] in fused/lowbit/states.py)."""
+        kernel = getattr(self.cls, "lowbit_kernel", None)
+        return () if kernel is None else (kernel,)
+
+    @property
     def default(self) -> Config:
         return self.configs[0]
 

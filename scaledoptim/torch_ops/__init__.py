@@ -1,12 +1,13 @@
 """Torch-op helpers every layer shares; this package imports only torch, a module per job.
 
 * :func:`unscale_in_place_` and :func:`unscale_dense_`: ``g *= inv_scale`` with the inf/nan
-  check of the unscaled values, on device.
+  check of the unscaled values, on device (Note [overflow after unscaling]).
 * :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
   for :class:`PackedSteps`, Note [packed counters]).
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
-* :func:`skip_on_host`: a step's skip read on the host where the caller says that is free
-  (Note [host skip]); :data:`LOW_PRECISION`: the 16-bit float dtypes.
+* :data:`HOST_READS`: whether a tensor may be read on the host (Note [host skip]);
+  :func:`skip_on_host`: a step's skip read there; :data:`LOW_PRECISION`: the 16-bit float
+  dtypes.
 * :func:`elementwise_batches`, :func:`batches`, :func:`split_large`, :class:`Pieces` and
   :func:`scalars`: the batches and 0-dim hyper-parameters of the in-place CPU forms and of the
   working copies of 16-bit params.
@@ -33,7 +34,9 @@ from .capture import capturing, refuse_during_capture
 from .rounding import SR_CHUNK, StochasticRounding, initial_seed, stochastic_round_
 from .sharded import MeshSums, local_tensors
 from .skip import (
+    HOST_READS,
     LOW_PRECISION,
+    HostReads,
     PackedSteps,
     advance_steps_,
     copy_unless_skipped_,
@@ -44,8 +47,10 @@ from .skip import (
 
 __all__ = [
     "BATCH",
+    "HOST_READS",
     "LOW_PRECISION",
     "SR_CHUNK",
+    "HostReads",
     "MeshSums",
     "PackedSteps",
     "Pieces",

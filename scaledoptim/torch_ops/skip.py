@@ -1,6 +1,6 @@
 """The skip of a step, on device or on the host: the unscale in place with its inf/nan check,
-step counters (:class:`PackedSteps`), the copy gated on ``found_inf``, and where a CPU step's
-skip is read on the host (Note [host skip])."""
+step counters (:class:`PackedSteps`), the copy gated on ``found_inf``, and where a tensor may be
+read on the host (Note [host skip])."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "HOST_READS",
     "LOW_PRECISION",
+    "HostReads",
     "PackedSteps",
     "advance_steps_",
     "copy_unless_skipped_",
@@ -31,16 +33,17 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan in what the update
     will read: the unscaled values (torch's op, grouped by dtype as it requires).
 
-    torch's op checks the grads before multiplying, so they are checked again after: at a scale
-    below 1 a finite scaled value can unscale to inf (9.5e32 at 2**-20 in float32, far less in
-    fp16), and that is an overflow. A sparse grad is unscaled through its values, as
-    ``torch.amp.GradScaler`` does; a 16-bit one is checked again coalesced, since values at one
-    index sum when it is applied. A complex grad is unscaled as its real view.
+    torch's op checks the grads before multiplying, so they are checked again after where that
+    can find more (Note [overflow after unscaling]). A sparse grad is unscaled through its
+    values, as ``torch.amp.GradScaler`` does; a 16-bit one is checked again coalesced, since
+    values at one index sum when it is applied. A complex grad is unscaled as its real view.
+    Reads ``inv_scale`` on the host where that is free (:data:`HOST_READS`).
     """
+    host_reads = HOST_READS.free(inv_scale.device)
     dtypes = set(map(_DTYPE, grads))
     if len(dtypes) == 1 and not any(map(_IS_SPARSE, grads)) and not any(map(_IS_COMPLEX, dtypes)):
         # The common case, dense grads of one real dtype, without a Python step per grad.
-        unscale_dense_(list(grads), found_inf, inv_scale)
+        unscale_dense_(list(grads), found_inf, inv_scale, host_reads)
         return
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     sparse_16bit: list[Tensor] = []
@@ -53,16 +56,36 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
             grad = torch.view_as_real(grad)
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for same_dtype in by_dtype.values():
-        unscale_dense_(same_dtype, found_inf, inv_scale)
+        unscale_dense_(same_dtype, found_inf, inv_scale, host_reads)
     for grad in sparse_16bit:
         _check_non_finite_([grad.coalesce()._values()], found_inf)
 
 
-def unscale_dense_(tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+def unscale_dense_(
+    tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor, host_reads: bool = False
+) -> None:
     """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
-    inf/nan before or after the multiply (see :func:`unscale_in_place_`)."""
+    inf/nan before the multiply, and after it where the product may overflow: at a scale below
+    1, read on the host where ``host_reads`` says that is free (:data:`HOST_READS`' answer for
+    its device), else always (Note [overflow after unscaling])."""
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-    _check_non_finite_(tensors, found_inf)
+    # Not `inv_scale <= 1`: a scale that is not a number is checked too.
+    if not host_reads or not inv_scale.item() <= 1.0:
+        _check_non_finite_(tensors, found_inf)
+
+
+# Note [overflow after unscaling]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's ``_amp_foreach_non_finite_check_and_unscale_`` checks each value before multiplying it
+# by ``inv_scale``. At a scale below 1 (``inv_scale > 1``) a finite scaled value can unscale to
+# inf (9.5e32 at 2**-20 in float32, far less in fp16), and the update would read that inf: an
+# overflow the op does not see. At a scale of at least 1 it cannot happen: ``|g * inv_scale|
+# <= |g|`` in any float dtype (the product is rounded, never past ``|g|``), so finite stays
+# finite. The second pass that finds it (a read and a write of every grad) therefore runs only
+# where the scale may be below 1: where ``inv_scale`` is read on the host for free (a CPU, Note
+# [host skip]) only when it is; elsewhere (a GPU's sync-free step) always. Our kernels check the
+# product they update with, in registers (cuda/non_finite_check.cu): no pass of its own there.
+
 
 
 def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
@@ -128,21 +151,38 @@ def copy_unless_skipped_(
 # exists for CUDA streams: a host read waits for the GPU. A CPU tensor's value is already there,
 # so on a CPU the torch forms read found_inf and skip on the host, and update in place with
 # foreach ops; the sync-free way (the same form on working copies, then a `torch.where` + copy per
-# list: see Note [one torch form] in fused/backends/torch_native.py) stays for every other
-# device, and for a step autograd records (a differentiable step). Whether host reads are allowed
-# is the engine's parameter
-# (`TorchNativeBackend.host_skip` in fused/backends/torch_native.py), passed by whoever calls
-# `skip_on_host` or `stochastic_round_`: this package keeps no switch. The engine's
-# `decide_skips_on_device()` makes the CPU take the sync-free forms too, so the suite and the
-# doctor can check them without a GPU (`no_host_reads` uses it), and so stochastic rounding's,
-# which on a CPU only reads whether a chunk holds a NaN and makes a run's sizes a tensor.
+# list: see Note [one torch form] in fused/backends/in_place.py) stays for every other
+# device, and for a step autograd records (a differentiable step). The unscale reads the scale
+# there too, to skip a pass that cannot find anything (Note [overflow after unscaling]).
+# Whether host reads are allowed is one switch, `HOST_READS`, here because every layer asks it:
+# the protocol's unscale (`unscale_in_place_`) and the engine's torch forms (the torch-native
+# backend's `host_skip` is this switch), which pass its answer to `skip_on_host` and
+# `stochastic_round_`. The engine's `decide_skips_on_device()` turns it off, so that the CPU
+# takes the sync-free forms too and the suite and the doctor can check them without a GPU
+# (`no_host_reads` uses it), and so stochastic rounding's, which on a CPU only reads whether a
+# chunk holds a NaN and makes a run's sizes a tensor.
+
+
+class HostReads:
+    """Whether a tensor's value may be read on the host (Note [host skip]): on a CPU, unless
+    :attr:`on_cpu` is turned off (to run a GPU's sync-free forms on a CPU)."""
+
+    def __init__(self) -> None:
+        self.on_cpu = True
+
+    def free(self, device: torch.device) -> bool:
+        """Whether a tensor on ``device`` may be read on the host."""
+        return self.on_cpu and device.type == "cpu"
+
+
+#: The one switch of Note [host skip].
+HOST_READS = HostReads()
 
 
 def skip_on_host(found_inf: Tensor | None, host_reads: bool) -> bool | None:
     """Whether a step is skipped, read on the host where the caller says that is free
-    (``host_reads``: a CPU, as the engine decides) and outside autograd, else ``None``: decide
-    on device. Reads ``found_inf`` on the host only when ``host_reads``."""
-    # See Note [host skip]: the caller decides; this package keeps no switch.
+    (``host_reads``: :data:`HOST_READS`' answer for its device) and outside autograd, else
+    ``None``: decide on device. Reads ``found_inf`` on the host only when ``host_reads``."""
     if not host_reads or torch.is_grad_enabled():
         return None
     return found_inf is not None and bool(found_inf.item())

@@ -26,7 +26,9 @@ ENVIRONMENT_KEYS = {
     "compute_capability", "SCALEDOPTIM_KERNELS", "fused_step_backend",
 }
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
-CHECK_TIMES = ("bandwidth", "clip-bandwidth", "step-time", "clip-step-time")
+CHECK_TIMES = (
+    "bandwidth", "clip-bandwidth", "step-time", "clip-step-time", "lowbit-bandwidth"
+)
 
 
 def _doctor(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
@@ -70,6 +72,10 @@ def test_every_check_passes_and_the_json_says_so(tmp_path: pathlib.Path) -> None
     assert run.returncode == 0, run.stdout + run.stderr
     for key in ENVIRONMENT_KEYS:
         assert key in run.stdout
+    if not torch.cuda.is_available():  # our kernels run on the emulator: it says so
+        details = {c["name"]: c["detail"] for c in document["checks"]}
+        assert details["parity:AdamW"].startswith("CPU emulator, ")
+        assert "torch backend + CPU emulator" in details["no-host-sync"]
 
 
 @pytest.mark.skipif(not HAS_CUPY, reason="the skip without CuPy is tested below")
@@ -179,6 +185,17 @@ def test_the_gpu_report_runs_every_part_and_names_the_failed_one(tmp_path, monke
     assert "['no/such/folder'] not found" in report and "never runs" not in report
 
 
+def test_the_gpu_report_without_the_test_extra_names_it(tmp_path, monkeypatch, capsys) -> None:
+    part = gpu_report.Part("tests", (sys.executable, "-c", "pass"), modules=("no_such_pytest",))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        gpu_report.main(["report.md"], (part,))
+    assert exit_.value.code == 2 and not (tmp_path / "report.md").exists()
+    error = capsys.readouterr().err
+    assert "no_such_pytest is not installed" in error and '".[test,cuda12]"' in error
+    assert {"pytest", "pytest_benchmark"} <= {m for p in gpu_report.PARTS for m in p.modules}
+
+
 def test_the_gpu_reports_summary_repeats_the_step_time_lines(tmp_path, monkeypatch) -> None:
     lines = ("bandwidth  pass  1.0s  3141 GB/s", "step-time  fail  2.0s  0.52 ms vs 0.64 ms")
     printed = "; ".join(f"print({line!r})" for line in ("parity:SGD  pass", *lines))
@@ -189,7 +206,7 @@ def test_the_gpu_reports_summary_repeats_the_step_time_lines(tmp_path, monkeypat
     assert "```text\n" + "\n".join(lines) + "\n```" in summary
     assert "parity:SGD" not in summary
     (real_doctor,) = [part for part in gpu_report.PARTS if part.title == "doctor"]
-    assert real_doctor.highlights == CHECK_TIMES
+    assert real_doctor.highlights == (*CHECK_TIMES, "parity:AdamW-8bit")
     assert set(CHECK_TIMES) <= {check.name for check in CHECKS if check.needs_gpu}
 
 

@@ -83,7 +83,9 @@ def test_lamb_computes_a_large_tensors_direction_again_to_the_same_bits(
     # A tensor over BATCH is updated by pieces; its direction is kept for the trust ratio up to
     # KEPT_DIRECTION elements, else computed again: the same ops, so the same bits.
     kept_params, kept_state = _run("LAMB", kwargs, False)
-    monkeypatch.setattr(importlib.import_module("scaledoptim.optim.lamb"), "KEPT_DIRECTION", 0)
+    monkeypatch.setattr(
+        importlib.import_module("scaledoptim.fused.backends.in_place"), "KEPT_DIRECTION", 0
+    )
     params, state = _run("LAMB", kwargs, False)
     assert all(map(torch.equal, params, kept_params))
     assert all(torch.equal(state[i]["exp_avg"], kept_state[i]["exp_avg"]) for i in state)
@@ -114,8 +116,8 @@ def test_cpu_counters_are_packed_and_survive_a_state_dict_round_trip() -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_whether_a_cpu_step_skips_on_the_host_is_the_engines_parameter(name, monkeypatch) -> None:
-    # See Note [host skip]: the torch-native engine's host_skip decides, passed down to the torch
-    # form that reads found_inf; the leaf torch_ops keeps no switch of its own.
+    # See Note [host skip]: the one switch (the torch-native engine's host_skip) decides, passed
+    # down to the torch form that reads found_inf.
     reads = []
     item = torch.Tensor.item
     monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))

@@ -1,6 +1,6 @@
 """Each optimizer without a torch op that takes found_inf writes its torch form once
 (``Update.torch_form_``), and the torch-native backend's two drivers run that one function
-(Note [one torch form] in fused/backends/torch_native.py): on the lists after a host read of
+(Note [one torch form] in fused/backends/in_place.py): on the lists after a host read of
 the skip, or on working copies of exactly what it writes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fused optimizers' step cache (scaledoptim/fused/cache.py): a steady-state step reuses
+"""The fused optimizers' step cache (scaledoptim/fused/plan.py): a steady-state step reuses
 the last plan, and whatever a user can change between steps gives exactly the step a plan built
 from scratch gives, or the same error.
 

@@ -1,5 +1,5 @@
 """The step cache against every change a user can make between steps (Note [step cache] in
-scaledoptim/fused/cache.py): two optimizers get the same changes, one keeps its step cache, the
+scaledoptim/fused/plan.py): two optimizers get the same changes, one keeps its step cache, the
 other plans every step from scratch, and after every step they must be bit-identical (params,
 their dtype and layout, every state entry, the scale and its tracker, ``found_inf``) or both
 raise the same error, on both backends.
@@ -23,7 +23,10 @@ The mutation kinds drawn (``KINDS``):
   through ``torch.save``/``torch.load``; ``load_state_dict`` with a pre-hook that rewrites the
   state_dict and a post-hook that gives a state tensor other storage;
 * options and groups: ``lr`` changed; a group switched to another of the row's configs (options
-  that change the state lists among them); ``master_weights`` toggled; ``add_param_group``;
+  that change the state lists among them); ``master_weights`` toggled; ``add_param_group``; an
+  option made invalid (``lr=-1``), set to a value equal to the valid one but of another type
+  (``master_weights=1``), or deleted from its group (all refused: the kept plan re-verifies each
+  option's value object and validates a replaced one, Note [step cache]);
 * hooks: a step post-hook that gives a param other storage; a step pre-hook that edits a grad in
   place;
 * the step's form: ``unscale_and_step``, ``unscale`` + ``step_after_unscale``, a plain
@@ -395,6 +398,37 @@ def _(twin, values):
     _fresh(twin, values)
     for group in twin.opt.param_groups:
         group["master_weights"] = not group["master_weights"]
+
+
+def _heal_options(twin: Twin, values: list[torch.Tensor]) -> None:
+    group = twin.opt.param_groups[0]
+    group.clear()
+    group.update(twin.saved.pop("options"))
+    _fresh(twin, values)
+
+
+def _edit_options(twin: Twin, values: list[torch.Tensor], edit: Callable[[dict], None]) -> None:
+    _fresh(twin, values)
+    group = twin.opt.param_groups[0]
+    twin.saved["options"] = dict(group)
+    edit(group)
+
+
+@kind("an option made invalid (lr=-1)", heal=_heal_options)
+def _(twin, values):
+    _edit_options(twin, values, lambda group: group.update(lr=-1.0))
+
+
+@kind("master_weights set to 1 or 0, equal to the bool but no bool", heal=_heal_options)
+def _(twin, values):
+    _edit_options(
+        twin, values, lambda group: group.update(master_weights=int(group["master_weights"]))
+    )
+
+
+@kind("an option deleted from a group", heal=_heal_options)
+def _(twin, values):
+    _edit_options(twin, values, lambda group: group.pop("lr"))
 
 
 @kind("a param group added")

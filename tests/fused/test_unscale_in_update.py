@@ -1,7 +1,7 @@
 """On a CPU, a clipping step of the torch backend leaves fp32 grads scaled for torch's fused
 Adam(W)/SGD/Adagrad to unscale and clip where they read them, after a check that reads them once
 for their norm, with no host read (Note [unscale in the update on a CPU] in
-scaledoptim/fused/backends/torch_native.py): the same steps as GradScaler + clip_grad_norm_ +
+scaledoptim/fused/backends/routes.py): the same steps as GradScaler + clip_grad_norm_ +
 torch's fused optimizers and as the unscale-in-place path, except that finite grads whose norm is
 past float32's range count as an overflow. A step that does not clip unscales in place.
 """
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import scaledoptim
 from scaledoptim.doctor.sync_free import HOST_READS, HostRead
-from scaledoptim.fused.backends import torch_native
+from scaledoptim.fused.backends import routes
 from scaledoptim.fused.backends.torch_native import decide_skips_on_device
 from tests.support.references import kernels_mode
 
@@ -63,13 +63,13 @@ def _grads(step: int, scale: float) -> list[torch.Tensor]:
 def exact_path_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the in-place unscales of fp32 grads (the exact path) of the torch backend."""
     calls: list[int] = []
-    unscale = torch_native.unscale_dense_
+    unscale = routes.unscale_dense_
 
     def counting(*args: object) -> None:
         calls.append(1)
         unscale(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch_native, "unscale_dense_", counting)
+    monkeypatch.setattr(routes, "unscale_dense_", counting)
     return calls
 
 
@@ -173,7 +173,7 @@ def test_decides_as_the_exact_path_whatever_the_grads(
     opt, found_inf, params = _run(name, grads, scale, clip, exact=False)
     ref_opt, ref_found_inf, ref_params = _run(name, grads, scale, clip, exact=True)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / scale
-    past_range = not norm.item() < torch_native._FOLD_NORM_LIMIT
+    past_range = not norm.item() < routes._FOLD_NORM_LIMIT
     if clip is not None and ref_found_inf.item() == 0.0 and past_range:
         # finite grads past the range: an overflow here, skipped and backed off
         assert found_inf.item() == 1.0 and opt.scale.item() == scale / 2  # type: ignore[attr-defined]

@@ -173,6 +173,23 @@ def test_norm_clipping_runs_in_the_step_as_lightnings_own_amp_clips() -> None:
     assert model.seen_grad_norms[0] == pytest.approx(norms[0] * 2.0**10, rel=1e-4)
 
 
+def test_a_zero_gradient_clip_val_does_not_clip() -> None:
+    model = Regression()
+    _trainer(gradient_clip_val=0.0).fit(model, _loader(_data()))
+    reference, _, _ = _hand_written()
+    _assert_same_params(model.net, reference)
+    assert "scaledoptim/grad_norm" not in _trainer().callback_metrics
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_gradient_clip_val_that_is_no_norm_is_refused(bad) -> None:
+    model = Regression()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="gradient_clip_val"):
+        _trainer(gradient_clip_val=bad).fit(model, _loader(_data()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
 def test_value_clipping_keeps_unscaling_first_and_a_clip_by_value_in_step_is_refused() -> None:
     model = Regression()
     trainer = _trainer(gradient_clip_val=0.01, gradient_clip_algorithm="value", max_steps=2)

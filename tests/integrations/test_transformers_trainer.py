@@ -215,6 +215,12 @@ def test_without_max_grad_norm_the_grads_are_unscaled_before_the_step(tmp_path):
     assert _inner(trainer).grad_norm is None  # no clip in the step
 
 
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_a_max_grad_norm_that_is_no_norm_is_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        ScaledTrainer(model=_model(), args=_args(tmp_path, fp16=True, max_grad_norm=bad))
+
+
 def test_clip_grad_norm_with_another_max_norm_is_refused(tmp_path):
     trainer = ScaledTrainer(
         model=_Elementwise(), args=_args(tmp_path, fp16=True, max_steps=1, max_grad_norm=0.5),
@@ -248,9 +254,10 @@ def test_resume_from_checkpoint_reproduces_the_run(tmp_path):
 
     full, full_model = run(tmp_path / "full", overflow=True)
     checkpoint = tmp_path / "full" / "checkpoint-3"
-    assert (checkpoint / "optimizer.pt").exists() and not (checkpoint / "scaler.pt").exists()
     saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
     assert float(saved["loss_scale"]["scale"]) == 2.0**15
+    # and GradScaler's copy, for a stock Trainer to resume (test_transformers_resume_stock.py)
+    assert torch.load(checkpoint / "scaler.pt", weights_only=True)["scale"] == 2.0**15
 
     resumed, resumed_model = run(tmp_path / "resumed", resume=str(checkpoint))
     for (name, p), q in zip(full_model.named_parameters(), resumed_model.parameters(), strict=True):

@@ -2,8 +2,8 @@
 with NVRTC for the oldest target arch of each generation the installed NVRTC supports, and its
 newest (every one of them: ``python -m scaledoptim.doctor --all-archs``); no GPU needed. The
 built-in kernels are exactly the check (and its clipping form that sums squares), the epilogue
-and the kernels the fused rows of optim_db launch, so a new optimizer's kernel is compiled here
-with no edit to this file."""
+and the kernels the fused rows of optim_db launch (with 8-bit states too), so a new optimizer's
+kernel is compiled here with no edit to this file."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ from scaledoptim.kernels.nvrtc import TARGET_ARCHS, compile_for_arch, supported_
 
 
 def test_the_builtin_kernels_are_the_check_the_epilogue_and_the_rows_kernels():
-    launched = {kernel for info in rows(fused=True) for kernel in info.launched_kernels}
+    launched = {
+        kernel
+        for info in rows(fused=True)
+        for kernel in (*info.launched_kernels, *info.lowbit_kernels)
+    }
     builtin = {NON_FINITE_CHECK, NON_FINITE_CHECK_NORM, STEP_EPILOGUE}
     assert set(builtin_kernels()) == {*builtin, *launched}
     assert len(builtin_kernels()) == len(set(builtin_kernels()))

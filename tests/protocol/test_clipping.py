@@ -10,6 +10,7 @@ sees the clipped grads).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -110,7 +111,7 @@ def test_the_torch_backend_clips_as_gradscaler_and_fused_adamw() -> None:
     """One process, fp32 grads on a CPU: the same norm bit for bit; the update within float32
     rounding of GradScaler's (torch's fused AdamW divides the scaled grads by ``S / coef``
     where GradScaler multiplies by ``1 / S``, then by ``coef``: Note [unscale in the update on
-    a CPU] in fused/backends/torch_native.py)."""
+    a CPU] in fused/backends/routes.py)."""
     ref_model, model = make_model(), make_model()
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -174,8 +175,9 @@ def test_16bit_params_clip_as_an_fp32_model(
 
 
 BAD = [
-    pytest.param(0.0, ValueError, id="zero"),
     pytest.param(-1.0, ValueError, id="negative"),
+    pytest.param(-(2**70), ValueError, id="negative-past-int64"),
+    pytest.param(10**400, ValueError, id="past-float"),
     pytest.param(float("nan"), ValueError, id="nan"),
     pytest.param(float("inf"), ValueError, id="inf"),
     pytest.param(True, TypeError, id="bool"),
@@ -210,6 +212,42 @@ def test_a_bad_max_grad_norm_is_refused_before_anything_changes(
     assert_bit_identical(before, snapshot(opt) + [p.grad for p in model.parameters()])
     assert opt.grad_norm is norm
     opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=1.0)  # still usable
+
+
+def _clipped_run(backend: str, max_grad_norm: object) -> tuple[list[torch.Tensor], object]:
+    with kernels_mode(backend):
+        model = make_model()
+        opt = scaledoptim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(3):
+            opt.zero_grad()
+            scaledoptim.scale_outputs(loss_of(model, step), opt.scale).backward()
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=max_grad_norm)  # type: ignore[arg-type]
+    norm = None if opt.grad_norm is None else opt.grad_norm.clone()
+    return snapshot(opt), norm
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("given", "same_as"),
+    [
+        pytest.param(0, None, id="int-zero"),
+        pytest.param(0.0, None, id="zero"),
+        pytest.param(Fraction(1, 20), 0.05, id="fraction"),
+        pytest.param(2**70, float(2**70), id="int-past-int64"),
+    ],
+)
+def test_max_grad_norm_is_converted_once_at_validation(
+    backend: str, given: object, same_as: float | None
+) -> None:
+    """0 means no clipping (the Trainer's and nanoGPT's habit); any other Python number is the
+    float it converts to, so nothing that passed validation fails later for its type."""
+    params, norm = _clipped_run(backend, given)
+    expected_params, expected_norm = _clipped_run(backend, same_as)
+    assert_bit_identical(expected_params, params)
+    if same_as is None:
+        assert norm is None and expected_norm is None
+    else:
+        assert_bit_identical([expected_norm], [norm])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -517,7 +517,7 @@ def test_a_failed_found_inf_agreement_refuses_a_second_unscale_and_skips_the_ste
     """If the all-reduce raises after the grads were unscaled in place, retrying unscale() would
     unscale them twice: it is refused, and the pending step is a skip (this rank cannot know
     whether another overflowed)."""
-    import scaledoptim.protocol.unscaling as protocol
+    import scaledoptim.protocol.steps as protocol
 
     model = make_model()
     opt = scaledoptim.AdamW(model.parameters())

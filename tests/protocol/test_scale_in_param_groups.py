@@ -1,6 +1,6 @@
 """The loss scale state rides in every param group of ``opt.state_dict()``, the part of it that
 torch.distributed.checkpoint's ``get_optimizer_state_dict`` keeps (Note [the scale through DCP],
-protocol/ownership.py); single process here, FSDP2 worlds in tests/distributed."""
+protocol/optimizer.py); single process here, FSDP2 worlds in tests/distributed."""
 
 from __future__ import annotations
 

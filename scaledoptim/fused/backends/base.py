@@ -4,7 +4,7 @@ A backend prepares (validates, and builds whatever a launch needs) before anythi
 prepared object holds no grad (a freed grad's memory must return to the allocator): it gets
 the step's grads when it runs, and :meth:`~PreparedUpdate.repoint` moves it to grads at new
 data pointers of the same dtypes, shapes, strides and device. That is how a step plan is reused
-when backward reallocated the grads (Note [step cache] in ``scaledoptim/fused/cache.py``).
+when backward reallocated the grads (Note [step cache] in ``scaledoptim/fused/plan.py``).
 """
 
 from __future__ import annotations

@@ -57,8 +57,13 @@ class KernelBackend(Backend):
     def prepare(
         self, update: Update, group: Group, lists: TensorLists, scratch: list[Tensor]
     ) -> _KernelUpdate:
+        # A low-bit state's scales: one per block of the block size its layout declares.
+        blocks = {layout.block_size for layout in update.state_layouts(group).values()}
+        blocks.discard(None)
+        block_size = blocks.pop() if blocks else None
         launches = [
-            prepare_launch(kernel, lists) for kernel in (*update.kernels_before, update.kernel)
+            prepare_launch(kernel, lists, block_size=block_size if kernel.block_lists else None)
+            for kernel in (*update.kernels_before, update.kernel)
         ]
         return _KernelUpdate(update, group, launches, scratch, _pointers(lists[1]))
 

@@ -28,7 +28,7 @@ take, ``fused=True`` on a device or dtype its kernels lack, a leaf updated in pl
 autograd) is raised while the plan is built, before anything changes.
 
 A plan with such params has several parts, so the step cache does not keep it (Note [step
-cache]); ``route_key`` in ``fused/plan.py`` is what of a group, besides its params, decides the
+cache]); ``route_key`` in ``fused/update.py`` is what of a group, besides its params, decides the
 route.
 """
 
@@ -42,7 +42,8 @@ from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 from ...kernels import is_dense
 from ..state import check_param
 from ..update import Group, TensorLists, Update
-from .torch_native import TorchNativeBackend, TorchUpdate
+from .routes import TorchUpdate
+from .torch_native import TorchNativeBackend
 
 __all__ = ["TORCH_OPTIM", "TorchOptimBackend", "step_device", "torch_optim_indices"]
 
@@ -142,9 +143,11 @@ class TorchOptimBackend(TorchNativeBackend):
 
 
 class TorchOptimUpdate(TorchUpdate):
-    """One group's torch.optim implementation: skipped after a host read of ``found_inf`` unless
-    the group is ``fused`` (then torch's kernels skip on device), under autograd when the
-    optimizer is ``differentiable``."""
+    """One group's torch.optim implementation (the form of its route, Note [route table]):
+    skipped after a host read of ``found_inf`` unless the group is ``fused`` (then torch's
+    kernels skip on device), under autograd when the optimizer is ``differentiable``."""
+
+    torch_optim = True
 
     def __init__(
         self, update: Update, group: Group, lists: TensorLists, grad_enabled: bool
@@ -164,13 +167,8 @@ class TorchOptimUpdate(TorchUpdate):
         with torch.set_grad_enabled(self.grad_enabled):
             super().__call__(found_inf, inv_scale, grads)
 
-    batches_copies = False  # torch.optim's implementations keep their counters their way
-
     def takes_grad_scale(self) -> bool:
         return False  # torch.optim's implementations read unscaled grads
-
-    def run(self, lists: TensorLists, found_inf: Tensor | None) -> None:
-        self.update.torch_optim_update(self.group, lists, found_inf)
 
 
 TORCH_OPTIM = TorchOptimBackend()

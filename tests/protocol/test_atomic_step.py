@@ -1,0 +1,149 @@
+"""A step that fails in its update commits nothing (Note [atomic step] in protocol/steps.py).
+
+A failure is injected where the optimizer's math begins: on the torch backend a dispatch mode
+raises at torch's fused op (``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``) or at the
+first op of an in-place torch form (Lion's ``_foreach_lerp``, LAMB's ``_foreach_lerp_``); on our
+kernels (the CPU emulator) the launch of the update's first kernel raises. Afterwards params,
+optimizer state, the scale and its trackers and ``grad_norm`` are as before the call, and the
+recovery the optimizer offers (the same call again, or ``step_after_unscale()`` where the grads
+were unscaled in place) takes exactly the step of a twin optimizer that never failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import scaledoptim
+from scaledoptim.kernels import emulator
+
+#: Each optimizer, its keywords, and the op its torch form runs first.
+CASES: dict[str, tuple[type[Any], dict[str, Any], str]] = {
+    "AdamW": (scaledoptim.AdamW, {"lr": 1e-2}, "_fused_adamw_"),
+    "SGD": (scaledoptim.SGD, {"lr": 0.1, "momentum": 0.9}, "_fused_sgd_"),
+    "Adagrad": (scaledoptim.Adagrad, {"lr": 0.1}, "_fused_adagrad_"),
+    "Lion": (scaledoptim.Lion, {"lr": 1e-2, "weight_decay": 0.1}, "_foreach_lerp"),
+    "LAMB": (scaledoptim.LAMB, {"lr": 1e-2, "weight_decay": 0.01}, "_foreach_lerp_"),
+}
+
+
+class InjectedFailure(RuntimeError):
+    pass
+
+
+class _RaiseAt(TorchDispatchMode):
+    """Raises at the first call of the op named ``name`` (its overload packet)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket.__name__ == self.name:
+            raise InjectedFailure(f"injected at {self.name}")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def failing_update(opt: scaledoptim.FusedOptimizer, op: str, monkeypatch) -> Iterator[None]:
+    """The update of ``opt`` raises where its math begins, on the backend in use."""
+    kernels = (*type(opt).kernels_before, type(opt).kernel)
+    launch = emulator.launch
+
+    def raising_launch(kernel, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kernel is kernels[0]:
+            raise InjectedFailure(f"injected at the launch of {kernel.name}")
+        return launch(kernel, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(emulator, "launch", raising_launch)
+        with _RaiseAt(op):
+            yield
+
+
+def _model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor], Any]:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.randn(4))]
+    return params, cls(params, **options)
+
+
+def _set_grads(params: list[torch.Tensor], seed: int, scale: float) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator) * scale
+
+
+def _observable(opt: Any) -> dict[str, Any]:
+    """Everything a step may change, copied: params, grads, state, scale, trackers, grad_norm."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    loss_scale = opt.scaling_state.loss_scale
+    return {
+        "params": [p.detach().clone() for p in params],
+        "grads": [p.grad.clone() for p in params],
+        "state": [
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+            for p in params
+        ],
+        "scale": loss_scale.scale.clone(),
+        "trackers": (loss_scale.growth_tracker.clone(), loss_scale.hysteresis_tracker.clone()),
+        "grad_norm": None if opt.grad_norm is None else opt.grad_norm.clone(),
+    }
+
+
+def _assert_same(got: Any, expected: Any, what: str) -> None:
+    if isinstance(expected, dict):
+        assert got.keys() == expected.keys(), what
+        for key in expected:
+            _assert_same(got[key], expected[key], f"{what}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected), what
+        for i, (a, b) in enumerate(zip(got, expected)):
+            _assert_same(a, b, f"{what}[{i}]")
+    elif isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True, msg=what)
+    else:
+        assert got == expected, what
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_failure_in_the_update_commits_nothing(name, clip, kernel_backend, monkeypatch) -> None:
+    cls, options, op = CASES[name]
+    params, opt = _model(cls, options)
+    twin_params, twin = _model(cls, options)
+    scale = opt.scale.item()
+    for seed in range(2):  # state exists, the step cache is built
+        for ps, o in ((params, opt), (twin_params, twin)):
+            _set_grads(ps, seed, scale)
+            o.unscale_and_step(grads_scaled_by=o.scale, max_grad_norm=clip)
+    for ps in (params, twin_params):
+        _set_grads(ps, 2, scale)
+    before = _observable(opt)
+
+    with failing_update(opt, op, monkeypatch), pytest.raises(InjectedFailure):
+        opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+
+    after = _observable(opt)
+    for key in ("params", "state", "scale", "trackers", "grad_norm"):
+        _assert_same(after[key], before[key], key)
+    _, twin_found_inf, _ = twin.unscale_and_step(grads_scaled_by=twin.scale, max_grad_norm=clip)
+    if opt.scaling_state.unscaled:
+        # The documented pending state: the grads were unscaled in place (torch's ops), as the
+        # update the twin took read them; step_after_unscale() takes the step.
+        _assert_same(after["grads"], _observable(twin)["grads"], "grads")
+        with pytest.raises(RuntimeError, match="a step failed after it had unscaled the grads"):
+            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)  # not twice
+        assert opt.step_after_unscale() is None
+    else:
+        _assert_same(after["grads"], before["grads"], "grads")
+        _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+        _assert_same(found_inf, twin_found_inf, "found_inf")
+    assert not opt.scaling_state.unscaled
+    recovered, clean = _observable(opt), _observable(twin)
+    for key in ("params", "state", "scale", "trackers", "grad_norm"):
+        _assert_same(recovered[key], clean[key], key)
