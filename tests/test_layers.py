@@ -197,6 +197,9 @@ _IMPORT_EACH_FIRST = textwrap.dedent(
 
 
 def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    """Slow (a fresh import of the package per module). Exists for a module that imports only after
+    another one did (an import cycle, a name read at import time): the suite imports them in one
+    order and never sees it."""
     modules = [m for m in _modules() if m != "scaledoptim"]
     result = subprocess.run(
         [sys.executable, "-c", _IMPORT_EACH_FIRST, str(PACKAGE), *modules],

@@ -1,6 +1,8 @@
 """The packages built from a clone without symlink support (Windows' default) work: the wheel
-carries the CUDA kernels, installs into a fresh venv and runs an emulated step there; the sdist
-carries the whole repository, tests included; a build without kernels fails loudly.
+carries the CUDA kernels; the sdist carries the whole repository, tests included; a build
+without kernels fails loudly. (That a wheel installed with torch into a fresh venv runs outside
+the checkout is .ci/wheel_smoke.sh's, the last step of the README's test command: the doctor's
+kernel self-test on the emulator and a demo.)
 
 Builds from a clone of the repository's HEAD (CI runs on a fresh clone, so HEAD is what CI
 tests); build isolation fetches hatchling from the package index."""
@@ -12,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -27,7 +28,6 @@ except ModuleNotFoundError:  # Python 3.10: pip's copy of the same parser
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_SUFFIXES = (".cu", ".cuh", ".h")
-TORCH = "torch==2.13.0"
 
 # Without PYTHONPATH, nothing outside the venv under test can shadow the installed package.
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -87,12 +87,10 @@ def wheel(clone, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
-    """A fresh venv with torch and nothing else."""
+    """A fresh venv with nothing installed."""
     root = tmp_path_factory.mktemp("venv") / "venv"
     run(sys.executable, "-m", "venv", root)
-    python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    run(python, "-m", "pip", "install", "--quiet", "--no-compile", TORCH)  # no .pyc: 5x faster
-    return python
+    return root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
 def test_the_repository_tracks_no_symlinks():
@@ -120,43 +118,6 @@ def test_wheel_carries_every_kernel_source_and_valid_metadata(clone, wheel):
     assert str(metadata.license_expression) == "BSD-3-Clause"
     assert metadata.license_files == ["LICENSE"]
     assert metadata_name.replace("METADATA", "licenses/LICENSE") in names
-
-
-def test_installed_wheel_runs_an_emulated_step_outside_the_checkout(wheel, venv, tmp_path):
-    run(
-        venv, "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall",
-        wheel,
-    )
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    script = textwrap.dedent(
-        """
-        import sys
-        from pathlib import Path
-        import torch
-        import scaledoptim
-        from scaledoptim.kernels import CUDA_SOURCE_DIR
-
-        package = Path(scaledoptim.__file__).resolve().parent
-        assert package.is_relative_to(Path(sys.prefix).resolve()), scaledoptim.__file__
-        assert CUDA_SOURCE_DIR == package / "cuda", CUDA_SOURCE_DIR
-
-        model = torch.nn.Linear(4, 3)
-        before = [p.detach().clone() for p in model.parameters()]
-        opt = scaledoptim.AdamW(model.parameters(), lr=0.1)
-        (model(torch.randn(5, 4)).square().sum() * opt.scale).backward()
-        _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale)
-        assert not bool(found_inf)
-        for old, new in zip(before, model.parameters()):
-            assert torch.isfinite(new).all() and not torch.equal(old, new)
-        print(package)
-        """
-    )
-    cache = tmp_path / "cache"  # a fresh emulator cache: the kernels compile from the wheel's copy
-    env = {**ENV, "SCALEDOPTIM_KERNELS": "emulate", "SCALEDOPTIM_CACHE_DIR": str(cache)}
-    output = run(venv, "-I", "-c", script, cwd=elsewhere, env=env)
-    assert REPO.as_posix() not in output
-    assert list((cache / "emulator").glob("*.so")), "the step did not run the emulated kernels"
 
 
 def test_sdist_carries_every_tracked_file_including_the_tests(clone, venv, tmp_path):

@@ -17,6 +17,10 @@ MIN_SCALE, MAX_SCALE = 2.0**-4, 2.0**20  # far from fp32 overflow: only injected
 
 
 def test_soak_random_overflows_are_exactly_the_skips() -> None:
+    """Slow (10,000 steps). Exists for what only a long random sequence meets: a non-finite
+    value that lands in params or state, or a skip that is not an overflow, once the scale has
+    been backed off to ``min_scale`` and grown to ``max_scale`` many times (the tables run three
+    steps)."""
     rng = random.Random(0)
     model = torch.nn.Linear(4, 4)
     params = list(model.parameters())

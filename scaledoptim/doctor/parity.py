@@ -105,7 +105,7 @@ def _reference_step(
 def _mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
     """16-bit: one ulp of the dtype. fp32: 1e-6 relative, where an element that cancels down to a
     small value is held to 1e-6 of the tensor's largest magnitude (kernels fuse multiply-adds
-    that torch rounds separately). As tests/optim/test_dtypes.py holds every path."""
+    that torch rounds separately). As the parity table (tests/parity) holds every path."""
     if actual.dtype == torch.float32:
         rtol, atol = 1e-6, 1e-6 * expected.abs().max().item()
     else:

@@ -10,7 +10,10 @@ import scaledoptim
 
 pytestmark = pytest.mark.usefixtures("kernel_backend")
 
-STEPS, N = 1000, 32768
+# Sized by what it must tell apart: stochastic rounding's mean drift is fp32's within 5% (a
+# biased rounding, e.g. 15 bits of noise instead of 16, is off by far more), at 4 sigma of the
+# rounding noise of STEPS x N draws.
+STEPS, N = 400, 16384
 
 
 def _train(dtype: torch.dtype, **rounding) -> tuple[torch.Tensor, torch.Tensor, scaledoptim.AdamW]:
@@ -26,9 +29,12 @@ def _train(dtype: torch.dtype, **rounding) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def test_round_to_nearest_stalls_and_both_options_follow_fp32() -> None:
+    """Exists for the rounding options over many steps: master weights that are not stored
+    (mutant master-weights-not-stored), stochastic rounding with biased noise
+    (stochastic-rounding-half-noise), and round-to-nearest that would move a stalled param."""
     start, fp32, _ = _train(torch.float32)
     fp32_displacement = (fp32 - start).mean().item()
-    assert fp32_displacement < -0.09  # about lr * STEPS
+    assert fp32_displacement < -0.9 * 1e-4 * STEPS  # about lr * STEPS
 
     _, nearest, _ = _train(torch.bfloat16)
     assert torch.equal(nearest.float(), start), "round-to-nearest moved a param"
@@ -42,7 +48,7 @@ def test_round_to_nearest_stalls_and_both_options_follow_fp32() -> None:
 
     _, stochastic, _ = _train(torch.bfloat16, stochastic_rounding=True)
     displacement = (stochastic.float() - start).mean().item()
-    assert abs(displacement - fp32_displacement) <= 0.02 * abs(fp32_displacement), (
+    assert abs(displacement - fp32_displacement) <= 0.05 * abs(fp32_displacement), (
         displacement,
         fp32_displacement,
     )

@@ -216,6 +216,8 @@ def _step(change: str, opt, uncached: bool):
 
 @pytest.mark.parametrize("info", rows(fused=True), ids=str)
 def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(info) -> None:
+    """Slow (hypothesis sequences). Exists for a change between steps (grads freed, params moved,
+    groups edited) after which the cached plan would step stale tables."""
     # The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
     @settings(
         max_examples=EXAMPLES.get(info.name, OTHER_ROWS_EXAMPLES),

@@ -625,6 +625,9 @@ def test_each_mutation_steps_as_a_plan_from_scratch(name) -> None:
 def test_any_sequence_of_mutations_steps_as_a_plan_from_scratch(
     info, kinds, channels_last, master_weights
 ) -> None:
+    """Slow (hypothesis sequences). Exists for a fact the step cache reuses without re-verifying it
+    (mutants cache-skips-param-pointers, cache-skips-state-pointers): any sequence of edits must
+    step as a plan from scratch."""
     _run(info, kinds, channels_last, master_weights)
 
 

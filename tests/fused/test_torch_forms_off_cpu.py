@@ -30,10 +30,9 @@ _HOST_READS = {
 }
 
 CASES = [
-    pytest.param(info, config, dtype, id=f"{info.name}-{config.name}-{str(dtype)[6:]}")
+    pytest.param(info, config, id=f"{info.name}-{config.name}")
     for info in rows(fused=True)
     for config in info.generic_configs
-    for dtype in LOW_AND_FULL
 ]
 
 
@@ -87,11 +86,19 @@ def meta_fused_ops() -> Iterator[None]:
     library._destroy()
 
 
-@pytest.mark.parametrize(("info", "config", "dtype"), CASES)
+@pytest.mark.parametrize(("info", "config"), CASES)
 def test_torch_forms_touch_no_host_tensor_off_a_cpu(
-    info: OptimInfo, config: Config, dtype: torch.dtype, monkeypatch, meta_fused_ops
+    info: OptimInfo, config: Config, monkeypatch, meta_fused_ops
 ) -> None:
+    """In every param dtype."""
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "torch")
+    for dtype in LOW_AND_FULL:
+        _no_host_tensor_off_a_cpu(info, config, dtype, monkeypatch)
+
+
+def _no_host_tensor_off_a_cpu(
+    info: OptimInfo, config: Config, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     meta = torch.device("meta")
     params = [torch.nn.Parameter(torch.empty(n, dtype=dtype, device=meta)) for n in (3, 40)]
     opt = info.make(params, config)
@@ -112,11 +119,19 @@ def test_torch_forms_touch_no_host_tensor_off_a_cpu(
     assert all(s["step"].device == meta for s in opt.state.values())
 
 
-@pytest.mark.parametrize(("info", "config", "dtype"), CASES)
+@pytest.mark.parametrize(("info", "config"), CASES)
 def test_torch_forms_skip_on_device_without_a_host_read(
-    info: OptimInfo, config: Config, dtype: torch.dtype, monkeypatch
+    info: OptimInfo, config: Config, monkeypatch
 ) -> None:
+    """In every param dtype."""
     monkeypatch.setenv("SCALEDOPTIM_KERNELS", "torch")
+    for dtype in LOW_AND_FULL:
+        _skips_on_device(info, config, dtype, monkeypatch)
+
+
+def _skips_on_device(
+    info: OptimInfo, config: Config, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cpu = torch.device("cpu")
     generator = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(n, generator=generator).to(dtype)) for n in (3, 40)]

@@ -91,6 +91,8 @@ def _bit_equal(ours: list[torch.Tensor], whole: list[torch.Tensor]) -> None:
 def test_batches_give_the_bits_of_whole_tensor_working_copies(
     case: str, grad_dtype: torch.dtype | None, on_device: bool, monkeypatch
 ) -> None:
+    """Exists for a batch boundary that changes the bits (a piece of a large tensor updated twice or
+    not at all, a per-param factor taken from another batch's param)."""
     ours = _run(case, grad_dtype, on_device)
     # The whole-tensor working copies (p.float(), g.float()) of every other update.
     monkeypatch.setattr(working_copies.WorkingCopies, "fits", staticmethod(lambda *a: False))

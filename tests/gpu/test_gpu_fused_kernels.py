@@ -3,9 +3,11 @@
 whole step captured in a CUDA graph; the rows whose torch.optim class has a fused CUDA
 implementation against it, with grad scaling.
 
-Each test body but the sync check also runs on the CPU (the ``device`` fixture of conftest.py:
-our kernels in the emulator, a plain call for the graph's capture and replay), so a failure of
-the harness shows without a GPU, and one that shows only on a GPU points at the device.
+Each test body but the sync check also runs on the CPU once per row (the ``device`` fixture of
+conftest.py: our kernels in the emulator, a plain call for the graph's capture and replay), so a
+failure of the harness shows without a GPU, and one that shows only on a GPU points at the
+device; every config, dtype and layout runs emulated in the parity table (tests/parity), and a
+twin of each here would repeat it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,6 @@ from tests.support.gpu import CUDA_KERNEL_MARKS
 from tests.support.launches import RowUpdate, check_parity, row_update
 from tests.support.references import ulp_distance
 from tests.support.tensors import DTYPES
-
-CONFIGS = [
-    pytest.param(info, config, id=f"{info.name}-{config.name}")
-    for info in rows(fused=True)
-    for config in info.configs
-]
 
 
 def sizes() -> tuple[int, ...]:
@@ -58,8 +54,27 @@ def _torch_fused(info: OptimInfo, params: list[torch.Tensor], config: Config):
         pytest.skip(f"torch.optim.{info.name} takes no fused=True: {error}")
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16), ids=str)
-@pytest.mark.parametrize("info", rows(fused=True), ids=str)
+def _on_cuda_and_once_emulated(*cases: tuple, emulated: tuple) -> list:
+    """``cases`` on a CUDA device (marked ``gpu``), and ``emulated`` on the CPU's emulator."""
+    def name(values: tuple) -> str:
+        return "-".join(map(str, values))
+
+    return [
+        *(pytest.param("cuda", *case, marks=pytest.mark.gpu, id=f"cuda-{name(case)}")
+          for case in cases),
+        *(pytest.param("emulated", *case, id=f"emulated-{name(case)}") for case in emulated),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("device", "info", "dtype"),
+    _on_cuda_and_once_emulated(
+        *((info, dtype) for info in rows(fused=True)
+          for dtype in (torch.float32, torch.bfloat16, torch.float16)),
+        emulated=tuple((info, torch.float32) for info in rows(fused=True)),
+    ),
+    indirect=["device"],
+)
 def test_matches_torchs_fused_optimizer_with_grad_scaling(info, dtype, device):
     """Each row's default config against torch's fused kernel on the same scaled grads (as
     GradScaler.step runs a fused optimizer: grads divided by grad_scale in-kernel)."""
@@ -123,8 +138,7 @@ CUDA_TOLERANCE = Tolerance(param_rtol=1e-5, param_atol=1e-6, state_rtol=1e-5, st
 
 
 # Every dtype pair on a GPU; on the CPU one pair, which runs this test's harness (its sizes and
-# tolerances) once: every config of every row in every dtype pair runs emulated in
-# tests/kernels/test_emulated_parity.py, and a twin of each pair here would repeat it.
+# tolerances) once: the parity table runs every config emulated.
 DEVICE_AND_DTYPES = [
     *(
         pytest.param("cuda", param, grad, marks=pytest.mark.gpu, id=f"cuda-{param}-{grad}")
@@ -206,8 +220,20 @@ def warmed_up(step: Callable[[], None], device: torch.device) -> None:
     torch.cuda.current_stream().wait_stream(side)
 
 
-@pytest.mark.parametrize(("info", "config"), CONFIGS)
-def test_a_whole_step_is_captured_and_replayed_in_a_cuda_graph(info, config, device):
+@pytest.mark.parametrize(
+    ("device", "info"),
+    _on_cuda_and_once_emulated(*((info,) for info in rows(fused=True)),
+                               emulated=tuple((info,) for info in rows(fused=True))),
+    indirect=["device"],
+)
+def test_a_whole_step_is_captured_and_replayed_in_a_cuda_graph(info, device):
+    """Every config on a GPU; the default one emulated (the harness, without a capture)."""
+    configs = info.configs if device.type == "cuda" else (info.default,)
+    for config in configs:
+        _captured_and_replayed(info, config, device)
+
+
+def _captured_and_replayed(info, config, device):
     params, grads = params_and_grads(device, torch.float32, torch.bfloat16)
     found_inf, inv_scale = torch.zeros((), device=device), torch.full((), 0.5, device=device)
 

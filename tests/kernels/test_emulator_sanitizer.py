@@ -82,6 +82,10 @@ def clean_run() -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name", [*(info.name for info in rows(fused=True)), "non_finite_check"])
 def test_odd_sizes_and_misaligned_views_stay_in_bounds(clean_run, name):
+    """Slow (one AddressSanitizer build of every kernel, shared by the rows). Exists for an
+    out-of-bounds access: an unguarded scalar tail lane, a vector access where a chunk is
+    misaligned, a read past the last tensor of a table (one is planted by
+    test_sanitizer_catches_an_out_of_bounds_table); no other test fails for it."""
     # ASan aborts at the first bad access, so a launch that reads out of bounds, and every
     # launch after it, never reports clean.
     assert f"clean {name}" in clean_run.stdout.splitlines(), clean_run.stderr[-4000:]

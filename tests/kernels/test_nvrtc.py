@@ -1,16 +1,20 @@
 """Every kernel of ``scaledoptim.kernels.builtin_kernels()`` and each dtype instantiation compiles
-with NVRTC for the oldest target arch of each generation the installed NVRTC supports, and its
-newest (every one of them: ``python -m scaledoptim.doctor --all-archs``); no GPU needed. The
+with NVRTC for the oldest target arch the installed NVRTC supports, the oldest of each branch of
+the sources on ``__CUDA_ARCH__``, and its newest (every one of them: ``python -m
+scaledoptim.doctor --all-archs``); no GPU needed. The
 built-in kernels are exactly the check (and its clipping form that sums squares), the epilogue
 and the kernels the fused rows of optim_db launch (with 8-bit states too), so a new optimizer's
 kernel is compiled here with no edit to this file."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from prerequisites import require_module
 
 from scaledoptim.kernels import (
+    CUDA_SOURCE_DIR,
     NON_FINITE_CHECK,
     NON_FINITE_CHECK_NORM,
     STEP_EPILOGUE,
@@ -49,26 +53,30 @@ def _kernel_id(kernel: MultiTensorKernel) -> str:
     return f"{kernel.args_type.__module__.removeprefix('scaledoptim.')}.{kernel.name}"
 
 
-def _each_generation(archs: tuple[int, ...]) -> list[int]:
-    """The oldest arch of each major version (sm_70, sm_80, ... sm_120) and the newest: a compile
-    error specific to an arch shows in its generation, at a third of the time of all of them."""
-    return (
-        sorted(
-            {min(a for a in archs if a // 10 == major) for major in {a // 10 for a in archs}}
-            | {archs[-1]}
-        )
-        if archs
-        else []
-    )
+def _each_branch(archs: tuple[int, ...]) -> list[int]:
+    """The oldest arch, the oldest at each ``__CUDA_ARCH__ >= N`` the kernel sources branch on
+    (sm_80: the hardware bf16 conversions), and the newest: an arch takes the same source as the
+    oldest arch of its branch, so a compile error specific to an arch shows in one of them (the
+    other archs in between are ``python -m scaledoptim.doctor --all-archs``'s). The launch
+    bounds test reads the registers of sm_80's and the newest's."""
+    if not archs:
+        return []
+    text = "\n".join(path.read_text() for path in sorted(CUDA_SOURCE_DIR.glob("*.cu*")))
+    thresholds = {int(n) // 10 for n in re.findall(r"__CUDA_ARCH__\s*>=\s*(\d+)", text)}
+    branches = [min((a for a in archs if a >= t), default=archs[-1]) for t in thresholds]
+    return sorted({archs[0], *branches, archs[-1]})
 
 
 @pytest.mark.parametrize(
     "arch",
-    _each_generation(supported_archs())
+    _each_branch(supported_archs())
     or [pytest.param(0, marks=pytest.mark.skip("no NVRTC arch"))],
 )
 @pytest.mark.parametrize("kernel", builtin_kernels(), ids=_kernel_id)
 def test_every_instantiation_compiles(kernel, arch):
+    """Slow (NVRTC, per kernel and arch). Exists for a kernel that does not compile for some target:
+    an arch branch of the sources (the inline PTX bf16 conversion needs sm_80; a dropped
+    ``__CUDA_ARCH__`` guard fails sm_70), a template instantiation only a dtype pair uses."""
     assert cubin(kernel, arch)  # KernelCompileError carries the NVRTC log
 
 

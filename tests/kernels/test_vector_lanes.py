@@ -5,7 +5,7 @@ fp32 one) and fall back to guarded scalars elsewhere, with the same bits either 
 Checked on the CPU: the PTX NVRTC generates (no GPU needed), and the emulator on tensors whose
 storage offsets leave every alignment, with tails of every length 1..7 after the last whole
 vector, aligned and misaligned tensors in one list, against the same update on fresh (aligned)
-copies. Parity with each row's reference over these layouts is test_emulated_parity.py's."""
+copies. Parity with each row's reference is the parity table's (tests/parity)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ import torch
 import scaledoptim
 from scaledoptim.testing import torch_optim_db
 from scaledoptim.testing.torch_optim_db import TorchConfig
+from tests.support.references import kernels_mode
 from tests.support.torch_errors import assert_raises_as_torch_optim
 
 #: torch's rows of the optimizers scaledoptim ships under torch's name (RMSprop once it lands).
@@ -34,6 +35,19 @@ CASES = torch_optim_db.configs(ROWS)
 BASE_CASES = [case for case in CASES if not case.flagged]
 DTYPES = [torch.float32, torch.float64, torch.complex64]
 STEPS = 3
+#: Our kernels in the emulator, and the torch forms. float64 and complex params take the same
+#: route on either (neither reaches our kernels): they run on the torch forms only.
+BACKENDS = ("torch", "emulate")
+
+
+def _on_each_backend(check: Callable[[], None], backends: tuple[str, ...] = BACKENDS) -> None:
+    """``check()`` on each backend; a failure names the backend."""
+    for backend in backends:
+        with kernels_mode(backend):
+            try:
+                check()
+            except AssertionError as error:
+                raise AssertionError(f"on the {backend} backend: {error}") from error
 
 
 def test_the_drop_ins_are_all_covered() -> None:
@@ -193,25 +207,30 @@ def _assert_state_matches(opt, ref_opt, params, ref_params) -> None:
 
 
 # ------------------------------------------------------------------------------------ the tests
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_every_config_steps_as_torch_optim(case: TorchConfig, dtype, kernel_backend) -> None:
-    if dtype.is_complex and not case.info.supports_complex:
-        pytest.skip(f"torch.optim.{case.info.name} takes no complex params")
-    _side_by_side(case, dtype)
+def test_every_config_steps_as_torch_optim(case: TorchConfig) -> None:
+    """float32 on both backends; float64 and complex64 (where torch takes them) once."""
+    for dtype in DTYPES:
+        if dtype.is_complex and not case.info.supports_complex:
+            continue
+        backends = BACKENDS if dtype == torch.float32 else BACKENDS[:1]
+        _on_each_backend(lambda dtype=dtype: _side_by_side(case, dtype), backends)
 
 
 @pytest.mark.parametrize("case", BASE_CASES, ids=str)
-def test_views_with_gaps_step_as_torch_optim(case: TorchConfig, kernel_backend) -> None:
-    _side_by_side(case, torch.float32, views=lambda t: t.t(), shapes=((3, 4), (6, 4)))
-    _side_by_side(case, torch.float32, views=lambda t: t[:, ::2], shapes=((4, 6), (3, 4)))
+def test_views_with_gaps_step_as_torch_optim(case: TorchConfig) -> None:
+    def check() -> None:
+        _side_by_side(case, torch.float32, views=lambda t: t.t(), shapes=((3, 4), (6, 4)))
+        _side_by_side(case, torch.float32, views=lambda t: t[:, ::2], shapes=((4, 6), (3, 4)))
+
+    _on_each_backend(check)
 
 
 @pytest.mark.parametrize(
     "case", [c for c in CASES if c.info.supports_sparse and not c.differentiable], ids=str
 )
-def test_sparse_grads_step_as_torch_optim(case: TorchConfig, kernel_backend) -> None:
-    _side_by_side(case, torch.float32, shapes=((6, 3), (4,)), sparse=True)
+def test_sparse_grads_step_as_torch_optim(case: TorchConfig) -> None:
+    _on_each_backend(lambda: _side_by_side(case, torch.float32, shapes=((6, 3), (4,)), sparse=True))
 
 
 @pytest.mark.parametrize(
@@ -223,32 +242,26 @@ def test_every_error_input_raises_as_torch_optim(info, error_input) -> None:
     assert_raises_as_torch_optim(getattr(scaledoptim, info.name), error_input)
 
 
-def _tensor_option_cases() -> Iterator[Any]:
-    """Every config of a fused drop-in with one float option (``betas`` both) as a 0-dim tensor,
+def _with_tensor_options(case: TorchConfig) -> Iterator[TorchConfig]:
+    """``case`` with each of its float options (``betas`` both) as a 0-dim tensor in turn,
     which torch.optim takes for all of them."""
-    for case in BASE_CASES:
-        if not issubclass(_ours(case), scaledoptim.FusedOptimizer):
+    signature = inspect.signature(case.torch_class.__init__).parameters
+    for name, parameter in signature.items():
+        default = case.kwargs.get(name, parameter.default)
+        if name != "betas" and (not isinstance(default, (int, float)) or isinstance(default, bool)):
             continue
-        signature = inspect.signature(case.torch_class.__init__).parameters
-        for name, parameter in signature.items():
-            default = case.kwargs.get(name, parameter.default)
-            if name == "betas" or (
-                isinstance(default, (int, float)) and not isinstance(default, bool)
-            ):
-                value = (
-                    tuple(map(torch.tensor, default))
-                    if name == "betas"
-                    else torch.tensor(float(default))
-                )
-                kwargs = {**case.kwargs, name: value}
-                yield pytest.param(TorchConfig(case.info, case.desc, kwargs), id=f"{case}-{name}")
+        value = (
+            tuple(map(torch.tensor, default)) if name == "betas" else torch.tensor(float(default))
+        )
+        yield TorchConfig(case.info, f"{case.desc} & tensor {name}", {**case.kwargs, name: value})
 
 
-@pytest.mark.parametrize("case", list(_tensor_option_cases()))
-def test_every_float_option_may_be_a_tensor_as_in_torch_optim(
-    case: TorchConfig, kernel_backend
-) -> None:
-    _side_by_side(case, torch.float32)
+@pytest.mark.parametrize(
+    "case", [c for c in BASE_CASES if issubclass(_ours(c), scaledoptim.FusedOptimizer)], ids=str
+)
+def test_every_float_option_may_be_a_tensor_as_in_torch_optim(case: TorchConfig) -> None:
+    for tensor_case in _with_tensor_options(case):
+        _on_each_backend(lambda tensor_case=tensor_case: _side_by_side(tensor_case, torch.float32))
 
 
 @pytest.mark.parametrize(
@@ -314,13 +327,19 @@ def _protocol_cases() -> Iterator[Any]:
             yield pytest.param(TorchConfig(case.info, case.desc, kwargs), kind, id=f"{case}-{kind}")
 
 
-@pytest.mark.parametrize("form", ["unscale_and_step", "unscale + step_after_unscale"])
 @pytest.mark.parametrize("case, kind", list(_protocol_cases()))
-def test_routed_params_keep_the_loss_scaling_protocol(
-    case: TorchConfig, kind: str, form: str, kernel_backend
-) -> None:
+def test_routed_params_keep_the_loss_scaling_protocol(case: TorchConfig, kind: str) -> None:
     """Scaled grads are unscaled, an overflow in either param's grad skips both and backs the
-    scale off, clean steps grow it, and the trajectory is torch.optim's on the unscaled grads."""
+    scale off, clean steps grow it, and the trajectory is torch.optim's on the unscaled grads:
+    through ``unscale_and_step`` on the torch forms, through ``unscale`` +
+    ``step_after_unscale`` on our kernels (each form on each backend elsewhere: the parity
+    table)."""
+    for form, backend in (("unscale_and_step", "torch"), ("split", "emulate")):
+        with kernels_mode(backend):
+            _routed_protocol(case, kind, form)
+
+
+def _routed_protocol(case: TorchConfig, kind: str, form: str) -> None:
     sparse = kind == "sparse grad"
     leaves, params = _routed_pair(case, kind)
     ref_leaves, ref_params = _routed_pair(case, kind)

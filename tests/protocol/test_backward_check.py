@@ -49,6 +49,9 @@ def _backward(model, opt, step: int, poison: str | None) -> None:
     "case", [ADAMW, SGD_MOMENTUM], ids=lambda case: f"{case[0].name}-{case[1].name}"
 )
 def test_skips_and_params_equal_the_plain_form_under_random_overflows(case) -> None:
+    """Slow (24 steps per row). Exists for a grad poisoned during or after backward (or
+    replaced after it) that the check during backward misses or reports twice: the skips and
+    params must be the plain form's."""
     rng = random.Random(0)
     twins = _twins(case)
     for step in range(24):

@@ -1,7 +1,8 @@
-"""Scale configs at the edges of the trackers' int32: ``growth_interval`` of 2**31 or more (the
-GradScaler idiom for "never grow", e.g. ``sys.maxsize``) never grows the scale, on both backends
-(our kernels move it in the step's epilogue, torch's ops in ``LossScale.update_``), and a
-``hysteresis`` that large never backs off; smaller ones count as before."""
+"""Scale configs at their edges, on both backends (our kernels move the scale in the step's
+epilogue, torch's ops in ``LossScale.update_``): ``growth_interval`` of 2**31 or more (the
+GradScaler idiom for "never grow", e.g. ``sys.maxsize``) never grows the scale, and a
+``hysteresis`` that large never backs off, smaller ones count as before; a backoff stops at
+``min_scale``, a growth at ``max_scale``."""
 
 from __future__ import annotations
 
@@ -82,3 +83,23 @@ def test_the_torch_ops_update_compares_in_64_bits() -> None:
     loss_scale.update_(loss_scale.scale, torch.zeros(()))
     assert loss_scale.scale.item() == 2.0**16
     assert loss_scale.growth_tracker.item() == 2**31 - 1
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_backoff_stops_at_min_scale(shape) -> None:
+    """Exists for a backoff that passes ``min_scale`` (mutant kernel-backoff-below-min-scale)."""
+    params = [torch.nn.Parameter(torch.randn(5)) for _ in range(2)]
+    opt = scaledoptim.AdamW(params).configure_scaling(
+        init_scale=8.0, min_scale=2.0, **SHAPES[shape]
+    )
+    hysteresis = SHAPES[shape].get("hysteresis", 1)  # overflows in a row to back off once
+    scales = _steps(opt, params, [True] * (hysteresis + 3))
+    assert scales[hysteresis - 1 :] == [4.0, 2.0, 2.0, 2.0]
+
+
+def test_a_growth_stops_at_max_scale() -> None:
+    params = [torch.nn.Parameter(torch.randn(5)) for _ in range(2)]
+    opt = scaledoptim.AdamW(params).configure_scaling(
+        init_scale=2.0**9, max_scale=2.0**10, growth_interval=1
+    )
+    assert _steps(opt, params, [False] * 3) == [2.0**10] * 3

@@ -20,10 +20,11 @@ __all__ = ["cubin", "registers_per_thread"]
 @functools.cache
 def cubin(kernel: MultiTensorKernel, arch: int) -> bytes:
     """``compile_for_arch(kernel, arch)``, once per session: test_nvrtc.py compiles every kernel
-    for sm_80 and sm_90 among others, and test_launch_bounds.py reads the registers of those same
-    cubins (NVRTC takes seconds per kernel and arch, the largest part of the suite's time). The
-    first built-in kernel asked for an arch has every built-in kernel compiled for it, on every
-    core (one process each: NVRTC holds the GIL); a compile error is raised for its kernel."""
+    for sm_80 and the newest arch among others, and test_launch_bounds.py reads the registers of
+    those same cubins (NVRTC takes seconds per kernel and arch, the largest part of the suite's
+    time). The first built-in kernel asked for an arch has every built-in kernel compiled for
+    it, on every core (one process each: NVRTC holds the GIL); a compile error is raised for its
+    kernel."""
     from scaledoptim.kernels.nvrtc import compile_for_arch
 
     # By the whole kernel, as this cache: a variant of a built-in kernel with other lists has

@@ -14,6 +14,7 @@ __all__ = [
     "loss_of",
     "make_model",
     "ready_with_pending_backward",
+    "scaled_closure",
     "snapshot",
 ]
 
@@ -54,6 +55,30 @@ def ready_with_pending_backward(
         if step < 2:
             opt.unscale_and_step(grads_scaled_by=opt.scale)
     return model, opt
+
+
+def scaled_closure(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    *,
+    overflow: bool = False,
+    touch_params: bool = False,
+):
+    """A closure ``closure(S)`` of the protocol: zero_grad, then the loss of ``batch(7)`` scaled
+    by ``S`` backward; ``overflow`` puts a nan in a grad, ``touch_params`` moves a weight."""
+
+    def closure(S):
+        opt.zero_grad()
+        loss = loss_of(model, 7)
+        scaledoptim.scale_outputs(loss, S).backward()
+        if overflow:
+            model[0].bias.grad[0] = float("nan")
+        if touch_params:
+            with torch.no_grad():
+                model[0].weight.add_(1.0)
+        return loss
+
+    return closure
 
 
 def snapshot(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
