@@ -29,8 +29,11 @@ constexpr int kMaxTrackedSteps = 2147483647;
 // ~~~~~~~~~~~~~~~~~~~
 // LossScale.update_ in scaledoptim/scale/loss_scale.py holds the same rules with torch ops.
 // Back off by backoff_factor (not below min_scale) once hysteresis overflows in a row were seen,
-// or at once when forced; grow by growth_factor (not above max_scale, never to inf) after
-// growth_interval clean steps (compared in 64 bits: an interval of 2**31 or more never comes).
+// or at once when forced; grow by growth_factor (not above max_scale, never to inf) when the
+// clean steps reach growth_interval, torch's rule: a tracker already past it (loaded after a
+// shortened interval) counts on without growing until an overflow resets it (Note [growth
+// tracker past the interval] in loss_scale.py). Compared in 64 bits: an interval of 2**31 or
+// more never comes.
 // `scaled_by * factor` is computed in double and rounded once, as torch._amp_update_scale_
 // does. With hysteresis 1 the hysteresis tracker is left alone.
 __device__ __forceinline__ void update_scale(const StepEpilogueArgs& a) {
@@ -40,7 +43,7 @@ __device__ __forceinline__ void update_scale(const StepEpilogueArgs& a) {
   const int hysteresis_left = overflow ? (tolerated > 0 ? tolerated : 0) : a.hysteresis;
   const bool back_off = overflow && (a.force_backoff || hysteresis_left <= 0);
   const long long clean_steps = static_cast<long long>(*a.growth_tracker) + 1;
-  const bool grow = !overflow && clean_steps >= a.growth_interval;
+  const bool grow = !overflow && clean_steps == a.growth_interval;
   float next = scaled_by;
   if (back_off) {
     next = static_cast<float>(static_cast<double>(scaled_by) * a.backoff_factor);

@@ -7,6 +7,15 @@ import sys
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# No verdict may depend on the machine's load: Hypothesis's two timing checks (the per-example
+# deadline, the too-slow data generation health check) are off for every test; a test that
+# passes its own suppress_health_check list names too_slow there as well.
+settings.register_profile(
+    "scaledoptim", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("scaledoptim")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

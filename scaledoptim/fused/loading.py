@@ -6,6 +6,7 @@ them, and each param's state as :func:`~scaledoptim.fused.state.stage_state` wil
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -16,7 +17,7 @@ from torch import Tensor
 from .rounding import MASTER_KEY, SEED_KEY, check_rounding_options, check_rounding_params
 from .state import cast_loaded_state
 
-__all__ = ["plan_loaded_groups", "plan_loaded_state"]
+__all__ = ["check_torch_flags", "plan_loaded_groups", "plan_loaded_state"]
 
 #: Options torch.optim's ``__setstate__`` fills in for checkpoints of releases that lacked them,
 #: and scaledoptim's own (a torch.optim checkpoint has none): a loaded group may lack them.
@@ -51,11 +52,14 @@ def plan_loaded_groups(
                 f"{type(optimizer).__name__} group holds; {_FIX}"
             )
         loaded = {**defaults, **legacy, **saved, "params": group["params"]}
+        optional = _optional_flags(type(optimizer))
         for name, default in defaults.items():
-            if isinstance(default, bool) and not isinstance(loaded[name], bool):
+            flag = isinstance(default, bool) or name in optional
+            if flag and not (isinstance(loaded[name], bool) or _takes_none(name, optional, loaded)):
+                allowed = "True, False or None" if name in optional else "True or False"
                 raise TypeError(
-                    f"Corrupt optimizer state_dict: {where}[{name!r}] must be a bool (True or "
-                    f"False), got {loaded[name]!r}; {_FIX}"
+                    f"Corrupt optimizer state_dict: {where}[{name!r}] must be a bool "
+                    f"({allowed}), got {loaded[name]!r}; {_FIX}"
                 )
             if _is_number(default) and not _is_finite_number(loaded[name]):
                 raise ValueError(
@@ -69,10 +73,21 @@ def plan_loaded_groups(
                 f"{betas!r}; {_FIX}"
             )
         _named(where, optimizer.check_options, loaded)
+        _named(where, check_torch_flags, loaded)
         _named(where, lambda g: check_rounding_options(g, rounds), loaded)
         _named(where, check_rounding_params, loaded)
         planned.append(loaded)
     return planned
+
+
+def check_torch_flags(options: dict[str, Any]) -> None:
+    """torch.optim's refusals of ``fused`` with ``differentiable`` or ``foreach`` (its
+    constructor's messages; its step raises too, after the groups before stepped)."""
+    if options.get("fused"):
+        if options.get("differentiable"):
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if options.get("foreach"):
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
 def plan_loaded_state(
@@ -83,7 +98,7 @@ def plan_loaded_state(
 ) -> dict[Tensor, dict[str, Any]]:
     """Each param's loaded state as copies on the param's device (floating state in
     :func:`~scaledoptim.fused.state.state_dtype`), with every entry the step reads validated:
-    the moments of its group's options (all or none: none starts the param afresh), ``step``,
+    the moments of its group's options (all, or an empty state: the param starts afresh), ``step``,
     the fp32 master and the rounding seed. One host read per device checks that every loaded
     tensor is finite, and sums of squares are not negative.
 
@@ -98,17 +113,15 @@ def plan_loaded_state(
         param = by_id[key]
         group = group_of[id(param)]
         layouts = optimizer.state_layouts(group)
-        fresh = not any(name != "step" for name in saved)
+        # Afresh: an empty state (torch.optim initialises it at the step), or only a step
+        # where torch.optim makes missing moments itself (FusedOptimizer._state_may_lack_step).
+        lone_step = optimizer._state_may_lack_step and set(saved) == {"step"}
+        fresh = not saved or lone_step
         loaded: dict[str, Any] = {}
         for name, value in saved.items():
             where = f"state[{key!r}][{name!r}]"
             if name == "step":
                 _check_step(where, value)
-            if isinstance(value, Tensor) and value.is_meta and not param.is_meta:
-                raise ValueError(
-                    f"Corrupt optimizer state_dict: {where} is a meta tensor, which holds no "
-                    f"values; {_FIX} (torch.load it with map_location='cpu')"
-                )
             cast = functools.partial(cast_loaded_state, param, name, layout=layouts.get(name))
             loaded[name] = _named(where, cast, value)
         for name in optimizer.state_keys(group):
@@ -145,6 +158,20 @@ def plan_loaded_state(
         planned[param] = loaded
     _check_values(checks)
     return planned
+
+
+def _optional_flags(cls: type[Any]) -> frozenset[str]:
+    """The options ``cls``'s constructor takes as ``None`` (torch's ``foreach`` and ``fused``:
+    "let the implementation choose"). A group holds ``None`` for them when it was built without
+    them, or loaded from a checkpoint of a release that lacked them (torch's ``__setstate__``
+    fills in ``None``), whatever the loading optimizer was built with."""
+    # The constructor's, not the class's: a class with a low-bit variant has its own __new__.
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return frozenset(p.name for p in parameters if p.default is None)
+
+
+def _takes_none(name: str, optional: frozenset[str], loaded: Mapping[str, Any]) -> bool:
+    return name in optional and loaded[name] is None
 
 
 def _named(where: str, check: Callable[[Any], Any], value: Any) -> Any:

@@ -21,8 +21,8 @@ from ..protocol.backward_check import GradCheck
 from ..protocol.plans import check_param_groups
 from ..protocol.steps import planned_step
 from .backends import select
-from .loading import plan_loaded_groups, plan_loaded_state
-from .plan import FusedStepPlan, StepCache
+from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
+from .plan import FusedStepPlan, StepCache, hyperparameter
 from .planning import build_plan
 from .rounding import MasterWatch, check_rounding_options, check_rounding_params
 from .state import StateLayout
@@ -43,8 +43,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
       kernel* (``docs/kernels.md``), builds one.
     * ``state_keys(group)``: the names of the per-param state tensors, in the order of the
       kernel's state lists (``None`` for a list the group's options turn off). They are created
-      as float32 zeros shaped like the param; ``state["step"]`` (a 0-dim float32 tensor
-      counting taken steps) is added and advanced for every optimizer.
+      as float32 zeros shaped like the param (or filled with a constructor option named in
+      ``initial_state_options``); ``state["step"]`` (a 0-dim float32 tensor counting taken
+      steps) is added and advanced for every optimizer.
     * ``check_options(options)``: validates hyper-parameters (a dict of them); called by the
       constructor, and on a param group before a step whenever one of its values changed.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
@@ -90,6 +91,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
     torch_optim: ClassVar[type[torch.optim.Optimizer] | None] = None
+    #: State created filled with a constructor option rather than zeros: state key -> the
+    #: option in ``defaults`` (Adagrad's ``sum`` starts at ``initial_accumulator_value``).
+    initial_state_options: ClassVar[dict[str, str]] = {}
     #: Whether each element's update reads only that element of the param, grad and state
     #: (and scalars): then a DTensor param's torch form, or our kernels, run on its local shard
     #: (no). LAMB's per-tensor norms read the whole tensor: its torch form sums them over the mesh.
@@ -121,11 +125,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         for group in self.param_groups:
             check_rounding_options(group, self._takes_rounding_lists())
             check_rounding_params(group)
-        if defaults.get("fused"):  # torch.optim's checks, made after its groups are built
-            if defaults.get("differentiable"):
-                raise RuntimeError("`fused` does not support `differentiable`")
-            if defaults.get("foreach"):
-                raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        check_torch_flags(defaults)  # torch.optim's checks, made after its groups are built
 
     # ------------------------------------------------------------- the Update a subclass defines
     @abc.abstractmethod
@@ -182,14 +182,30 @@ class FusedOptimizer(Optimizer, abc.ABC):
         cache] in plan.py), kept for the next step."""
         check_param_groups(self)
         for group in self.param_groups:
-            self.check_options(group)
+            self._check_group(group)
         plan = build_plan(self)
         self._step_cache = StepCache.of(self, plan)
         return plan
 
+    def _check_group(self, group: Group) -> None:
+        """A group's options, before any group steps (edited or loaded since the last step):
+        :meth:`check_options`, and torch.optim's refusals of ``fused`` with ``differentiable``
+        or ``foreach``."""
+        self.check_options(group)
+        check_torch_flags(group)
+
     def _overlapped_check(self, device: torch.device) -> GradCheck | None:
         backend = select(device)
         return backend.check_ if backend.folds_unscale else None
+
+    def initial_state_fill(self) -> dict[str, float]:
+        """The value each state of :attr:`initial_state_options` starts at (a one-element CPU
+        tensor option read on the host), for every param: torch.optim reads the constructor's
+        (``self.defaults``), never a group's."""
+        return {
+            key: hyperparameter(option, self.defaults[option])
+            for key, option in self.initial_state_options.items()
+        }
 
     def _takes_rounding_lists(self) -> bool:
         return self.kernel.lists[-3:-1] == ROUNDING_LISTS
@@ -216,8 +232,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: as (torch.optim's ``__setstate__`` fills the same); other missing options take
     #: ``self.defaults``.
     _legacy_options: ClassVar[dict[str, Any]] = {}
-    #: Whether torch.optim's state of this update has no ``step`` (SGD's): a loaded state
-    #: without one counts one step taken; otherwise it is refused, as torch's step would fail.
+    #: Whether torch.optim reads this update's state entry by entry (SGD's: no ``step``, a
+    #: momentum buffer made when missing): a loaded state without ``step`` counts one step
+    #: taken, and one of only a ``step`` starts its moments afresh; otherwise both are refused,
+    #: as torch's step would fail on them (an empty state starts afresh in every class).
     _state_may_lack_step: ClassVar[bool] = False
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -354,7 +354,7 @@ class StepCache:
                 return None
             if not entry.options_kept(group):
                 check_param_groups(optimizer)
-                optimizer.check_options(group)
+                optimizer._check_group(group)
                 if lists_key(optimizer, group) != entry.lists_key:
                     return None
                 entry.remember_options(group)

@@ -58,6 +58,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
             plan.over_subclasses = True
     seed_index = _seed_index(optimizer)
     rounds = optimizer.kernel.lists[-3:-1] == ROUNDING_LISTS
+    fill = optimizer.initial_state_fill()
     for group in optimizer.param_groups:
         # Checked here, not at every step: what they depend on (the options' values and the
         # params' dtypes) sends a step through the full plan when it changes.
@@ -90,7 +91,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
         for i, param in enumerate(params):
             counter_device = step_device(group, param) if i in routed else None
             tensors, step, replacement = stage_state(
-                param, optimizer.state.get(param, {}), keys, counter_device, layouts
+                param, optimizer.state.get(param, {}), keys, counter_device, layouts, fill
             )
             for state_list, tensor in zip(state_lists, tensors):
                 state_list.append(tensor)

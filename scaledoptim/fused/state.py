@@ -111,10 +111,13 @@ def stage_state(
     keys: Sequence[str | None],
     step_device: torch.device | None = None,
     layouts: Mapping[str, StateLayout] | None = None,
+    fill: Mapping[str, float] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor, dict[str, Any] | None]:
     """The param's state tensors for ``keys`` (``None`` keys are skipped) and its step counter,
     a 0-dim float32 tensor on ``step_device`` (default: the param's device). ``layouts``: the
-    keys whose tensors are not float ones shaped like the param (:class:`StateLayout`).
+    keys whose tensors are not float ones shaped like the param (:class:`StateLayout`). A float
+    state created afresh holds zeros, or ``fill[key]`` (both parts of a complex param's, as
+    torch fills them); one of a layout, the layout's zeros.
 
     Returns ``(tensors, step, replacement)``: ``replacement`` is the whole state dict to install
     when anything had to be created (a first step) or converted (an int or CPU step from an old
@@ -141,11 +144,15 @@ def stage_state(
                     "class with the same options, or clear that param's state "
                     "(opt.state[p].clear()) to restart it"
                 )
+            start = (fill or {}).get(key, 0.0)
             value = (
                 layout.zeros(param)
                 if layout is not None
-                else torch.zeros_like(
-                    param, dtype=state_dtype(param), memory_format=torch.preserve_format
+                else torch.full_like(
+                    param,
+                    complex(start, start) if param.is_complex() else start,
+                    dtype=state_dtype(param),
+                    memory_format=torch.preserve_format,
                 )
             )
         elif layout is not None:

@@ -99,7 +99,13 @@ class Update(Protocol):
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists (``None`` for a
         list the group's options turn off). They are created as float32 zeros shaped like the
-        param (``state["step"]``, a float32 counter, exists for every optimizer)."""
+        param, or as :meth:`initial_state_fill` says (``state["step"]``, a float32 counter,
+        exists for every optimizer)."""
+        ...
+
+    def initial_state_fill(self) -> dict[str, float]:
+        """The value each state key created filled rather than with zeros starts at (Adagrad's
+        ``sum``: the constructor's ``initial_accumulator_value``); usually none."""
         ...
 
     def state_layouts(self, group: Group) -> Mapping[str, StateLayout]:

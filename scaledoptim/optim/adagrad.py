@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -70,7 +70,13 @@ class Adagrad(FusedOptimizer):
     r"""Adagrad with the loss-scaling protocol, a drop-in for :class:`torch.optim.Adagrad`.
 
     Same signature, same math, same state names (``sum``, ``step``), created when a param
-    joins the optimizer as torch does (``sum`` filled with ``initial_accumulator_value``).
+    joins the optimizer as torch does: ``sum`` filled with the constructor's
+    ``initial_accumulator_value``, in every param group. As in torch.optim.Adagrad (2.13), a
+    group's own ``initial_accumulator_value`` (a group dict given to the constructor or to
+    ``add_param_group``) is kept in the group, unchecked and unused; this matches torch
+    rather than honouring it, which loses nothing (it is a starting value, not data). A param
+    whose state is empty at a step (cleared, or dropped from a loaded state_dict) starts from
+    the constructor's value too, as torch's does.
     Fused and sync-free; ``foreach`` and ``fused`` do not change the fused path. ``lr`` may be a
     one-element tensor (a CPU one is read at each step). Complex params, sparse grads, views
     with gaps, ``differentiable=True`` and an ``lr`` tensor on an accelerator take
@@ -83,7 +89,8 @@ class Adagrad(FusedOptimizer):
         lr: learning rate.
         lr_decay: learning rate decay: step ``t`` uses ``lr / (1 + (t - 1) * lr_decay)``.
         weight_decay: weight decay (L2 penalty).
-        initial_accumulator_value: initial value of the sum of squared gradients.
+        initial_accumulator_value: initial value of the sum of squared gradients, for every
+            param group (see above).
         eps: term added to the denominator for numerical stability.
         foreach: torch.optim's ``foreach`` flag, with its checks; the fused path does not
             depend on it (see above).
@@ -104,6 +111,10 @@ class Adagrad(FusedOptimizer):
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adagrad
+    initial_state_options: ClassVar[dict[str, str]] = {"sum": "initial_accumulator_value"}
+    _legacy_options: ClassVar[dict[str, Any]] = {
+        "foreach": None, "maximize": False, "differentiable": False, "fused": None,
+    }
 
     def __init__(
         self,
@@ -123,6 +134,11 @@ class Adagrad(FusedOptimizer):
         state_bits: int = 32,
         block_size: int = 256,
     ) -> None:
+        # Checked here, not by check_options: only the constructor's value is used (see above).
+        check_tensor_hyperparameter(
+            "initial_accumulator_value value", "initial_accumulator_value",
+            initial_accumulator_value,
+        )
         check_state_bits(state_bits, block_size)
         if state_bits != 32:
             # Adagrad declares no 8-bit state (See Note [low-bit variants]).
@@ -143,10 +159,11 @@ class Adagrad(FusedOptimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """As :meth:`torch.optim.Optimizer.add_param_group`, creating the group's state as
-        torch.optim.Adagrad does in its constructor."""
+        torch.optim.Adagrad does in its constructor: ``sum`` filled with the constructor's
+        ``initial_accumulator_value`` (not the group's: see the class)."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        init = hyperparameter("initial_accumulator_value", group["initial_accumulator_value"])
+        init = self.initial_state_fill()["sum"]
         fresh = [p for p in group["params"] if p not in self.state or not self.state[p]]
         # CPU counters packed as the step's plan would pack them (Note [packed counters]).
         counters = (
@@ -170,7 +187,6 @@ class Adagrad(FusedOptimizer):
         for label, name in (
             ("lr_decay value", "lr_decay"),
             ("weight_decay value", "weight_decay"),
-            ("initial_accumulator_value value", "initial_accumulator_value"),
             ("epsilon value", "eps"),
         ):
             check_tensor_hyperparameter(label, name, options[name])

@@ -45,9 +45,8 @@ from . import steps
 from .clipping import to_max_grad_norm
 from .gradscaler_clip import check_no_unscale_before_clip, step_clipping_torch_optimizer
 from .optimizer import Optimizer
-from .outputs import scale_outputs
+from .outputs import first_tensor, scale_outputs
 from .user_frames import user_stacklevel
-from .validation import check_no_fp16_grads
 from .values import GradPass, Request
 
 __all__ = ["GradScaler"]
@@ -83,8 +82,8 @@ class GradScaler(torch.amp.GradScaler):
     clean iterations counted so far) is torch's state, and checkpoints holding it (the
     scaler's and its optimizers') load. :meth:`update` is torch's: it grows the scale only when
     ``tracker + 1 == interval``, so such a tracker counts on without growing the scale until an
-    overflow resets it, exactly as torch.amp.GradScaler (torch 2.13); an optimizer that loads
-    the state and steps with its own protocol grows it at the next clean step.
+    overflow resets it, exactly as torch.amp.GradScaler (torch 2.13); so does an optimizer that
+    loads the state and steps with its own protocol.
 
     Args:
         device: the device type of the scale (``"cuda"``, ``"cpu"``, ...). As torch's, a
@@ -200,7 +199,7 @@ class GradScaler(torch.amp.GradScaler):
                 raise ValueError("outputs must be a Tensor or an iterable of Tensors")
             return map(self.scale, outputs)  # another iterable: scaled lazily, as torch does
         if self._scale is None:
-            first = _first_tensor(outputs)
+            first = first_tensor(outputs)
             if first is None:
                 return outputs  # nothing to scale (torch does not create the scale either)
             self._lazy_init_scale_growth_tracker(first.device)
@@ -352,7 +351,9 @@ class GradScaler(torch.amp.GradScaler):
                 "instance of GradScaler."
             )
         device = self._loss_scale.device if self._loss_scale is not None else torch.device("cpu")
-        loaded = loss_scale_from_gradscaler_state(state_dict, self._scaling_config(), device)
+        loaded = loss_scale_from_gradscaler_state(
+            state_dict, self._scaling_config(), device, "GradScaler.load_state_dict()"
+        )
         # Validated: now change.
         self._config = loaded.config
         self._init_scale = float(state_dict["scale"])
@@ -433,7 +434,6 @@ def _unscale(
     plan = steps.plan(optimizer)
     if not plan.grads:
         return None
-    check_no_fp16_grads(plan.grads, "GradScaler.unscale_()")
     device = optimizer.scaling_state.loss_scale.device
     scale = scaled_by.to(device, torch.float32, non_blocking=True)
     request = Request(scale, moves_scale=False, adopt=(loss_scale, _DRIVER))
@@ -443,16 +443,3 @@ def _unscale(
 def _has_grads(optimizer: torch.optim.Optimizer) -> bool:
     return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
 
-
-def _first_tensor(outputs: Any) -> torch.Tensor | None:
-    """The first tensor of a nested list/tuple/dict (what torch makes the scale's device)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, Mapping):
-        outputs = list(outputs.values())
-    if isinstance(outputs, (list, tuple)):
-        for value in outputs:
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None

@@ -15,12 +15,13 @@ optimizer reads; ``scale/loss_scale.py`` the scale.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+import contextlib
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["check_layout"]
+__all__ = ["check_layout", "nothing_loaded_on_failure"]
 
 #: The top-level keys of a scaledoptim optimizer's state_dict.
 _KEYS = frozenset({"state", "param_groups", "loss_scale"})
@@ -36,8 +37,9 @@ def check_layout(
         TypeError: ``state_dict``, its ``"state"``, a group or a param's state is not a dict, or
             a group's ``"params"`` is not a list.
         ValueError: a missing or unknown top-level key, a group count or size that differs from
-            the optimizer's (torch's messages), a param id listed twice, or a state keyed by
-            something that is no param id of ``param_groups``.
+            the optimizer's (torch's messages), a param id listed twice, a state keyed by
+            something that is no param id of ``param_groups``, or a meta tensor in the state of
+            a param that is not (it holds no values).
     """
     fix = "pass what opt.state_dict() returned (torch.load it from the checkpoint file)"
     if not isinstance(state_dict, Mapping):
@@ -102,7 +104,47 @@ def check_layout(
                 f"Corrupt optimizer state_dict: state[{key!r}] must be a dict of the param's "
                 f"state, got {_describe(param_state)}: {fix}"
             )
+        if not by_id[key].is_meta:
+            _check_no_meta(f"state[{key!r}]", param_state)
     return by_id
+
+
+def _check_no_meta(where: str, value: Any) -> None:
+    """Refuses a meta tensor anywhere in a param's state (LBFGS keeps lists of tensors): it
+    holds no values, and torch's loader fails on it with "Cannot copy out of meta tensor"."""
+    if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise ValueError(
+                f"Corrupt optimizer state_dict: {where} is a meta tensor, which holds no values; "
+                "pass what opt.state_dict() returned (torch.load it with map_location='cpu')"
+            )
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_no_meta(f"{where}[{key!r}]", item)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_no_meta(f"{where}[{index}]", item)
+
+
+@contextlib.contextmanager
+def nothing_loaded_on_failure(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Runs torch.optim's loader, putting the optimizer's state and groups back if it fails.
+
+    torch's loader builds new state and groups and installs them before its class's
+    ``__setstate__`` reads them, which may fail (``torch.optim.Adamax`` on a param state without
+    ``'step'``: ``KeyError``): the old ones are put back, and the failure becomes a
+    ``ValueError`` saying so.
+    """
+    state, groups = optimizer.state, optimizer.param_groups
+    try:
+        yield
+    except Exception as error:
+        optimizer.state, optimizer.param_groups = state, groups
+        raise ValueError(
+            f"Corrupt optimizer state_dict: {type(optimizer).__name__}'s loader (torch.optim's) "
+            f"failed on it ({type(error).__name__}: {error}), and nothing was loaded; pass "
+            "what opt.state_dict() returned (torch.load it from the checkpoint file)"
+        ) from error
 
 
 def _describe(value: Any) -> str:

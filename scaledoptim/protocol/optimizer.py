@@ -26,7 +26,6 @@ from .plans import GenericStepPlan, check_param_groups
 from .replay import ClosureReplayError
 from .scale_carrying import GROUP_SCALE_KEY
 from .scaling import ScalingState
-from .validation import check_no_fp16_grads
 from .values import GradPass, Request, StepPlan
 
 __all__ = ["ClosureReplayError", "Optimizer"]
@@ -216,8 +215,10 @@ class Optimizer(torch.optim.Optimizer):
 
         fp16 grads are refused, as :meth:`torch.amp.GradScaler.unscale_` refuses them: unscaled
         in place they cannot hold small grads (below 6e-8 they flush to zero), and a clipped run
-        drifts from fp32. :meth:`unscale_and_step` unscales them in fp32 inside the update, and
-        clips them there with ``max_grad_norm``. bf16 grads have float32's range.
+        drifts from fp32. A fused optimizer's :meth:`unscale_and_step` unscales them in fp32
+        inside the update, and clips them there with ``max_grad_norm``; one whose own ``step()``
+        reads the grads (:func:`~scaledoptim.with_scaling`) refuses them at every scaled step.
+        bf16 grads have float32's range.
 
         Raises:
             RuntimeError: if called twice without a step (or ``zero_grad``) in between, for
@@ -229,8 +230,6 @@ class Optimizer(torch.optim.Optimizer):
         state = steps.own_state(self, "unscale")
         steps.check_can_unscale(state, grads_scaled_by, id(self))
         plan = steps.plan(self)  # the step it prepares must be possible too
-        if grads_scaled_by is not None:
-            check_no_fp16_grads(plan.grads, "unscale()")
         request = steps.validate_request(self, state, grads_scaled_by)
         found_inf = steps.unscale(self, request, plan).found_inf
         assert found_inf is not None  # the check always makes one

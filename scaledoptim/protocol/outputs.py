@@ -29,7 +29,7 @@ import torch
 
 from ..scale import handle_state
 
-__all__ = ["backward", "check_grads_scaled_by", "grad", "scale_outputs"]
+__all__ = ["backward", "check_grads_scaled_by", "first_tensor", "grad", "scale_outputs"]
 
 _T = TypeVar("_T")
 
@@ -116,6 +116,21 @@ def _value(tensor: torch.Tensor) -> str:
     if tensor.device.type == "cpu" and tensor.numel() == 1:
         return f" (= {tensor.item():g})"
     return f" (on {tensor.device}; not read, which would sync)"
+
+
+def first_tensor(outputs: Any) -> torch.Tensor | None:
+    """The first tensor of a nested list/tuple/dict, ``None`` if none (a GradScaler's
+    ``scale()`` creates its scale on that tensor's device, as torch's does)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, Mapping):
+        outputs = list(outputs.values())
+    if isinstance(outputs, (list, tuple)):
+        for value in outputs:
+            found = first_tensor(value)
+            if found is not None:
+                return found
+    return None
 
 
 def _scaled(outputs: _T, scale: torch.Tensor | float | None) -> _T:

@@ -21,7 +21,7 @@ from ..scale import (
 from ..torch_ops import refuse_during_capture
 from .backward_check import BackwardCheck
 from .clipping import check_grads_across_ranks
-from .loads import check_layout
+from .loads import check_layout, nothing_loaded_on_failure
 from .scale_carrying import _carries_scale, _pop_group_scale_state
 from .values import GradPass
 
@@ -178,7 +178,8 @@ def load(
     hooks["_optimizer_load_state_dict_pre_hooks"] = type(pre_hooks)()
     hooks["_optimizer_load_state_dict_post_hooks"] = type(post_hooks)()
     try:
-        torch_load(torch_state_dict)
+        with nothing_loaded_on_failure(optimizer):
+            torch_load(torch_state_dict)
     finally:
         hooks["_optimizer_load_state_dict_pre_hooks"] = pre_hooks
         hooks["_optimizer_load_state_dict_post_hooks"] = post_hooks

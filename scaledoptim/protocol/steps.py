@@ -52,6 +52,8 @@ from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor,
 from ..torch_ops import unscale_in_place_
 from .clipping import norm_and_coefficient, sums_over_process_group, to_max_grad_norm
 from .outputs import check_grads_scaled_by
+from .plans import GenericStepPlan
+from .validation import check_no_fp16_grads
 from .values import PLAIN, UNCHECKED, GradPass, Request, StepPlan
 
 __all__ = [
@@ -189,6 +191,8 @@ def check(plan: StepPlan, state: Any, request: Request, backward_check: Any) -> 
     scaled_by, clip = request.scaled_by, request.max_grad_norm is not None
     if scaled_by is None and not clip and request.found_inf is None:
         return UNCHECKED  # nothing to unscale, skip or clip
+    if scaled_by is not None and isinstance(plan, GenericStepPlan):  # unscaled in place
+        _check_fp16_unscale(plan.optimizer, plan, "a scaled step")
     device = state.loss_scale.scale.device
     checked: frozenset[int] = frozenset()
     if backward_check is not None and scaled_by is not None:
@@ -334,9 +338,12 @@ def unscale(optimizer: Any, request: Request, plan: StepPlan) -> GradPass:
     """The split form's first half: every grad unscaled in place and checked, the decision
     committed at once: the scale moves and the pass is pending for the step that consumes it;
     or, for a GradScaler (``request.moves_scale`` false), the optimizer takes its scale and the
-    scaler keeps ``found_inf``."""
+    scaler keeps ``found_inf``. Scaled fp16 grads are refused first."""
     state = optimizer._scaledoptim_scaling
     scaled_by = request.scaled_by
+    if scaled_by is not None:
+        method = "unscale()" if request.moves_scale else "GradScaler.unscale_()"
+        _check_fp16_unscale(optimizer, plan, method)
     found_inf = torch.zeros((), dtype=torch.float32, device=state.loss_scale.scale.device)
     if scaled_by is not None:
         unscale_in_place_(plan.grads, found_inf, scaled_by.double().reciprocal().float())
@@ -357,6 +364,14 @@ def unscale(optimizer: Any, request: Request, plan: StepPlan) -> GradPass:
         _record_report(state.loss_scale, id(optimizer), found_inf)
     state.pending = dataclasses.replace(grad_pass, scale_update=None, report=False)
     return grad_pass
+
+
+def _check_fp16_unscale(optimizer: Any, plan: StepPlan, method: str) -> None:
+    """Refuses scaled fp16 grads ``method`` would unscale in place (``validation.py``): the split
+    form's, and every scaled step's of a generic plan, whose update (the optimizer's own
+    ``step()``) reads the grads the check unscaled in place."""
+    generic = isinstance(plan, GenericStepPlan)
+    check_no_fp16_grads(plan.grads, method, type(optimizer).__name__ if generic else None)
 
 
 def adopt_scale(optimizer: Any, loss_scale: LossScale, driver: str) -> None:

@@ -39,16 +39,36 @@ def check_param_grads(params: Iterable[torch.Tensor], device: torch.device) -> N
             )
 
 
-def check_no_fp16_grads(grads: list[torch.Tensor], method: str) -> None:
-    """Refuses to unscale fp16 grads in place, as GradScaler does: unscaled in fp16, small grads
-    flush to zero."""
+def check_no_fp16_grads(
+    grads: list[torch.Tensor], method: str, generic: str | None
+) -> None:
+    """Refuses scaled fp16 grads that ``method`` would unscale in place, in fp16, as
+    torch.amp.GradScaler refuses them ("Attempting to unscale FP16 gradients"): unscaled in
+    fp16, a small true grad flushes to zero (below 6e-8) unnoticed, and clipping them drifts
+    from fp32. ``unscale()`` and ``GradScaler.unscale_()`` would, for every optimizer; so would
+    every scaled step of ``generic``, the name of an optimizer whose own ``step()`` reads the
+    grads as they are (a ``with_scaling`` class, a patched instance, a generic subclass;
+    ``None``: a fused one, which unscales fp16 grads in fp32 inside its update). The message
+    names the fix that fits."""
     # map() over an attrgetter: no Python frame per grad on a path that runs every step.
-    if torch.float16 in map(_DTYPE, grads):
+    if torch.float16 not in map(_DTYPE, grads):
+        return
+    why = (
+        "(torch.amp.GradScaler refuses them too: \"Attempting to unscale FP16 gradients\"): "
+        "an fp16 grad cannot hold small values (below 6e-8 they flush to zero, unnoticed), and "
+        "clipping them drifts from fp32."
+    )
+    if generic is None:
         raise ValueError(
-            f"{method} was given fp16 grads to unscale in place (as torch.amp.GradScaler, it "
-            "refuses them): unscaled, an fp16 grad cannot hold small values (below 6e-8 they "
-            "flush to zero), and clipping them drifts from fp32. Use "
+            f"{method} was given fp16 grads to unscale in place {why} Use "
             "opt.unscale_and_step(grads_scaled_by=S), which unscales in fp32 inside the update, "
             "and to clip, opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=c), which clips "
             "in fp32 there too; or keep fp32 params under autocast so that grads are fp32."
         )
+    raise ValueError(
+        f"{generic}'s step() reads the grads as they are, so {method} would leave scaled fp16 "
+        f"grads unscaled in place in fp16 {why} Use a fused scaledoptim optimizer "
+        "(scaledoptim.Adam, AdamW, SGD, Adagrad, RMSprop, Lion, LAMB), which unscales fp16 "
+        "grads in fp32 inside its update, with master_weights=True to keep fp32 master weights "
+        "of fp16 params; or keep fp32 params under autocast, so that grads are fp32."
+    )

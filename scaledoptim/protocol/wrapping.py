@@ -22,6 +22,13 @@ def with_scaling(optimizer_class: type[_O]) -> type[_O]:
     ``found_inf``, and after a backward scaled by :attr:`~scaledoptim.Optimizer.scale` it
     unscales first. The same class object is returned for the same argument.
 
+    Its ``step`` reads the grads as they are, so they are unscaled in place, in their own dtype:
+    scaled fp16 grads are refused (``ValueError``, before anything changes), as
+    :class:`torch.amp.GradScaler` refuses them, since unscaled in fp16 a small true grad flushes
+    to zero unnoticed. For fp16 params use a fused class (:class:`scaledoptim.AdamW`, ...),
+    which unscales in fp32 inside its update, with ``master_weights=True``; bf16 and fp32 grads,
+    and unscaled fp16 grads (``grads_scaled_by=None``), step as usual.
+
     Example::
 
         >>> RMSprop = scaledoptim.with_scaling(torch.optim.RMSprop)
@@ -93,7 +100,8 @@ def patch_optimizer(optimizer: _O) -> _O:
     r"""Gives an existing optimizer instance the loss-scaling protocol, in place; returns it.
 
     The instance's class becomes :func:`with_scaling` of it: its params, state and hooks are
-    untouched and methods its class defines are left alone.
+    untouched and methods its class defines are left alone (and scaled fp16 grads are refused,
+    as there).
 
     Example::
 

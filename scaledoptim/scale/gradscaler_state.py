@@ -7,8 +7,9 @@ Note [GradScaler state]
 scaler returns ``{}``. Its update rule is our :class:`~scaledoptim.scaling.LossScale` with
 ``hysteresis=1`` and the default ``min_scale``/``max_scale``, so a scale and tracker imported
 from it continue the same sequence of scales and skips, a tracker at or past
-``growth_interval`` included (``set_growth_interval(n)`` below the tracker leaves one; the next
-clean step grows the scale, in torch as here). GradScaler has no hysteresis: an
+``growth_interval`` included (``set_growth_interval(n)`` below the tracker leaves one: the scale
+does not grow again until an overflow resets it, in torch as here; Note [growth tracker past
+the interval] in loss_scale.py). GradScaler has no hysteresis: an
 imported scale starts with the full allowance (``hysteresis_tracker = config.hysteresis``).
 Exporting the other way cannot carry hysteresis or scale bounds; that loses behaviour, not
 state, so it warns rather than refuses (the scale and tracker it exports are exact).
@@ -36,9 +37,13 @@ _INT32_MAX = 2**31 - 1  # GradScaler's growth tracker is an int32 tensor
 
 
 def loss_scale_from_gradscaler_state(
-    state: Mapping[str, Any], base_config: ScalingConfig, device: torch.device
+    state: Mapping[str, Any],
+    base_config: ScalingConfig,
+    device: torch.device,
+    method: str = "load_gradscaler_state_dict()",
 ) -> LossScale:
-    """Builds a :class:`LossScale` from ``GradScaler.state_dict()``, validating every key first.
+    """Builds a :class:`LossScale` from ``GradScaler.state_dict()``, validating every key first
+    (``method``: the public method loading it, for the errors).
 
     ``growth_factor``, ``backoff_factor`` and ``growth_interval`` come from ``state``; the scale
     also becomes ``init_scale`` (as ``GradScaler.load_state_dict`` does). ``hysteresis``,
@@ -52,13 +57,13 @@ def loss_scale_from_gradscaler_state(
     """
     if isinstance(state, torch.amp.GradScaler):
         raise TypeError(
-            "load_gradscaler_state_dict() takes the scaler's state, not the GradScaler: pass "
-            "scaler.state_dict()"
+            f"{method} takes the scaler's state, not the GradScaler: pass scaler.state_dict()"
         )
     if not isinstance(state, Mapping):
         raise TypeError(
-            f"load_gradscaler_state_dict() takes a dict from GradScaler.state_dict(), got "
-            f"{type(state).__name__}"
+            f"{method} takes the dict GradScaler.state_dict() returned, got a "
+            f"{type(state).__name__}: pass scaler.state_dict() (torch.load it from the "
+            "checkpoint file)"
         )
     if not state:
         raise ValueError(
@@ -146,7 +151,7 @@ def _check_ranges(state: Mapping[str, Any], base: ScalingConfig) -> None:
         "backoff_factor": (0 < state["backoff_factor"] < 1, "must be in (0, 1)"),
         "growth_interval": (interval >= 1, "must be >= 1"),
         # At or past the interval after set_growth_interval(n) below it: torch loads that
-        # state, and grows at the next clean step (Note [growth tracker past the interval]).
+        # state (Note [growth tracker past the interval]).
         "_growth_tracker": (0 <= tracker <= _INT32_MAX, "must be in [0, 2**31 - 1]"),
     }
     for key, (ok, rule) in problems.items():

@@ -176,12 +176,17 @@ class LossScale:
         """
         # See Note [scale update] in cuda/step_epilogue.cu: the kernel applies the same rules.
         c = self.config
-        if c.hysteresis == 1 and not force_backoff and c.max_scale == _FLOAT32.max:
+        if (
+            c.hysteresis == 1
+            and not force_backoff
+            and c.max_scale == _FLOAT32.max
+            and c.growth_interval < _INT32_MAX
+        ):
             if scaled_by is not self.scale:
                 self.scale.copy_(scaled_by)
-            # torch grows only when tracker + 1 == interval: a tracker past the interval would
-            # stop growth until the next overflow (Note [growth tracker past the interval]).
-            self.growth_tracker.clamp_(max=min(c.tracked_growth_interval - 1, _INT32_MAX))
+            # The tracker stops at the int32 maximum instead of wrapping, as in the epilogue;
+            # below the interval (the only case that grows) this clamp changes nothing.
+            self.growth_tracker.clamp_(max=_INT32_MAX - 1)
             torch._amp_update_scale_(
                 self.scale, self.growth_tracker, found_inf,
                 c.growth_factor, c.backoff_factor, c.tracked_growth_interval,
@@ -195,8 +200,10 @@ class LossScale:
         back_off = overflow if force_backoff else overflow & (hysteresis_left <= 0)
         # In 64 bits: torch would cast the interval to the int32 tracker's dtype (sys.maxsize
         # to -1: growth at every step). The tracker stops at its maximum, as in the epilogue.
+        # torch's rule: grow when the count *reaches* the interval (Note [growth tracker past
+        # the interval]).
         clean_steps = self.growth_tracker.long() + 1
-        grow = ~overflow & (clean_steps >= c.tracked_growth_interval)
+        grow = ~overflow & (clean_steps == c.tracked_growth_interval)
         wide = scaled_by.double()
         grown = (wide * c.growth_factor).float()
         grown = torch.where(torch.isfinite(grown), grown.clamp(max=c.max_scale), scaled_by)
@@ -224,33 +231,43 @@ class LossScale:
 
         Reads the values on the host (this is a checkpoint load, not a training step). The
         scale must be a real floating one-element tensor, the trackers integer ones; a growth
-        tracker at or past ``growth_interval`` loads and grows the scale at the next clean
-        step. Config keys an older version did not write
-        take their defaults.
+        tracker at or past ``growth_interval`` loads, and (as in torch.amp.GradScaler) the scale
+        does not grow again until an overflow resets it. Every key is required, and no other.
 
         Raises:
             TypeError: ``state`` is not a dict, or a tensor has the wrong kind of dtype.
             ValueError: a missing or unknown key, or a value out of range, naming it.
         """
         if not isinstance(state, Mapping):
-            raise TypeError(f"loss_scale state must be a dict, got {type(state).__name__}")
-        missing = {"scale", "growth_tracker", "hysteresis_tracker", "config"} - set(state)
-        if missing:
+            raise TypeError(
+                f"Corrupt optimizer state_dict: 'loss_scale' must be a dict, got a "
+                f"{type(state).__name__}; {_FIX}"
+            )
+        missing, unknown = _STATE_KEYS - set(state), set(map(str, state)) - _STATE_KEYS
+        if missing or unknown:
             raise ValueError(
-                f"Corrupt loss_scale state: missing {sorted(missing)}. Pass a dict produced by "
-                "a scaledoptim optimizer's state_dict(), or drop the 'loss_scale' key to start "
-                "from the default scale."
+                f"Corrupt loss_scale state: missing {sorted(missing)}, unknown "
+                f"{sorted(unknown)} (it holds {sorted(_STATE_KEYS)}); {_FIX}"
             )
         if not isinstance(state["config"], Mapping):
-            raise ValueError("Corrupt loss_scale state: 'config' must be a dict")
+            raise TypeError(
+                f"Corrupt loss_scale state: 'config' must be a dict, got a "
+                f"{type(state['config']).__name__}; {_FIX}"
+            )
+        # Every field, since the first release wrote them all: a missing one would silently
+        # take its default instead of the saved setting.
         known = {f.name for f in dataclasses.fields(ScalingConfig)}
-        unknown = set(state["config"]) - known
-        if unknown:
-            raise ValueError(f"Corrupt loss_scale state: unknown config keys {sorted(unknown)}")
+        missing_fields = known - set(state["config"])
+        unknown_fields = set(map(str, state["config"])) - known
+        if missing_fields or unknown_fields:
+            raise ValueError(
+                f"Corrupt loss_scale state: missing config keys {sorted(missing_fields)}, "
+                f"unknown config keys {sorted(unknown_fields)}; {_FIX}"
+            )
         try:
             config = ScalingConfig(**state["config"])
         except (TypeError, ValueError) as error:
-            raise type(error)(f"Corrupt loss_scale state: 'config': {error}") from error
+            raise type(error)(f"Corrupt loss_scale state: 'config': {error}; {_FIX}") from error
         values = {name: _read_one(state, name) for name in _TENSOR_DTYPES}
         scale = values["scale"]
         in_bounds = config.min_scale <= scale <= config.max_scale
@@ -258,25 +275,25 @@ class LossScale:
             raise ValueError(
                 f"Corrupt loss_scale state: scale {scale} is not finite and > 0 in float32 "
                 f"with a finite float32 reciprocal, or outside [min_scale={config.min_scale}, "
-                f"max_scale={config.max_scale}]"
+                f"max_scale={config.max_scale}]; {_FIX}"
             )
         # Note [growth tracker past the interval]
         # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-        # A growth tracker at or past growth_interval is a state the library writes itself
-        # (scaler.set_growth_interval(n) below the clean steps counted, as torch's GradScaler
-        # does), so it loads. The optimizer's own protocol grows the scale at the next clean
-        # step on every path (update_ clamps the tracker before torch's op; the slow path and
-        # cuda/step_epilogue.cu compare clean steps >= interval). A scaledoptim.GradScaler's
-        # update() is torch's ``_amp_update_scale_``, which grows only when tracker + 1 ==
-        # interval: as under torch, its scale grows again after the next overflow resets the
-        # tracker. A hysteresis tracker beyond its config would tolerate more overflows than
+        # A growth tracker at or past growth_interval is a state torch.amp.GradScaler and the
+        # library write (set_growth_interval(n) below the clean steps counted), so it loads.
+        # Every path moves it by torch's rule, ``_amp_update_scale_``'s: grow when tracker + 1
+        # == interval. Such a tracker counts on and the scale does not grow until an overflow
+        # resets it, in torch.amp.GradScaler, scaledoptim.GradScaler, the optimizer's own
+        # protocol (update_ here, both branches, and cuda/step_epilogue.cu) and after
+        # load_gradscaler_state_dict: one behaviour, torch's (a quirk matched: it loses no
+        # data). A hysteresis tracker beyond its config would tolerate more overflows than
         # configured: refused.
         limits = {"growth_tracker": _INT32_MAX, "hysteresis_tracker": config.tracked_hysteresis}
         for name, limit in limits.items():
             if not 0 <= values[name] <= limit:
                 raise ValueError(
                     f"Corrupt loss_scale state: {name} = {values[name]} is not an integer in "
-                    f"[0, {limit}] for its config"
+                    f"[0, {limit}] for its config; {_FIX}"
                 )
         loss_scale = cls(config, device)
         loss_scale.scale.copy_(state["scale"].reshape(()))
@@ -285,6 +302,11 @@ class LossScale:
         return loss_scale
 
 
+_STATE_KEYS = frozenset({"scale", "growth_tracker", "hysteresis_tracker", "config"})
+_FIX = (
+    "load the 'loss_scale' a scaledoptim optimizer's state_dict() wrote, or delete the key to "
+    "start from the configured init_scale"
+)
 #: What each tensor of a loss_scale state holds: a real floating scale, integer trackers (a bool
 #: or complex scale would be read as 1.0 or lose its imaginary part).
 _TENSOR_DTYPES = {"scale": "a real floating", "growth_tracker": "an integer",

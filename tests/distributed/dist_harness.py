@@ -2,8 +2,14 @@
 
 Starting processes costs seconds on a small machine, so a world is spawned once per world size
 and runs every scenario in order; each scenario's outcome (``None`` or the failure's traceback,
-from whichever rank failed first) comes back for one pytest item per scenario. Everything is
-bounded: the group's collective timeout, and a wall-clock deadline on the whole world.
+from whichever rank failed first) comes back for one pytest item per scenario.
+
+Only a hang is bounded, never a slow run. On a busy machine (a load of 30 to 45 on 2 cores) a
+world of 4 took 66 s, and the first emulated AdamW step of a process (a g++ build of its
+kernels) 34 s, during which the other ranks wait at a collective: the old bounds (60 s a
+collective, 240 s a world) made the verdict depend on the load. So the collective timeout is
+long, and the world is ended only when no rank has finished a scenario for ``STALL_S``
+(progress is counted, not hoped for from a time budget).
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
-WORLD_DEADLINE_S = 240.0
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+STALL_S = 900.0
 
 Scenario = Callable[[int, int, pathlib.Path], None]  # (rank, world_size, shared tmp dir)
 
@@ -41,12 +47,18 @@ def run_world(
         nprocs=world_size,
         join=False,
     )
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=WORLD_DEADLINE_S)
+    finished, last_progress = 0, datetime.datetime.now()
     while not context.join(timeout=1.0):
-        if datetime.datetime.now() > deadline:
+        now_finished = len(list(tmp_dir.glob("*.rank*.done")))
+        if now_finished != finished:
+            finished, last_progress = now_finished, datetime.datetime.now()
+        elif (datetime.datetime.now() - last_progress).total_seconds() > STALL_S:
             for process in context.processes:
                 process.kill()
-            raise TimeoutError(f"gloo world of {world_size} ran past {WORLD_DEADLINE_S}s")
+            raise TimeoutError(
+                f"gloo world of {world_size}: no scenario finished on any rank in {STALL_S}s "
+                f"({finished} done of {world_size * len(scenarios)}): hung"
+            )
     outcomes = {}
     for name in scenarios:
         failures = sorted(tmp_dir.glob(f"{name}.rank*.failed"))
@@ -76,6 +88,7 @@ def _worker(
                 (tmp_dir / f"{name}.rank{rank}.failed").write_text(
                     f"rank {rank}:\n{traceback.format_exc()}"
                 )
+            (tmp_dir / f"{name}.rank{rank}.done").touch()  # progress, for the stall guard
             dist.barrier()  # a failed rank must not run ahead into the next scenario's collectives
     finally:
         dist.barrier()

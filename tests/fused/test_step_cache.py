@@ -222,7 +222,7 @@ def test_any_sequence_of_changes_steps_as_a_plan_from_scratch(info) -> None:
     @settings(
         max_examples=EXAMPLES.get(info.name, OTHER_ROWS_EXAMPLES),
         deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
     @given(
         changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=8),

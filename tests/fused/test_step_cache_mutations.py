@@ -25,8 +25,9 @@ The mutation kinds drawn (``KINDS``):
 * options and groups: ``lr`` changed; a group switched to another of the row's configs (options
   that change the state lists among them); ``master_weights`` toggled; ``add_param_group``; an
   option made invalid (``lr=-1``), set to a value equal to the valid one but of another type
-  (``master_weights=1``), or deleted from its group (all refused: the kept plan re-verifies each
-  option's value object and validates a replaced one, Note [step cache]);
+  (``master_weights=1``), or deleted from its group, or ``fused`` set with ``foreach`` (all
+  refused: the kept plan re-verifies each option's value object and validates a replaced one,
+  Note [step cache]);
 * hooks: a step post-hook that gives a param other storage; a step pre-hook that edits a grad in
   place;
 * the step's form: ``unscale_and_step``, ``unscale`` + ``step_after_unscale``, a plain
@@ -431,6 +432,11 @@ def _(twin, values):
     _edit_options(twin, values, lambda group: group.pop("lr"))
 
 
+@kind("fused and foreach set together in a group", heal=_heal_options)
+def _(twin, values):
+    _edit_options(twin, values, lambda group: group.update(fused=True, foreach=True))
+
+
 @kind("a param group added")
 def _(twin, values):
     gen = torch.Generator().manual_seed(len(twin.params))
@@ -612,7 +618,9 @@ def test_each_mutation_steps_as_a_plan_from_scratch(name) -> None:
 
 # The fixture only sets SCALEDOPTIM_KERNELS, the same for every example.
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     info=st.sampled_from(FUSED),

@@ -8,6 +8,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -38,9 +41,37 @@ def run_sanitized(mode: str) -> subprocess.CompletedProcess:
         "ASAN_OPTIONS": "detect_leaks=0:alloc_dealloc_mismatch=0",
         "SCALEDOPTIM_EMULATOR_SANITIZE": "address",
     }
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), mode], capture_output=True, text=True, env=env, timeout=300
-    )
+    return run_with_progress([sys.executable, str(SCRIPT), mode], env)
+
+
+#: How long the script may go without printing a line (a kernel built, a row launched clean)
+#: before it is taken for hung. Not a budget for the whole run: with a cold kernel cache at a
+#: load of 50 on 2 cores, the builds alone took over 300 s, which a total timeout failed on.
+STALL_S = 900.0
+
+
+def run_with_progress(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)``, ended only when its stdout
+    has been silent for :data:`STALL_S`."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+        )
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))
+        reader.start()
+        seen, last = 0, time.monotonic()
+        while process.poll() is None:
+            if len(lines) != seen:
+                seen, last = len(lines), time.monotonic()
+            elif time.monotonic() - last > STALL_S:
+                process.kill()
+                raise TimeoutError(f"{command} printed nothing for {STALL_S} s: hung")
+            time.sleep(1.0)
+        reader.join()
+        stderr.seek(0)
+        output = "".join(lines)
+        return subprocess.CompletedProcess(command, process.returncode, output, stderr.read())
 
 
 @pytest.fixture(scope="module")

@@ -156,7 +156,7 @@ def _bad(id: str, error: type, names: str, **changes):
 BAD = [
     pytest.param({}, ValueError, "disabled GradScaler", id="disabled-scaler"),
     pytest.param(torch.amp.GradScaler("cpu"), TypeError, "scaler.state_dict()", id="the-scaler"),
-    pytest.param([("scale", 1.0)], TypeError, "got list", id="not-a-dict"),
+    pytest.param([("scale", 1.0)], TypeError, "got a list", id="not-a-dict"),
     pytest.param(
         {k: v for k, v in _valid().items() if k != "_growth_tracker"},
         ValueError,

@@ -40,9 +40,12 @@ def odd_and_misaligned(dtype: torch.dtype) -> list[torch.Tensor]:
 
 def build_every_kernel() -> None:
     """Builds the sanitized emulator library of every built-in kernel, on every core: the
-    compiles are most of this script's time, and each is a g++ process of its own."""
+    compiles are most of this script's time, and each is a g++ process of its own. Prints
+    ``built <kernel>`` after each (the test's progress)."""
+    every = kernels.builtin_kernels()
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        list(pool.map(emulator.emulator_library, kernels.builtin_kernels()))
+        for kernel, _ in zip(every, pool.map(emulator.emulator_library, every)):
+            print(f"built {kernel.name}", flush=True)
 
 
 def clean() -> None:
