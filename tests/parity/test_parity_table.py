@@ -127,11 +127,6 @@ def _id(row: ParityRow) -> str:
 #: Rows that fail for a defect of the library this table found, and that is not fixed yet: each
 #: is expected to fail (strictly: a fix turns it into an unexpected pass, to be removed here).
 KNOWN_DEFECTS = (
-    (lambda r: r.dtype == "bf16+sr" and r.tensors == "views" and r.info.reference is not None
-     and r.backend != "sync-free",
-     "a bf16 param that is a view with gaps, with stochastic_rounding=True, is written as if it "
-     "were dense (torch.optim's route through fp32 working copies): its elements land in the "
-     "wrong places"),
     (lambda r: r.info.name == "LAMB" and r.tensors == "dtensor"
      and PARAM_DTYPES[r.dtype][0] != (torch.float32,),
      "LAMB over 16-bit DTensor params raises (NotImplementedError: aten._foreach_copy_ has no "

@@ -13,7 +13,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
+from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS, is_dense
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ...torch_ops import (
@@ -138,7 +138,16 @@ class TorchUpdate:
         work_grads = [g if g.dtype == w.dtype else g.to(w.dtype) for g, w in zip(grads, work)]
         self._form(self, [work, work_grads, *self.state_lists, self.steps], found_inf, None)
         if self.seeds:  # the counters now count this step, as the kernels' `*step + 1`
-            stochastic_round_(params, work, self.seeds, self.steps, on_host=self.facts.host_reads)
+            # The rounding writes a param's storage in order: a view with gaps gets its values
+            # through a dense copy (rounded in the order of its working copy's elements).
+            out = [
+                p if is_dense(p) else torch.empty_like(w, dtype=p.dtype)
+                for p, w in zip(params, work)
+            ]
+            stochastic_round_(out, work, self.seeds, self.steps, on_host=self.facts.host_reads)
+            for param, rounded_value in zip(params, out):
+                if rounded_value is not param:
+                    param.copy_(rounded_value)
             return
         rounded = [(p, w) for p, w in zip(params, work) if p is not w]
         if not rounded:
