@@ -73,6 +73,16 @@ def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
                 raise ValueError(
                     f"{name}: param group {index}: {error}; nothing was changed"
                 ) from None
+            low = sorted({str(p.dtype) for p in group["params"] if _is_16bit_subclass(p)})
+            if low:
+                # Its torch form steps whole DTensors; the rounding back into 16-bit params
+                # takes plain ops, which have no sharding strategy.
+                raise ValueError(
+                    f"{name}: param group {index}: {' and '.join(low)} DTensor params are not "
+                    "supported by an update that is not elementwise; nothing was changed. Keep "
+                    "the sharded params in float32 (FSDP2's MixedPrecisionPolicy(param_dtype="
+                    "torch.bfloat16) computes in bf16 and keeps them so)"
+                )
     params = [p for group in param_groups for p in group["params"]]
     others = [type(p).__name__ for p in params if type(p) not in PLAIN_TENSOR_TYPES]
     if (
@@ -87,6 +97,13 @@ def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
         "torch's ops refuse a list that mixes the two; nothing was changed. Step the plain "
         "params with an optimizer of their own, or make them DTensors too (e.g. "
         "nn.Parameter(distribute_tensor(p, mesh, [Replicate()])))"
+    )
+
+
+def _is_16bit_subclass(param: Tensor) -> bool:
+    return type(param) not in PLAIN_TENSOR_TYPES and param.dtype in (
+        torch.float16,
+        torch.bfloat16,
     )
 
 
