@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import re
 from dataclasses import dataclass
@@ -96,12 +97,12 @@ class MultiTensorKernel:
         # every kernel that was defined, with no hand-kept list.
         _registry.setdefault(self)
 
-    @property
+    @functools.cached_property
     def code_lists(self) -> tuple[int, ...]:
         """Indices of the lists of low-bit codes (``uint8``, one per element)."""
         return tuple(i for i, n in enumerate(self.lists) if i and n.endswith("_codes"))
 
-    @property
+    @functools.cached_property  # read at every launch: computed once
     def block_lists(self) -> tuple[int, ...]:
         """Indices of the lists of low-bit scales (float32, one per block of elements)."""
         return tuple(i for i, n in enumerate(self.lists) if i and n.endswith("_scales"))
