@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ...kernels import is_dense
 from ...torch_ops import (
     LOW_PRECISION,
     PackedSteps,
@@ -54,16 +55,6 @@ __all__ = ["UnscaledCheck", "WorkingCopies"]
 # batch per BATCH elements would multiply a step's launches), LAMB (not elementwise), DTensor
 # shards, torch.optim's implementations, layouts with gaps and working copies of float64 keep
 # whole tensors.
-
-
-def is_dense(t: Tensor) -> bool:
-    """Whether ``t``'s elements fill one block of its storage, with no gap and no overlap."""
-    expected = 1
-    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _same_layout(rows: Sequence[Sequence[Tensor]], like: Sequence[Tensor]) -> bool:
