@@ -80,13 +80,16 @@ def plan_loaded_groups(
     return planned
 
 
-def check_torch_flags(options: dict[str, Any]) -> None:
-    """torch.optim's refusals of ``fused`` with ``differentiable`` or ``foreach`` (its
-    constructor's messages; its step raises too, after the groups before stepped)."""
+def check_torch_flags(options: dict[str, Any], constructing: bool = False) -> None:
+    """torch.optim's refusals of ``fused`` with ``differentiable`` (its constructor's message;
+    its step raises too) and, ``constructing``, with ``foreach``: its constructor refuses that
+    pair, but a group edited or loaded with both steps fused in torch.optim, and so here."""
     if options.get("fused"):
         if options.get("differentiable"):
-            raise RuntimeError("`fused` does not support `differentiable`")
-        if options.get("foreach"):
+            raise RuntimeError(
+                "`fused` does not support `differentiable`; set one of them to False"
+            )
+        if constructing and options.get("foreach"):
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 

@@ -125,7 +125,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
         for group in self.param_groups:
             check_rounding_options(group, self._takes_rounding_lists())
             check_rounding_params(group)
-        check_torch_flags(defaults)  # torch.optim's checks, made after its groups are built
+        check_torch_flags(defaults, constructing=True)  # torch.optim's, after its groups
 
     # ------------------------------------------------------------- the Update a subclass defines
     @abc.abstractmethod
@@ -189,8 +189,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     def _check_group(self, group: Group) -> None:
         """A group's options, before any group steps (edited or loaded since the last step):
-        :meth:`check_options`, and torch.optim's refusals of ``fused`` with ``differentiable``
-        or ``foreach``."""
+        :meth:`check_options`, and torch.optim's refusal of ``fused`` with ``differentiable``."""
         self.check_options(group)
         check_torch_flags(group)
 

@@ -25,9 +25,9 @@ The mutation kinds drawn (``KINDS``):
 * options and groups: ``lr`` changed; a group switched to another of the row's configs (options
   that change the state lists among them); ``master_weights`` toggled; ``add_param_group``; an
   option made invalid (``lr=-1``), set to a value equal to the valid one but of another type
-  (``master_weights=1``), or deleted from its group, or ``fused`` set with ``foreach`` (all
-  refused: the kept plan re-verifies each option's value object and validates a replaced one,
-  Note [step cache]);
+  (``master_weights=1``), or deleted from its group (all refused: the kept plan re-verifies
+  each option's value object and validates a replaced one, Note [step cache]); ``fused`` set
+  with ``foreach`` (stepped fused, as torch.optim does);
 * hooks: a step post-hook that gives a param other storage; a step pre-hook that edits a grad in
   place;
 * the step's form: ``unscale_and_step``, ``unscale`` + ``step_after_unscale``, a plain

@@ -804,3 +804,27 @@ def test_item14_a_wrong_size_state_is_refused_at_step_time(case, kind) -> None:
         ):
             call()
         assert_bit_identical(before, snapshot(opt))
+
+
+@pytest.mark.usefixtures("kernel_backend")
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD", "Adagrad"])
+def test_a_fused_group_given_foreach_steps_fused_as_torch_optim(name) -> None:
+    """torch.optim's constructor refuses ``fused=True`` with ``foreach=True``, but a group edited
+    (or loaded) with both steps fused: so do ours, edited and loaded, to the same params."""
+    results = []
+    for cls in (getattr(torch.optim, name), getattr(scaledoptim, name)):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(5))
+        opt = cls([p], lr=0.1, fused=True)
+        with pytest.raises(RuntimeError, match="cannot be `True` together"):
+            cls([torch.nn.Parameter(torch.randn(2))], lr=0.1, fused=True, foreach=True)
+        opt.param_groups[0]["foreach"] = True
+        for _ in range(2):
+            p.grad = torch.randn(5)
+            opt.step()
+        state = opt.state_dict()
+        opt.load_state_dict(state)  # a saved group with both flags loads
+        p.grad = torch.randn(5)
+        opt.step()
+        results.append(p.detach().clone())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)
