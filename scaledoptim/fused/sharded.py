@@ -52,7 +52,7 @@ from torch import Tensor
 from ..kernels import PLAIN_TENSOR_TYPES
 from ..protocol.clipping import agree_on_sum_of_squares, norms_by_dtype
 from ..scale import agree_on_found_inf
-from ..torch_ops import MeshSums, local_tensors
+from ..torch_ops import LOW_PRECISION, MeshSums, local_tensors
 from .update import Group, Update
 
 __all__ = ["MeshAgreement", "check_dtensor_update", "steps_on_local_shards"]
@@ -73,7 +73,13 @@ def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
                 raise ValueError(
                     f"{name}: param group {index}: {error}; nothing was changed"
                 ) from None
-            low = sorted({str(p.dtype) for p in group["params"] if _is_16bit_subclass(p)})
+            low = sorted(
+                {
+                    str(p.dtype)
+                    for p in group["params"]
+                    if type(p) not in PLAIN_TENSOR_TYPES and p.dtype in LOW_PRECISION
+                }
+            )
             if low:
                 # Its torch form steps whole DTensors; the rounding back into 16-bit params
                 # takes plain ops, which have no sharding strategy.
@@ -97,13 +103,6 @@ def check_dtensor_update(update: Update, param_groups: list[Group]) -> None:
         "torch's ops refuse a list that mixes the two; nothing was changed. Step the plain "
         "params with an optimizer of their own, or make them DTensors too (e.g. "
         "nn.Parameter(distribute_tensor(p, mesh, [Replicate()])))"
-    )
-
-
-def _is_16bit_subclass(param: Tensor) -> bool:
-    return type(param) not in PLAIN_TENSOR_TYPES and param.dtype in (
-        torch.float16,
-        torch.bfloat16,
     )
 
 
