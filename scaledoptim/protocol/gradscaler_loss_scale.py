@@ -54,7 +54,7 @@ class LossScaleGradScaler(torch.amp.GradScaler):
             self._loss_scale.config = config
 
     # torch's GradScaler keeps these as plain attributes; here they are the LossScale's config,
-    # which the optimizers the scaler steps share (Note [GradScaler facade]).
+    # which the optimizers the scaler steps share (Note [GradScaler facade] in gradscaler.py).
     @property
     def _growth_factor(self) -> float:
         return self._scaling_config().growth_factor
