@@ -213,10 +213,11 @@ class ScaledTrainer(transformers.Trainer):
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """A :class:`scaledoptim.AdamW` from the arguments, or the optimizer given (see the
         class docstring)."""
+        optim = str(getattr(self.args.optim, "value", self.args.optim))
         if (
             self.optimizer is None
             and self.optimizer_cls_and_kwargs is None
-            and str(getattr(self.args.optim, "value", self.args.optim)) in _ADAMW_NAMES
+            and optim in _ADAMW_NAMES
         ):
             opt_model = self.model if model is None else model
             if opt_model is None:
@@ -232,13 +233,12 @@ class ScaledTrainer(transformers.Trainer):
             ]
             # The fused flag the stock Trainer's AdamW is built with, saved in the param groups:
             # its AdamW(fused=True) + GradScaler resumes our optimizer.pt only with it.
-            fused = str(getattr(self.args.optim, "value", self.args.optim)) == _FUSED_NAME
             self.optimizer = AdamW(
                 [g for g in groups if g["params"]],
                 lr=self.args.learning_rate,
                 betas=(self.args.adam_beta1, self.args.adam_beta2),
                 eps=self.args.adam_epsilon,
-                fused=True if fused else None,
+                fused=True if optim == _FUSED_NAME else None,
             )
         given = self.optimizer is not None
         optimizer = super().create_optimizer(model)

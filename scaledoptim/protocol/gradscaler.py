@@ -32,17 +32,17 @@ fused optimizers). *Other optimizers* get torch's GradScaler code unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch.amp.grad_scaler import OptState
 
-from ..scale import is_float32_scale, loss_scale_from_gradscaler_state
+from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
 from . import gradscaler_steps, steps
 from .clipping import to_max_grad_norm
 from .gradscaler_clip import check_no_unscale_before_clip, step_clipping_torch_optimizer
-from .gradscaler_loss_scale import LossScaleGradScaler
 from .optimizer import Optimizer
 from .outputs import first_tensor, scale_outputs
 from .values import GradPass, Request
@@ -50,7 +50,19 @@ from .values import GradPass, Request
 __all__ = ["GradScaler"]
 
 
-class GradScaler(LossScaleGradScaler):
+def _config_field(name: str) -> Any:
+    """A property over the field ``name`` of the scaler's :class:`ScalingConfig`."""
+
+    def get(scaler: GradScaler) -> Any:
+        return getattr(scaler._scaling_config(), name)
+
+    def set_(scaler: GradScaler, value: Any) -> None:
+        scaler._set_config(**{name: value})
+
+    return property(get, set_)
+
+
+class GradScaler(torch.amp.GradScaler):
     r"""A drop-in :class:`torch.amp.GradScaler` whose scale is the scale of the scaledoptim
     optimizers it steps.
 
@@ -105,6 +117,58 @@ class GradScaler(LossScaleGradScaler):
         >>> assert opt.scale.item() == scaler.get_scale()
     """
 
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        self._loss_scale: LossScale | None = None
+        # Whether the scale was loaded or moved by update(): adopting an optimizer whose scale
+        # came from a checkpoint, a fresh scaler warns (that scale would be dropped).
+        self._touched = False
+        if enabled:
+            # The settings, validated before torch's __init__ stores them (through the
+            # properties below) and kept here until the first scale() makes the LossScale.
+            self._config = ScalingConfig(
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+            )
+        super().__init__(
+            device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
+        )
+
+    # ------------------------------------------------------------------ one place for the state
+    def _scaling_config(self) -> ScalingConfig:
+        return self._loss_scale.config if self._loss_scale is not None else self._config
+
+    def _set_config(self, **changes: Any) -> None:
+        config = dataclasses.replace(self._scaling_config(), **changes)  # validates
+        self._config = config
+        if self._loss_scale is not None:
+            self._loss_scale.config = config
+
+    # torch's GradScaler keeps these as plain attributes; here they are the LossScale's config,
+    # which the optimizers the scaler steps share (Note [GradScaler facade]).
+    _growth_factor = _config_field("growth_factor")
+    _backoff_factor = _config_field("backoff_factor")
+    _growth_interval = _config_field("growth_interval")
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device | str) -> None:
+        if self._growth_tracker is not None:
+            raise AssertionError("_growth_tracker initialized before _scale")
+        config = dataclasses.replace(self._config, init_scale=self._init_scale)
+        loss_scale = LossScale(config, torch.device(dev))
+        loss_scale.growth_tracker.fill_(self._init_growth_tracker)
+        self._loss_scale = loss_scale
+        self._scale = loss_scale.scale
+        self._growth_tracker = loss_scale.growth_tracker
+
     # ------------------------------------------------------------------ the iteration
     def scale(self, outputs: Any) -> Any:
         r"""Multiplies a tensor, or every tensor of nested lists/tuples/dicts, by the scale.
@@ -146,8 +210,9 @@ class GradScaler(LossScaleGradScaler):
             super().unscale_(optimizer)
             return
         self._check_scale_growth_tracker("unscale_")
-        self._check_stage(optimizer, "unscale_")
-        found_inf = gradscaler_steps.unscale(self, optimizer)
+        gradscaler_steps.check_stage(self, optimizer, "unscale_")
+        assert self._loss_scale is not None
+        found_inf = gradscaler_steps.unscale(self, optimizer, self._loss_scale, self._touched)
         state = self._per_optimizer_states[id(optimizer)]
         # With no grads nothing was checked (as torch), and step() will say so.
         state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
@@ -205,7 +270,7 @@ class GradScaler(LossScaleGradScaler):
         if not isinstance(optimizer, Optimizer):
             return super().step(optimizer, *args, **kwargs)
         self._check_scale_growth_tracker("step")
-        stage = self._check_stage(optimizer, "step")
+        stage = gradscaler_steps.check_stage(self, optimizer, "step")
         found_infs = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         if stage is OptState.UNSCALED and found_infs:
             (found_inf,) = found_infs.values()
@@ -214,7 +279,10 @@ class GradScaler(LossScaleGradScaler):
             # torch's assertion: an iteration with nothing checked is not a clean one.
             raise AssertionError("No inf checks were recorded for this optimizer.")
         else:
-            request = gradscaler_steps.step_request(self, optimizer, max_grad_norm)
+            assert self._loss_scale is not None
+            request = gradscaler_steps.step_request(
+                self, optimizer, self._loss_scale, self._touched, max_grad_norm
+            )
         result, outcome = steps.run_step(optimizer, request, *args, **kwargs)
         state = self._per_optimizer_states[id(optimizer)]
         found_inf = outcome.found_inf
@@ -279,17 +347,11 @@ class GradScaler(LossScaleGradScaler):
             self._loss_scale.assign_(loaded)
         self._touched = True
 
-    # ------------------------------------------------------------------ checks
-    def _check_stage(self, optimizer: torch.optim.Optimizer, method: str) -> OptState:
-        """The optimizer's stage this iteration, refusing what torch refuses (same messages)."""
-        state = self._per_optimizer_states.get(id(optimizer))
-        stage = OptState.READY if state is None else state["stage"]
-        if method == "unscale_" and stage is OptState.UNSCALED:
-            raise RuntimeError(
-                "unscale_() has already been called on this optimizer since the last update()."
-            )
-        if method == "unscale_" and stage is OptState.STEPPED:
-            raise RuntimeError("unscale_() is being called after step().")
-        if method == "step" and stage is OptState.STEPPED:
-            raise RuntimeError("step() has already been called since the last update().")
-        return stage
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # torch's: refuses mid-iteration, reads the scale
+        if self._enabled:
+            # The LossScale is rebuilt, from _init_scale and _init_growth_tracker, at the next
+            # scale() (as torch rebuilds _scale); a copy does not step the original's optimizers.
+            state["_config"] = self._scaling_config()
+            state["_loss_scale"] = None
+        return state
