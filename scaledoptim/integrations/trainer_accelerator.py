@@ -42,7 +42,7 @@ class ScalingRun:
 
 
 class _ScaledAcceleration:
-    """The two overrides of Note [ScaledTrainer hooks], on top of an Accelerator class."""
+    """The Accelerator's overrides of Note [ScaledTrainer hooks], on top of an Accelerator class."""
 
     _scaledoptim_run: ScalingRun
 
