@@ -1,6 +1,7 @@
 """A fused step's plan: what each backend runs in a step (the check of the grads, the update, the
 end of the step), kept for the next step and re-verified at every step; ``planning.py`` plans a
-step in full. Also how an update reads its hyper-parameters, which the kept plan re-verifies.
+step in full. Also how an update reads its hyper-parameters at every step (the checks of their
+values are in ``hyperparameter_checks.py``).
 
 Note [step cache]
 ~~~~~~~~~~~~~~~~~
@@ -50,15 +51,7 @@ from .backends import (
 from .rounding import MasterWatch
 from .update import Group, Update, lists_key
 
-__all__ = [
-    "FusedStepPlan",
-    "Part",
-    "Planned",
-    "StepCache",
-    "check_hyperparameter",
-    "check_tensor_hyperparameter",
-    "hyperparameter",
-]
+__all__ = ["FusedStepPlan", "Part", "Planned", "StepCache", "hyperparameter"]
 
 # The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
 _GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
@@ -103,7 +96,8 @@ class FusedStepPlan:
         self.new_state: dict[Tensor, dict[str, Any]] = {}
         # Set by planning.py: what the step cache cannot keep, the groups it keeps, the meshes our
         # kernels agree over (Note [DTensor steps on our kernels] in sharded.py), the masters.
-        self.grads_copied = self.over_subclasses = False
+        self.grads_copied = False
+        self.over_subclasses = False
         self.groups: list[tuple[Group, list[Tensor]]] = []
         self.mesh: Any = None
         self.masters: MasterWatch | None = None
@@ -385,7 +379,8 @@ class StepCache:
         plan = FusedStepPlan(optimizer, self.backend)
         plan.params = list(chain.from_iterable(param_lists))
         plan.grads = list(chain.from_iterable(grad_lists))
-        plan.masters, plan.edited_masters = self.masters, edited
+        plan.masters = self.masters
+        plan.edited_masters = edited
         # (The same groups have grads as when the part was built: its updates are this step's.)
         part = plan.parts[self.backend] = dataclasses.replace(
             self.part, grad_lists=grad_lists, param_lists=param_lists
@@ -400,28 +395,14 @@ class StepCache:
 def _state_pointers(state: dict[Tensor, dict[str, Any]]) -> list[int]:
     """The data pointer of every value of every param's state, in order (``TypeError`` for a
     state that is not a dict)."""
-    values = chain.from_iterable(map(dict.values, state.values()))
+    values = list(chain.from_iterable(map(dict.values, state.values())))
     try:
         return list(map(_DATA_PTR, values))
     except TypeError:  # an entry a user added that is no tensor: no step reads it
-        return [
-            v.data_ptr() if isinstance(v, Tensor) else id(v)
-            for v in chain.from_iterable(map(dict.values, state.values()))
-        ]
+        return [v.data_ptr() if isinstance(v, Tensor) else id(v) for v in values]
 
 
-# ---------------------------------------------------------------------- the hyper-parameters
-def check_hyperparameter(
-    name: str, value: Any, low: float = 0.0, high: float | None = None
-) -> None:
-    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's
-    style."""
-    if isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
-    if not (low <= value and (high is None or value < high)):
-        raise ValueError(f"Invalid {name}: {value}")
-
-
+# ------------------------------------------------------------------- reading a hyper-parameter
 def hyperparameter(name: str, value: Any) -> Any:
     """A hyper-parameter as the update reads it: a Python number, or a one-element CPU tensor's
     current value (torch.optim accepts tensor ``lr``, ``betas``, SGD's ``weight_decay``; a
@@ -437,14 +418,3 @@ def hyperparameter(name: str, value: Any) -> Any:
     if value.numel() != 1:
         raise ValueError(f"Tensor {name} must be 1-element")
     return value if value.device.type != "cpu" else value.item()
-
-
-def check_tensor_hyperparameter(
-    label: str, name: str, value: object, low: float = 0.0, high: float | None = None
-) -> None:
-    """:func:`check_hyperparameter` for an option torch.optim also takes as a one-element tensor
-    (``name``: the option, as torch's ``"Tensor lr must be 1-element"`` names it). A tensor on an
-    accelerator is not read: a check at every step would sync the device."""
-    value = hyperparameter(name, value)
-    if not isinstance(value, torch.Tensor):
-        check_hyperparameter(label, value, low, high)

@@ -10,9 +10,9 @@ Trainer's and the Accelerator's public methods:
 * ``create_accelerator_and_postprocess``: the Accelerator is created with
   ``mixed_precision="no"`` (``args.mixed_precision`` reads ``"no"`` during the call, and is
   restored after), then checked (no ``GradScaler``, no mixed precision: a transformers release
-  that builds it otherwise fails here, loudly) and given :class:`_ScaledAccelerator`'s public
-  overrides (``clip_grad_norm_`` and ``prepare_optimizer`` below): ``backward`` multiplies the
-  loss by the optimizer's ``opt.scale``, and
+  that builds it otherwise fails here, loudly) and given the public overrides of
+  ``trainer_accelerator.py`` (``clip_grad_norm_`` and ``prepare_optimizer`` below):
+  ``backward`` multiplies the loss by the optimizer's ``opt.scale``, and
   ``optimizer_step_was_skipped`` (which the Trainer asks before stepping the LR scheduler) says
   whether the last unscale found inf/nan. This class swap is the one place that reaches past
   the Trainer's own methods: ``tests/integrations/test_transformers_trainer.py`` checks it.
@@ -61,16 +61,15 @@ import torch
 
 from ..amp import autocast
 from ..optim import AdamW
-from ..protocol import Optimizer, patch_optimizer, scale_outputs
+from ..protocol import Optimizer, patch_optimizer
 from ..protocol.clipping import to_max_grad_norm
 from ..scale import ScalingConfig
-from .accelerate import unwrap_optimizer
 
 try:
     import transformers
-    from accelerate import Accelerator
-    from accelerate.optimizer import AcceleratedOptimizer
     from transformers.trainer import SCALER_NAME  # a stock fp16 Trainer's GradScaler state
+
+    from .trainer_accelerator import ScalingRun, scaled_accelerator_class
 except ImportError as error:  # pragma: no cover - exercised only without the extras
     raise ImportError(
         "scaledoptim.integrations.transformers needs transformers and accelerate: "
@@ -86,103 +85,6 @@ _FUSED_NAME = "adamw_torch_fused"
 _ADAMW_NAMES = frozenset({"adamw_torch", _FUSED_NAME, "adamw_hf"})
 
 
-class _ScalingRun:
-    """What the Trainer and its Accelerator share: the dtype and the last ``found_inf``."""
-
-    def __init__(self, dtype: torch.dtype | None) -> None:
-        self.dtype = dtype
-        self.optimizer: Any = None  # the Trainer's optimizer (maybe accelerate's wrapper)
-        self.found_inf: torch.Tensor | None = None
-        self.skipped = False
-        #: ``args.max_grad_norm`` when the step clips (fp16, not 0 or None), else ``None``.
-        self.max_grad_norm: float | None = None
-        #: What the Accelerator's ``clip_grad_norm_`` returned, filled by the next step.
-        self.grad_norm: torch.Tensor | None = None
-
-    @property
-    def scaled(self) -> bool:
-        return self.dtype is torch.float16
-
-    def scaled_optimizer(self) -> Optimizer:
-        if self.optimizer is None:
-            raise RuntimeError("ScaledTrainer has no optimizer yet: call trainer.train()")
-        return unwrap_optimizer(self.optimizer)
-
-
-class _ScaledAcceleration:
-    """The two overrides of Note [ScaledTrainer hooks], on top of an Accelerator class."""
-
-    _scaledoptim_run: _ScalingRun
-
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        run = self._scaledoptim_run
-        if run.scaled:
-            loss = scale_outputs(loss, run.scaled_optimizer().scale)
-        super().backward(loss, **kwargs)  # type: ignore[misc]
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        run = self._scaledoptim_run
-        if run.found_inf is not None:  # one host read per optimizer step, when asked
-            run.skipped = bool(run.found_inf.item())
-            run.found_inf = None
-        return run.skipped or bool(super().optimizer_step_was_skipped)  # type: ignore[misc]
-
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
-        run = self._scaledoptim_run
-        if run.max_grad_norm is None:
-            return super().clip_grad_norm_(parameters, max_norm, norm_type)  # type: ignore[misc]
-        if float(max_norm) != run.max_grad_norm or norm_type != 2:
-            raise RuntimeError(
-                f"ScaledTrainer(fp16=True) clips inside the optimizer step, to "
-                f"args.max_grad_norm={run.max_grad_norm} in the 2-norm; clip_grad_norm_ was "
-                f"asked for max_norm={max_norm}, norm_type={norm_type}. Set "
-                "TrainingArguments(max_grad_norm=...) instead, or max_grad_norm=0 and clip "
-                "yourself (the grads are then unscaled before the step)."
-            )
-        # Filled by the step (Note [ScaledTrainer hooks]); the Trainer logs it after the step.
-        device = run.scaled_optimizer().scale.device
-        run.grad_norm = torch.full((), float("nan"), dtype=torch.float32, device=device)
-        return run.grad_norm
-
-    def prepare_optimizer(self, optimizer: Any, device_placement: Any = None) -> Any:
-        prepared = super().prepare_optimizer(optimizer, device_placement)  # type: ignore[misc]
-        if isinstance(prepared, AcceleratedOptimizer):
-            prepared.__class__ = _scaled_optimizer_class(type(prepared))
-            prepared._scaledoptim_run = self._scaledoptim_run
-        return prepared
-
-
-class _ScaledStep:
-    """The step override of Note [ScaledTrainer hooks], on top of an AcceleratedOptimizer."""
-
-    _scaledoptim_run: _ScalingRun
-    gradient_state: Any
-
-    def step(self, closure: Any = None) -> Any:
-        run = self._scaledoptim_run
-        if run.max_grad_norm is None or not self.gradient_state.sync_gradients:
-            return super().step(closure)  # type: ignore[misc]
-        if closure is not None:
-            raise TypeError(
-                "ScaledTrainer(fp16=True) with max_grad_norm > 0 steps with "
-                "opt.unscale_and_step(), without a closure; got optimizer.step(closure)"
-            )
-        opt = run.scaled_optimizer()
-        _, run.found_inf, _ = opt.unscale_and_step(
-            grads_scaled_by=opt.scale, max_grad_norm=run.max_grad_norm
-        )
-        run.skipped = False
-        if run.grad_norm is not None and opt.grad_norm is not None:
-            run.grad_norm.copy_(opt.grad_norm)  # on device: the Trainer reads it when it logs
-        run.grad_norm = None
-        return None
-
-
-class _ScaledAccelerator(_ScaledAcceleration, Accelerator):
-    """The Trainer's Accelerator, with the overrides of :class:`_ScaledAcceleration`."""
-
-
 class ScaledTrainer(transformers.Trainer):
     r"""A :class:`transformers.Trainer` whose mixed precision is scaledoptim's, on any device.
 
@@ -190,25 +92,26 @@ class ScaledTrainer(transformers.Trainer):
     :func:`scaledoptim.autocast` with float16 on the training device, **CPU included**, each
     backward is scaled by the optimizer's :attr:`~scaledoptim.Optimizer.scale`, and the step
     unscales and clips in one: with ``max_grad_norm`` set (the Trainer's default, 1.0) it is
-    ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=args.max_grad_norm)``, which clips
-    the global norm of the unscaled grads as ``torch.nn.utils.clip_grad_norm_`` does, without
-    writing the grads (the Trainer's own clipping is skipped), and the logged ``grad_norm`` is
-    :attr:`~scaledoptim.Optimizer.grad_norm`, the unscaled norm before clipping (inf or nan on
-    an overflowed step). Callbacks' ``on_pre_optimizer_step`` then see the grads as the
-    backward left them: scaled, not clipped. With ``max_grad_norm=0`` (or ``None``; negative,
-    nan and inf raise) the grads are unscaled
-    in place with :meth:`~scaledoptim.Optimizer.unscale` after the last backward of each
-    accumulation window, and the logged ``grad_norm`` is unscaled. A step whose grads
-    overflowed is skipped (the parameters and optimizer state stay as they were), the scale
-    backs off, and the LR
-    scheduler does not advance. Training logs carry ``loss_scale`` (the scale of the next
-    step) in ``trainer.state.log_history``; the scale is in the optimizer's ``state_dict``, so
-    checkpoints save it and ``train(resume_from_checkpoint=...)`` continues the run exactly, and
-    in ``scaler.pt``, GradScaler's format, with the ``fused`` flag of ``optim`` in the
-    optimizer's param groups: a stock ``Trainer(fp16=True)`` resumes the checkpoint with its
-    scale, as this one resumes a stock checkpoint (below).
-    Accelerate is given ``mixed_precision="no"``: it creates no ``GradScaler`` and no autocast
-    of its own.
+    ``opt.unscale_and_step(grads_scaled_by=S, max_grad_norm=args.max_grad_norm)``, which clips the
+    global norm of the unscaled grads as ``torch.nn.utils.clip_grad_norm_`` does, without writing
+    the grads (the Trainer's own clipping is skipped), and the logged ``grad_norm`` is
+    :attr:`~scaledoptim.Optimizer.grad_norm`, the unscaled norm before clipping (inf or nan on an
+    overflowed step). Callbacks' ``on_pre_optimizer_step`` then see the grads as the backward left
+    them: scaled, not clipped.
+
+    With ``max_grad_norm=0`` (or ``None``; negative, nan and inf raise) the grads are unscaled in
+    place with :meth:`~scaledoptim.Optimizer.unscale` after the last backward of each accumulation
+    window, and the logged ``grad_norm`` is unscaled.
+
+    A step whose grads overflowed is skipped (the parameters and optimizer state stay as they
+    were), the scale backs off, and the LR scheduler does not advance. Training logs carry
+    ``loss_scale`` (the scale of the next step) in ``trainer.state.log_history``; the scale is in
+    the optimizer's ``state_dict``, so checkpoints save it and
+    ``train(resume_from_checkpoint=...)`` continues the run exactly, and in ``scaler.pt``,
+    GradScaler's format, with the ``fused`` flag of ``optim`` in the optimizer's param groups: a
+    stock ``Trainer(fp16=True)`` resumes the checkpoint with its scale, as this one resumes a stock
+    checkpoint (below). Accelerate is given ``mixed_precision="no"``: it creates no ``GradScaler``
+    and no autocast of its own.
 
     With ``bf16=True`` the loss is computed under bfloat16 autocast and nothing is scaled (any
     optimizer works). Without either, it is a plain Trainer.
@@ -223,16 +126,17 @@ class ScaledTrainer(transformers.Trainer):
     :func:`scaledoptim.patch_optimizer`.
 
     Every method it overrides is public (``create_accelerator_and_postprocess``,
-    ``create_optimizer``, ``autocast_smart_context_manager``, ``training_step``, ``log``) but
-    the two that save and load ``scaler.pt``, and
-    so are the methods of ``accelerate.Accelerator`` it overrides on the Trainer's
-    Accelerator (``backward``, ``optimizer_step_was_skipped``, ``clip_grad_norm_``,
-    ``prepare_optimizer``) and of the ``AcceleratedOptimizer`` it prepares (``step``), by
-    giving those objects a subclass of their class. Not supported with ``fp16=True``: DeepSpeed
-    (which scales by itself) and gradient-accumulation settings that make the Trainer call backward
-    outside ``training_step``. Several processes under DDP need nothing more: DDP's all-reduce
-    leaves every rank the same grads, so every rank finds the same overflow and the same norm
-    (see the DDP recipe for when an optimizer needs ``process_group``).
+    ``create_optimizer``, ``autocast_smart_context_manager``, ``training_step``, ``log``) but the
+    two that save and load ``scaler.pt``, and so are the methods of ``accelerate.Accelerator`` it
+    overrides on the Trainer's Accelerator (``backward``, ``optimizer_step_was_skipped``,
+    ``clip_grad_norm_``, ``prepare_optimizer``) and of the ``AcceleratedOptimizer`` it prepares
+    (``step``), by giving those objects a subclass of their class.
+
+    Not supported with ``fp16=True``: DeepSpeed (which scales by itself) and
+    gradient-accumulation settings that make the Trainer call backward outside ``training_step``.
+    Several processes under DDP need nothing more: DDP's all-reduce leaves every rank the same
+    grads, so every rank finds the same overflow and the same norm (see the DDP recipe for when an
+    optimizer needs ``process_group``).
 
     The dynamic scale's settings (``init_scale``, ``growth_interval``, ``hysteresis``, ...) are
     one argument, ``scaling_config``. Resuming a checkpoint of a stock ``Trainer(fp16=True)``
@@ -260,7 +164,7 @@ class ScaledTrainer(transformers.Trainer):
         65536.0
     """
 
-    _scaledoptim_run: _ScalingRun
+    _scaledoptim_run: ScalingRun
 
     def __init__(
         self, *args: Any, scaling_config: ScalingConfig | None = None, **kwargs: Any
@@ -285,7 +189,7 @@ class ScaledTrainer(transformers.Trainer):
                 f"ScaledTrainer does fp16 and bf16 itself; mixed_precision={precision!r} is "
                 "not supported"
             )
-        self._scaledoptim_run = _ScalingRun(_DTYPES.get(precision))
+        self._scaledoptim_run = ScalingRun(_DTYPES.get(precision))
         if self._scaledoptim_run.scaled:  # 0, None: no clipping
             self._scaledoptim_run.max_grad_norm = to_max_grad_norm(self.args.max_grad_norm)
         self.args.mixed_precision = "no"
@@ -303,16 +207,17 @@ class ScaledTrainer(transformers.Trainer):
             )
         if self._scaledoptim_run.dtype is not None and self.is_deepspeed_enabled:
             raise ValueError("ScaledTrainer does not support DeepSpeed with fp16/bf16")
-        accelerator.__class__ = _scaled_accelerator_class(type(accelerator))
+        accelerator.__class__ = scaled_accelerator_class(type(accelerator))
         accelerator._scaledoptim_run = self._scaledoptim_run
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """A :class:`scaledoptim.AdamW` from the arguments, or the optimizer given (see the
         class docstring)."""
+        optim = str(getattr(self.args.optim, "value", self.args.optim))
         if (
             self.optimizer is None
             and self.optimizer_cls_and_kwargs is None
-            and str(getattr(self.args.optim, "value", self.args.optim)) in _ADAMW_NAMES
+            and optim in _ADAMW_NAMES
         ):
             opt_model = self.model if model is None else model
             if opt_model is None:
@@ -328,13 +233,12 @@ class ScaledTrainer(transformers.Trainer):
             ]
             # The fused flag the stock Trainer's AdamW is built with, saved in the param groups:
             # its AdamW(fused=True) + GradScaler resumes our optimizer.pt only with it.
-            fused = str(getattr(self.args.optim, "value", self.args.optim)) == _FUSED_NAME
             self.optimizer = AdamW(
                 [g for g in groups if g["params"]],
                 lr=self.args.learning_rate,
                 betas=(self.args.adam_beta1, self.args.adam_beta2),
                 eps=self.args.adam_epsilon,
-                fused=True if fused else None,
+                fused=True if optim == _FUSED_NAME else None,
             )
         given = self.optimizer is not None
         optimizer = super().create_optimizer(model)
@@ -418,29 +322,3 @@ def _gradscaler_state(optimizer: Optimizer) -> dict[str, Any]:
 def _unwrap(optimizer: Any) -> Any:
     """The optimizer inside accelerate's wrapper (or the optimizer itself)."""
     return getattr(optimizer, "optimizer", optimizer)
-
-
-_CLASSES: dict[type, type] = {Accelerator: _ScaledAccelerator}
-
-
-_STEPS: dict[type, type] = {}
-
-
-def _scaled_optimizer_class(cls: type) -> type:
-    """``cls`` (an AcceleratedOptimizer class) with :class:`_ScaledStep`'s override."""
-    if issubclass(cls, _ScaledStep):
-        return cls
-    if cls not in _STEPS:
-        _STEPS[cls] = type(f"Scaled{cls.__name__}", (_ScaledStep, cls), {})
-    return _STEPS[cls]
-
-
-def _scaled_accelerator_class(cls: type) -> type:
-    """``cls`` (an Accelerator class) with :class:`_ScaledAcceleration`'s overrides."""
-    if not issubclass(cls, Accelerator):
-        raise TypeError(f"ScaledTrainer needs an accelerate.Accelerator, got {cls.__name__}")
-    if issubclass(cls, _ScaledAcceleration):
-        return cls
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Scaled{cls.__name__}", (_ScaledAcceleration, cls), {})
-    return _CLASSES[cls]

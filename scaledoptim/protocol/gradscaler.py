@@ -33,7 +33,6 @@ fused optimizers). *Other optimizers* get torch's GradScaler code unchanged.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -41,17 +40,26 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale, ScalingConfig, is_float32_scale, loss_scale_from_gradscaler_state
-from . import steps
+from . import gradscaler_steps, steps
 from .clipping import to_max_grad_norm
 from .gradscaler_clip import check_no_unscale_before_clip, step_clipping_torch_optimizer
 from .optimizer import Optimizer
 from .outputs import first_tensor, scale_outputs
-from .user_frames import user_stacklevel
 from .values import GradPass, Request
 
 __all__ = ["GradScaler"]
 
-_DRIVER = "scaledoptim.GradScaler"
+
+def _config_field(name: str) -> Any:
+    """A property over the field ``name`` of the scaler's :class:`ScalingConfig`."""
+
+    def get(scaler: GradScaler) -> Any:
+        return getattr(scaler._scaling_config(), name)
+
+    def set_(scaler: GradScaler, value: Any) -> None:
+        scaler._set_config(**{name: value})
+
+    return property(get, set_)
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -126,8 +134,10 @@ class GradScaler(torch.amp.GradScaler):
             # The settings, validated before torch's __init__ stores them (through the
             # properties below) and kept here until the first scale() makes the LossScale.
             self._config = ScalingConfig(
-                init_scale=init_scale, growth_factor=growth_factor,
-                backoff_factor=backoff_factor, growth_interval=growth_interval,
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
             )
         super().__init__(
             device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
@@ -145,29 +155,9 @@ class GradScaler(torch.amp.GradScaler):
 
     # torch's GradScaler keeps these as plain attributes; here they are the LossScale's config,
     # which the optimizers the scaler steps share (Note [GradScaler facade]).
-    @property
-    def _growth_factor(self) -> float:
-        return self._scaling_config().growth_factor
-
-    @_growth_factor.setter
-    def _growth_factor(self, value: float) -> None:
-        self._set_config(growth_factor=value)
-
-    @property
-    def _backoff_factor(self) -> float:
-        return self._scaling_config().backoff_factor
-
-    @_backoff_factor.setter
-    def _backoff_factor(self, value: float) -> None:
-        self._set_config(backoff_factor=value)
-
-    @property
-    def _growth_interval(self) -> int:
-        return self._scaling_config().growth_interval
-
-    @_growth_interval.setter
-    def _growth_interval(self, value: int) -> None:
-        self._set_config(growth_interval=value)
+    _growth_factor = _config_field("growth_factor")
+    _backoff_factor = _config_field("backoff_factor")
+    _growth_interval = _config_field("growth_interval")
 
     def _lazy_init_scale_growth_tracker(self, dev: torch.device | str) -> None:
         if self._growth_tracker is not None:
@@ -220,10 +210,9 @@ class GradScaler(torch.amp.GradScaler):
             super().unscale_(optimizer)
             return
         self._check_scale_growth_tracker("unscale_")
-        self._check_stage(optimizer, "unscale_")
-        self._check_can_adopt(optimizer)
-        assert self._scale is not None and self._loss_scale is not None
-        found_inf = _unscale(optimizer, self._scale, self._loss_scale)
+        gradscaler_steps.check_stage(self, optimizer, "unscale_")
+        assert self._loss_scale is not None
+        found_inf = gradscaler_steps.unscale(self, optimizer, self._loss_scale, self._touched)
         state = self._per_optimizer_states[id(optimizer)]
         # With no grads nothing was checked (as torch), and step() will say so.
         state["found_inf_per_device"] = {} if found_inf is None else {found_inf.device: found_inf}
@@ -281,22 +270,18 @@ class GradScaler(torch.amp.GradScaler):
         if not isinstance(optimizer, Optimizer):
             return super().step(optimizer, *args, **kwargs)
         self._check_scale_growth_tracker("step")
-        stage = self._check_stage(optimizer, "step")
-        assert self._loss_scale is not None
+        stage = gradscaler_steps.check_stage(self, optimizer, "step")
         found_infs = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         if stage is OptState.UNSCALED and found_infs:
             (found_inf,) = found_infs.values()
             request = Request(pending=GradPass(found_inf))
-        elif stage is OptState.UNSCALED or not _has_grads(optimizer):
+        elif stage is OptState.UNSCALED or not gradscaler_steps.has_grads(optimizer):
             # torch's assertion: an iteration with nothing checked is not a clean one.
             raise AssertionError("No inf checks were recorded for this optimizer.")
         else:
-            self._check_can_adopt(optimizer)
-            request = dataclasses.replace(
-                steps.validate_request(optimizer, optimizer.scaling_state, None, max_grad_norm),
-                scaled_by=self._scale,
-                moves_scale=False,
-                adopt=(self._loss_scale, _DRIVER),
+            assert self._loss_scale is not None
+            request = gradscaler_steps.step_request(
+                self, optimizer, self._loss_scale, self._touched, max_grad_norm
             )
         result, outcome = steps.run_step(optimizer, request, *args, **kwargs)
         state = self._per_optimizer_states[id(optimizer)]
@@ -370,76 +355,3 @@ class GradScaler(torch.amp.GradScaler):
             state["_config"] = self._scaling_config()
             state["_loss_scale"] = None
         return state
-
-    # ------------------------------------------------------------------ checks
-    def _check_stage(self, optimizer: torch.optim.Optimizer, method: str) -> OptState:
-        """The optimizer's stage this iteration, refusing what torch refuses (same messages)."""
-        state = self._per_optimizer_states.get(id(optimizer))
-        stage = OptState.READY if state is None else state["stage"]
-        if method == "unscale_" and stage is OptState.UNSCALED:
-            raise RuntimeError(
-                "unscale_() has already been called on this optimizer since the last update()."
-            )
-        if method == "unscale_" and stage is OptState.STEPPED:
-            raise RuntimeError("unscale_() is being called after step().")
-        if method == "step" and stage is OptState.STEPPED:
-            raise RuntimeError("step() has already been called since the last update().")
-        return stage
-
-    def _check_can_adopt(self, optimizer: Optimizer) -> None:
-        """Refuses, before anything changes, an optimizer whose scale cannot become this
-        scaler's; warns when adopting it drops a scale it loaded from a checkpoint."""
-        loss_scale = self._loss_scale
-        assert loss_scale is not None
-        state = optimizer.scaling_state
-        if state.loss_scale is loss_scale:
-            return
-        name = type(optimizer).__name__
-        if state.loss_scale.sharers > 1:
-            raise RuntimeError(
-                f"{name} shares its scale with other optimizers (scaledoptim.share_scale): a "
-                "GradScaler shares its own scale among every optimizer it steps, so step "
-                "optimizers that were never given to share_scale()"
-            )
-        if state.unscaled:
-            raise RuntimeError(
-                f"{name}.unscale() was called this iteration: a GradScaler unscales itself. Use "
-                "scaler.unscale_(opt) instead, or the optimizer's own protocol throughout"
-            )
-        device = optimizer._params_device()
-        if device != loss_scale.device:
-            raise RuntimeError(
-                f"This GradScaler's scale lives on {loss_scale.device} (where scaler.scale() "
-                f"first met a tensor), but {name}'s params are on {device}: a scaledoptim "
-                "optimizer takes the scaler's scale as its own, so scale outputs on its device"
-            )
-        if state.loaded and not self._touched:
-            warnings.warn(
-                f"scaledoptim.GradScaler takes over {name}'s scale, which was loaded from a "
-                "checkpoint, but the scaler's own state was never loaded: the run continues "
-                f"from the scaler's scale ({self._init_scale:g}), not the checkpoint's. Load "
-                "the scaler's state_dict too (scaler.load_state_dict(...)), as with "
-                "torch.amp.GradScaler.",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-
-
-def _unscale(
-    optimizer: Optimizer, scaled_by: torch.Tensor, loss_scale: LossScale
-) -> torch.Tensor | None:
-    """:meth:`GradScaler.unscale_` of a scaledoptim optimizer: its grads unscaled by the
-    scaler's ``scaled_by`` in place, which the scale does not move, and the scaler's scale taken
-    as the optimizer's. Returns the agreed ``found_inf``, ``None`` when no param has a grad."""
-    plan = steps.plan(optimizer)
-    if not plan.grads:
-        return None
-    device = optimizer.scaling_state.loss_scale.device
-    scale = scaled_by.to(device, torch.float32, non_blocking=True)
-    request = Request(scale, moves_scale=False, adopt=(loss_scale, _DRIVER))
-    return steps.unscale(optimizer, request, plan).found_inf
-
-
-def _has_grads(optimizer: torch.optim.Optimizer) -> bool:
-    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
-

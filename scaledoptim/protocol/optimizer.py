@@ -23,12 +23,11 @@ from ..scale import gradscaler_state_from_loss_scale
 from . import guard, replay, scaling, steps
 from .backward_check import BackwardCheck, GradCheck
 from .plans import GenericStepPlan, check_param_groups
-from .replay import ClosureReplayError
 from .scale_carrying import GROUP_SCALE_KEY
 from .scaling import ScalingState
 from .values import GradPass, Request, StepPlan
 
-__all__ = ["ClosureReplayError", "Optimizer"]
+__all__ = ["Optimizer"]
 
 _Self = TypeVar("_Self", bound="Optimizer")
 
