@@ -22,6 +22,8 @@ from ..protocol.plans import check_param_groups
 from ..protocol.steps import planned_step
 from .backends import select
 from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
+from .options import Options
+from .options import check_options as check_declared
 from .plan import FusedStepPlan, StepCache, hyperparameter
 from .planning import build_plan
 from .rounding import MasterWatch, check_rounding_options, check_rounding_params
@@ -46,8 +48,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
       as float32 zeros shaped like the param (or filled with a constructor option named in
       ``initial_state_options``); ``state["step"]`` (a 0-dim float32 tensor counting taken
       steps) is added and advanced for every optimizer.
-    * ``check_options(options)``: validates hyper-parameters (a dict of them); called by the
-      constructor, and on a param group before a step whenever one of its values changed.
+    * ``options``: a frozen dataclass of the group's hyper-parameters declared with
+      :func:`~scaledoptim.fused.options.option` (default, valid range, swept values); the
+      inherited ``check_options(options)`` refuses a value out of its range (torch's
+      messages). It is called by the constructor, and on a param group before a step whenever
+      one of its values changed; override it (calling ``super()``) for checks across options.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
       (``found_inf``/``inv_scale`` are device pointers or ``None``).
     * its torch form, for the torch-native backend (16-bit params arrive as fp32 working
@@ -70,8 +75,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
     state creation and checkpoints) is inherited, and so are two options of every group when the
-    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (the docs' recipe
-    *Pure bf16 training* shows both at work):
+    class declares ``rounds = True``, its kernel's lists then ending with
+    ``(..., "master_params", "sr_seeds", "steps")`` (the docs' recipe *Pure bf16 training*
+    shows both at work):
 
     * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
       ``state["master_param"]``; the update reads and writes it and stores the param rounded
@@ -87,6 +93,12 @@ class FusedOptimizer(Optimizer, abc.ABC):
     """
 
     kernel: ClassVar[MultiTensorKernel]
+    #: The group's hyper-parameters, declared once (``fused/options.py``); ``None``: the
+    #: subclass checks them in its own ``check_options``.
+    options: ClassVar[type[Options] | None] = None
+    #: Whether it takes ``master_weights`` and ``stochastic_rounding``: its kernel's lists
+    #: then end with ``(..., *ROUNDING_LISTS, "steps")`` (Note [param rounding] in cuda/).
+    rounds: ClassVar[bool] = False
     #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
@@ -111,6 +123,18 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: master weights] in rounding.py); not pickled either: a copy trusts its masters.
     _master_watch: MasterWatch | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The engine reads `rounds` alone; a kernel whose lists disagree would be handed one
+        # list too many or too few.
+        kernel = getattr(cls, "kernel", None)
+        if kernel is not None and (kernel.lists[-3:-1] == ROUNDING_LISTS) != cls.rounds:
+            raise TypeError(
+                f"{cls.__name__} declares rounds = {cls.rounds}, but its kernel's lists "
+                f"{kernel.lists} {'do not ' if cls.rounds else ''}end with "
+                f"(..., *ROUNDING_LISTS, 'steps'): declare rounds = {not cls.rounds}"
+            )
+
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         form = "torch_form_" if self.torch_form_in_place else "torch_update"
         if getattr(type(self), form) is getattr(FusedOptimizer, form):
@@ -120,10 +144,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
                 "torch_form_in_place = True"
             )
         self.check_options(defaults)
-        check_rounding_options(defaults, self._takes_rounding_lists())
+        check_rounding_options(defaults, self.rounds)
         super().__init__(params, defaults)
         for group in self.param_groups:
-            check_rounding_options(group, self._takes_rounding_lists())
+            check_rounding_options(group, self.rounds)
             check_rounding_params(group)
         check_torch_flags(defaults, constructing=True)  # torch.optim's, after its groups
 
@@ -132,9 +156,11 @@ class FusedOptimizer(Optimizer, abc.ABC):
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists."""
 
-    @abc.abstractmethod
     def check_options(self, options: dict[str, Any]) -> None:
-        """Raises ``ValueError``/``TypeError`` for invalid hyper-parameters."""
+        """Raises ``ValueError``/``TypeError`` for hyper-parameters outside the ranges
+        :attr:`options` declares."""
+        if self.options is not None:
+            check_declared(self.options, options)
 
     @abc.abstractmethod
     def kernel_args(
@@ -205,9 +231,6 @@ class FusedOptimizer(Optimizer, abc.ABC):
             key: hyperparameter(option, self.defaults[option])
             for key, option in self.initial_state_options.items()
         }
-
-    def _takes_rounding_lists(self) -> bool:
-        return self.kernel.lists[-3:-1] == ROUNDING_LISTS
 
     def _plan_load_state(
         self, state_dict: dict[str, Any], by_id: dict[Hashable, torch.Tensor]
