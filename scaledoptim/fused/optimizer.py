@@ -49,7 +49,7 @@ class FusedOptimizer(Optimizer, abc.ABC):
       ``initial_state_options``); ``state["step"]`` (a 0-dim float32 tensor counting taken
       steps) is added and advanced for every optimizer.
     * ``options``: a frozen dataclass of the group's hyper-parameters declared with
-      :func:`~scaledoptim.fused.options.option` (default, valid range, swept values); the
+      ``scaledoptim.fused.options.option`` (default, valid range, swept values); the
       inherited ``check_options(options)`` refuses a value out of its range (torch's
       messages). It is called by the constructor, and on a param group before a step whenever
       one of its values changed; override it (calling ``super()``) for checks across options.

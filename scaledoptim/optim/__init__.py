@@ -7,8 +7,6 @@ package's exports, the tests' optimizer table and the docs site's list derive fr
 (Note [an optimizer declared once] in spec.py).
 """
 
-from typing import TYPE_CHECKING
-
 from .adagrad import Adagrad as Adagrad
 from .adam import Adam as Adam
 from .adam import AdamW as AdamW
@@ -19,5 +17,7 @@ from .rmsprop import RMSprop as RMSprop
 from .sgd import SGD as SGD
 from .spec import registered as _registered
 
-if not TYPE_CHECKING:  # derived; type checkers read the re-exports above
-    __all__ = [spec.name for spec in _registered()]
+# What `from scaledoptim.optim import *` gives (scaledoptim's exports), derived; set through
+# globals() so that static readers (mypy, griffe) read the re-exports above instead of an
+# expression they cannot evaluate.
+globals()["__all__"] = [spec.name for spec in _registered()]

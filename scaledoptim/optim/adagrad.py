@@ -248,7 +248,7 @@ class Adagrad(FusedOptimizer):
 
 OptimizerSpec(
     cls=Adagrad,
-    summary="Adagrad, a drop-in for torch.optim.Adagrad",
+    summary="a drop-in for torch.optim.Adagrad",
     reference=torch.optim.Adagrad,
     configs=(
         Config("lr_decay-wd", dict(lr=0.1, lr_decay=0.01, weight_decay=0.01)),

@@ -399,7 +399,7 @@ def _adam_refusals() -> tuple[ErrorInput, ...]:
 
 OptimizerSpec(
     cls=Adam,
-    summary="Adam, a drop-in for torch.optim.Adam; 8-bit states available",
+    summary="a drop-in for torch.optim.Adam; 8-bit states available",
     reference=torch.optim.Adam,
     configs=(
         Config(
@@ -411,7 +411,7 @@ OptimizerSpec(
 )
 OptimizerSpec(
     cls=AdamW,
-    summary="AdamW, a drop-in for torch.optim.AdamW; 8-bit states available",
+    summary="a drop-in for torch.optim.AdamW; 8-bit states available",
     reference=torch.optim.AdamW,
     configs=(
         Config("default", dict(lr=1e-2, weight_decay=0.1)),

@@ -368,7 +368,7 @@ class _LambStep:
 
 OptimizerSpec(
     cls=LAMB,
-    summary="LAMB (You et al., 2020) with Apex FusedLAMB's semantics, for large batches",
+    summary="You et al. (2020) with Apex FusedLAMB's semantics, for large batches",
     reference=None,
     # NVLAMB with clipping, L2 without bias correction, then the trust ratio's edge cases.
     configs=(

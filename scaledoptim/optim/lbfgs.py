@@ -13,7 +13,7 @@ __all__ = ["LBFGS"]
 
 OptimizerSpec(
     cls=LBFGS,
-    summary="LBFGS with closures replayed until their grads are finite",
+    summary="torch.optim.LBFGS, its closure replayed until the grads are finite",
     reference=torch.optim.LBFGS,
     configs=(
         Config("default", dict(lr=1.0)),

@@ -201,7 +201,7 @@ def _lion_(
 
 OptimizerSpec(
     cls=Lion,
-    summary="Lion (Chen et al., 2023): sign updates, one momentum; 8-bit state available",
+    summary="Chen et al. (2023): sign updates, one momentum; an 8-bit state available",
     reference=None,
     configs=(
         Config("default", dict(lr=1e-3)),

@@ -306,7 +306,7 @@ def _rmsprop_(
 
 OptimizerSpec(
     cls=RMSprop,
-    summary="RMSprop (centered, momentum), a drop-in for torch.optim.RMSprop; 8-bit states",
+    summary="a drop-in for torch.optim.RMSprop; 8-bit states available",
     reference=torch.optim.RMSprop,
     # torch's own configs (its optim_db), at a learning rate that moves params.
     configs=(

@@ -304,7 +304,7 @@ def _start_buffers_(
 
 OptimizerSpec(
     cls=SGD,
-    summary="SGD with momentum, dampening and Nesterov, a drop-in for torch.optim.SGD",
+    summary="a drop-in for torch.optim.SGD (momentum, dampening, Nesterov); 8-bit states",
     reference=torch.optim.SGD,
     configs=(
         Config(
