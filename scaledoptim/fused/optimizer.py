@@ -22,7 +22,8 @@ from ..protocol.plans import check_param_groups
 from ..protocol.steps import planned_step
 from .backends import select
 from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
-from .options import Options
+from .lowbit import check_float32_states, lowbit_new
+from .options import Options, read_options
 from .options import check_options as check_declared
 from .plan import FusedStepPlan, StepCache, hyperparameter
 from .planning import build_plan
@@ -54,7 +55,8 @@ class FusedOptimizer(Optimizer, abc.ABC):
       messages). It is called by the constructor, and on a param group before a step whenever
       one of its values changed; override it (calling ``super()``) for checks across options.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
-      (``found_inf``/``inv_scale`` are device pointers or ``None``).
+      (``found_inf``/``inv_scale`` are device pointers or ``None``); or ``args``, a
+      ``staticmethod`` making it from the group's ``options`` read.
     * its torch form, for the torch-native backend (16-bit params arrive as fp32 working
       copies, grads unscaled), one of two: ``torch_form_in_place = True`` and
       ``torch_form_(group, tensor_lists)``, the update written once, in place and taken
@@ -99,6 +101,12 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: Whether it takes ``master_weights`` and ``stochastic_rounding``: its kernel's lists
     #: then end with ``(..., *ROUNDING_LISTS, "steps")`` (Note [param rounding] in cuda/).
     rounds: ClassVar[bool] = False
+    #: ``args(found_inf, inv_scale, options)``: the kernel's argument struct from the group's
+    #: :attr:`options` (what the default ``kernel_args`` returns; a ``staticmethod``).
+    args: ClassVar[Callable[..., ctypes.Structure] | None] = None
+    #: The kernel of its 8-bit states, which ``state_bits=8`` selects (Note [low-bit variants]
+    #: in lowbit/states.py); none.
+    lowbit_kernel: ClassVar[MultiTensorKernel | None] = None
     #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
@@ -135,6 +143,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
                 f"(..., *ROUNDING_LISTS, 'steps'): declare rounds = {not cls.rounds}"
             )
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # With 8-bit states declared, ``state_bits=8`` makes the low-bit variant.
+        return object.__new__(cls) if cls.lowbit_kernel is None else lowbit_new(cls, kwargs)
+
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         form = "torch_form_" if self.torch_form_in_place else "torch_update"
         if getattr(type(self), form) is getattr(FusedOptimizer, form):
@@ -158,15 +170,20 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     def check_options(self, options: dict[str, Any]) -> None:
         """Raises ``ValueError``/``TypeError`` for hyper-parameters outside the ranges
-        :attr:`options` declares."""
+        :attr:`options` declares (and for 8-bit states asked of float32 ones)."""
+        if self.lowbit_kernel is not None:
+            check_float32_states(self, options)
         if self.options is not None:
             check_declared(self.options, options)
 
-    @abc.abstractmethod
     def kernel_args(
         self, group: Group, found_inf: int | None, inv_scale: int | None
     ) -> ctypes.Structure:
-        """The kernel's argument struct for ``group``."""
+        """The kernel's argument struct for ``group``: by default :attr:`args` of its
+        :attr:`options`, read."""
+        if self.args is None or self.options is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither kernel_args nor args")
+        return self.args(found_inf, inv_scale, read_options(self.options, group))
 
     def torch_update(
         self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None

@@ -117,6 +117,7 @@ class Adagrad(FusedOptimizer):
     kernel = ADAGRAD_KERNEL
     rounds = True
     options = AdagradOptions
+    args = staticmethod(adagrad_args)
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adagrad
@@ -203,11 +204,6 @@ class Adagrad(FusedOptimizer):
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("sum",)
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> AdagradArgs:
-        return adagrad_args(found_inf, inv_scale, read_options(AdagradOptions, group))
 
     def torch_update(
         self,

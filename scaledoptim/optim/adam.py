@@ -17,10 +17,8 @@ from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
     UNSIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..fused.options import option, read_options
@@ -177,6 +175,7 @@ class Adam(FusedOptimizer):
     kernel = ADAM_KERNEL
     rounds = True
     options = AdamOptions
+    args = staticmethod(adam_args)
     lowbit_kernel = ADAM_LOWBIT_KERNEL
     #: The precision of its states with ``state_bits=8``: the code of each (Note [low-bit
     #: variants]).
@@ -222,12 +221,7 @@ class Adam(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
     def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
         super().check_options(options)
         if (
             isinstance(options["lr"], Tensor)
@@ -247,11 +241,6 @@ class Adam(FusedOptimizer):
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if group["amsgrad"] else None)
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> AdamArgs:
-        return adam_args(found_inf, inv_scale, read_options(AdamOptions, group))
 
     def torch_update(
         self,
@@ -386,15 +375,10 @@ def _torch_fused(o: AdamOptions) -> tuple[Any, dict[str, Any]]:
     )
 
 
-def _adam_refusals() -> tuple[ErrorInput, ...]:
-    return (
-        ErrorInput(
-            "tensor lr with foreach",
-            dict(lr=torch.tensor(1e-3), foreach=True),
-            ValueError,
-            "lr as a Tensor is not supported",
-        ),
-    )
+_TENSOR_LR_WITH_FOREACH = ErrorInput(
+    "tensor lr with foreach", dict(lr=torch.tensor(1e-3), foreach=True), ValueError,
+    "lr as a Tensor is not supported",
+)
 
 
 OptimizerSpec(
@@ -407,7 +391,7 @@ OptimizerSpec(
         ),
         Config("wd", dict(lr=1e-2, weight_decay=0.1)),
     ),
-    refusals=_adam_refusals(),
+    refusals=(_TENSOR_LR_WITH_FOREACH,),
 )
 OptimizerSpec(
     cls=AdamW,
@@ -417,5 +401,5 @@ OptimizerSpec(
         Config("default", dict(lr=1e-2, weight_decay=0.1)),
         Config("amsgrad-maximize", dict(lr=1e-2, amsgrad=True, maximize=True)),
     ),
-    refusals=_adam_refusals(),
+    refusals=(_TENSOR_LR_WITH_FOREACH,),
 )

@@ -14,10 +14,8 @@ from torch import Tensor
 from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..fused.options import option, read_options
@@ -131,6 +129,7 @@ class Lion(FusedOptimizer):
     kernel = LION_KERNEL
     rounds = True
     options = LionOptions
+    args = staticmethod(lion_args)
     lowbit_kernel = LION_LOWBIT_KERNEL
     #: The precision of its state with ``state_bits=8`` (Note [low-bit variants]).
     lowbit_codes = MappingProxyType({"exp_avg": SIGNED})
@@ -157,21 +156,8 @@ class Lion(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
-    def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
-        super().check_options(options)
-
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg",)
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> LionArgs:
-        return lion_args(found_inf, inv_scale, read_options(LionOptions, group))
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
         """The kernel's arithmetic in place and taken unconditionally: the torch-native backend

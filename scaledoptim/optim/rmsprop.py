@@ -16,10 +16,8 @@ from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
     UNSIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..fused.options import option, read_options
@@ -152,6 +150,7 @@ class RMSprop(FusedOptimizer):
     kernel = RMSPROP_KERNEL
     rounds = True
     options = RmspropOptions
+    args = staticmethod(rmsprop_args)
     lowbit_kernel = RMSPROP_LOWBIT_KERNEL
     #: The precision of its states with ``state_bits=8`` (Note [low-bit variants]).
     lowbit_codes = MappingProxyType(
@@ -193,19 +192,14 @@ class RMSprop(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
     def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
+        super().check_options(options)
         if options.get("state_bits") == 8 and options["centered"]:
             raise ValueError(
                 "centered=True keeps float32 states: sqrt(square_avg - grad_avg**2) subtracts "
                 "two averages 8-bit codes round apart by more than a small variance (a NaN step); "
                 "use state_bits=32 with centered=True"
             )
-        super().check_options(options)
 
     def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
         if any(p.grad is not None and p.grad.is_sparse for p in params):
@@ -220,11 +214,6 @@ class RMSprop(FusedOptimizer):
             "momentum_buffer" if read_options(RmspropOptions, group).momentum > 0 else None,
             "grad_avg" if group["centered"] else None,
         )
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> RmspropArgs:
-        return rmsprop_args(found_inf, inv_scale, read_options(RmspropOptions, group))
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
         """torch.optim.RMSprop's foreach math, in place and taken unconditionally: the

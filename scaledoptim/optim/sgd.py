@@ -15,10 +15,8 @@ from torch.optim.sgd import sgd as torch_sgd
 from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
 from ..fused.options import option, read_options
@@ -139,6 +137,7 @@ class SGD(FusedOptimizer):
     kernel = SGD_KERNEL
     rounds = True
     options = SgdOptions
+    args = staticmethod(sgd_args)
     lowbit_kernel = SGD_LOWBIT_KERNEL
     #: The precision of its state with ``state_bits=8`` (Note [low-bit variants]).
     lowbit_codes = MappingProxyType({"momentum_buffer": SIGNED})
@@ -181,12 +180,7 @@ class SGD(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
     def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
         super().check_options(options)
         o = read_options(SgdOptions, options)
         if o.nesterov and (o.momentum <= 0 or o.dampening != 0):
@@ -205,11 +199,6 @@ class SGD(FusedOptimizer):
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("momentum_buffer" if read_options(SgdOptions, group).momentum != 0 else None,)
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> SgdArgs:
-        return sgd_args(found_inf, inv_scale, read_options(SgdOptions, group))
 
     def torch_update(
         self,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -80,9 +80,7 @@ class Tolerance:
     trajectory_atol: float = 1e-7
 
 
-def grid(
-    name: Callable[[dict[str, Any]], str] | None = None, **choices: Iterable[Any]
-) -> tuple[Config, ...]:
+def grid(**choices: Iterable[Any]) -> tuple[Config, ...]:
     """A :class:`Config` for every combination of ``choices``, named after the options that vary
     (a flag by its name when set, another value as ``key=value``)."""
     options = {key: tuple(values) for key, values in choices.items()}
@@ -95,7 +93,7 @@ def grid(
             for key in varying
             if kwargs[key] is not False
         ]
-        configs.append(Config(name(kwargs) if name else "-".join(labels) or "base", kwargs))
+        configs.append(Config("-".join(labels) or "base", kwargs))
     return tuple(configs)
 
 
