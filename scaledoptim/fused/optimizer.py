@@ -99,13 +99,13 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: subclass checks them in its own ``check_options``.
     options: ClassVar[type[Options] | None] = None
     #: Whether it takes ``master_weights`` and ``stochastic_rounding``: its kernel's lists
-    #: then end with ``(..., *ROUNDING_LISTS, "steps")`` (Note [param rounding] in cuda/).
+    #: then end with ``(..., *ROUNDING_LISTS, "steps")``.
     rounds: ClassVar[bool] = False
     #: ``args(found_inf, inv_scale, options)``: the kernel's argument struct from the group's
     #: :attr:`options` (what the default ``kernel_args`` returns; a ``staticmethod``).
     args: ClassVar[Callable[..., ctypes.Structure] | None] = None
-    #: The kernel of its 8-bit states, which ``state_bits=8`` selects (Note [low-bit variants]
-    #: in lowbit/states.py); none.
+    #: The kernel of its 8-bit states, which ``state_bits=8`` selects (the guide *8-bit
+    #: optimizer states*); none.
     lowbit_kernel: ClassVar[MultiTensorKernel | None] = None
     #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
