@@ -18,6 +18,7 @@ group's ``lr=-1.0``, and :func:`read_options` gives the update ``LionOptions`` w
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -105,13 +106,18 @@ def read_options(options: type[OptionsT], group: Mapping[str, Any]) -> OptionsT:
     """The group's options as its update reads them: a one-element CPU tensor option (one
     declared ``tensor``) as its current number (see :func:`~scaledoptim.fused.hyperparameter`)."""
     values = {}
-    for field in dataclasses.fields(options):
-        value = group[field.name]
-        if field.metadata.get("tensor"):
+    for name, tensor in _reads(options):  # once per group and step: the fields read once
+        value = group[name]
+        if tensor:
             value = (
-                tuple(hyperparameter(field.name, item) for item in value)
+                tuple(hyperparameter(name, item) for item in value)
                 if isinstance(value, (tuple, list))
-                else hyperparameter(field.name, value)
+                else hyperparameter(name, value)
             )
-        values[field.name] = value
+        values[name] = value
     return options(**values)
+
+
+@functools.cache
+def _reads(options: type[Options]) -> tuple[tuple[str, bool], ...]:
+    return tuple((f.name, bool(f.metadata.get("tensor"))) for f in dataclasses.fields(options))
