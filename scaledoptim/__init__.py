@@ -4,9 +4,9 @@ from . import amp
 from .amp import autocast
 from .fused import FusedOptimizer
 from .kernels import environment as _environment
-from .optim import LAMB, SGD, Adagrad, Adam, AdamW, Lion, RMSprop
+from .optim import *  # noqa: F403  (every registered optimizer: optim/__init__.py)
+from .optim.spec import registered as _registered
 from .protocol import (
-    LBFGS,
     ClosureReplayError,
     GradScaler,
     Optimizer,
@@ -24,18 +24,11 @@ _environment.warn_unknown_variables()  # a misspelt SCALEDOPTIM_* variable would
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "LAMB",
-    "LBFGS",
-    "SGD",
-    "Adagrad",
-    "Adam",
-    "AdamW",
+    *(spec.name for spec in _registered()),
     "ClosureReplayError",
     "FusedOptimizer",
     "GradScaler",
-    "Lion",
     "Optimizer",
-    "RMSprop",
     "ScalingConfig",
     "amp",
     "autocast",

@@ -17,7 +17,9 @@ BLOCKS = [
 
 @pytest.mark.parametrize("code", BLOCKS)
 def test_docs_code_block_runs(code: str, request) -> None:
-    exec(compile(code, request.node.callspec.id, "exec"), {"__name__": "docs"})
+    # dont_inherit: the block runs as a reader runs it, without this module's __future__ import
+    # (postponed annotations would send a block's dataclass looking for a module "docs").
+    exec(compile(code, request.node.callspec.id, "exec", dont_inherit=True), {"__name__": "docs"})
 
 
 # Columns of a code block that a 1280 px wide page shows whole, with both sidebars of the

@@ -40,7 +40,7 @@ def plan_loaded_groups(
         ValueError, TypeError, RuntimeError: an option missing, of the wrong type, or out of
             range, naming the group and the option.
     """
-    rounds = optimizer._takes_rounding_lists()
+    rounds = optimizer.rounds
     defaults = optimizer.defaults
     planned = []
     for index, (group, saved) in enumerate(zip(optimizer.param_groups, saved_groups)):

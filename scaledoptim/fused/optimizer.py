@@ -22,6 +22,9 @@ from ..protocol.plans import check_param_groups
 from ..protocol.steps import planned_step
 from .backends import select
 from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
+from .lowbit import check_float32_states, lowbit_new
+from .options import Options, read_options
+from .options import check_options as check_declared
 from .plan import FusedStepPlan, StepCache, hyperparameter
 from .planning import build_plan
 from .rounding import MasterWatch, check_rounding_options, check_rounding_params
@@ -46,10 +49,14 @@ class FusedOptimizer(Optimizer, abc.ABC):
       as float32 zeros shaped like the param (or filled with a constructor option named in
       ``initial_state_options``); ``state["step"]`` (a 0-dim float32 tensor counting taken
       steps) is added and advanced for every optimizer.
-    * ``check_options(options)``: validates hyper-parameters (a dict of them); called by the
-      constructor, and on a param group before a step whenever one of its values changed.
+    * ``options``: a frozen dataclass of the group's hyper-parameters declared with
+      ``scaledoptim.fused.options.option`` (default, valid range, swept values); the
+      inherited ``check_options(options)`` refuses a value out of its range (torch's
+      messages). It is called by the constructor, and on a param group before a step whenever
+      one of its values changed; override it (calling ``super()``) for checks across options.
     * ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for a group
-      (``found_inf``/``inv_scale`` are device pointers or ``None``).
+      (``found_inf``/``inv_scale`` are device pointers or ``None``); or ``args``, a
+      ``staticmethod`` making it from the group's ``options`` read.
     * its torch form, for the torch-native backend (16-bit params arrive as fp32 working
       copies, grads unscaled), one of two: ``torch_form_in_place = True`` and
       ``torch_form_(group, tensor_lists)``, the update written once, in place and taken
@@ -70,8 +77,9 @@ class FusedOptimizer(Optimizer, abc.ABC):
 
     Everything else (the loss-scaling protocol, validation before any change, backend choice,
     state creation and checkpoints) is inherited, and so are two options of every group when the
-    kernel's lists end with ``(..., "master_params", "sr_seeds", "steps")`` (the docs' recipe
-    *Pure bf16 training* shows both at work):
+    class declares ``rounds = True``, its kernel's lists then ending with
+    ``(..., "master_params", "sr_seeds", "steps")`` (the docs' recipe *Pure bf16 training*
+    shows both at work):
 
     * ``master_weights`` (default False): 16-bit params keep an fp32 copy in
       ``state["master_param"]``; the update reads and writes it and stores the param rounded
@@ -87,6 +95,18 @@ class FusedOptimizer(Optimizer, abc.ABC):
     """
 
     kernel: ClassVar[MultiTensorKernel]
+    #: The group's hyper-parameters, declared once (``fused/options.py``); ``None``: the
+    #: subclass checks them in its own ``check_options``.
+    options: ClassVar[type[Options] | None] = None
+    #: Whether it takes ``master_weights`` and ``stochastic_rounding``: its kernel's lists
+    #: then end with ``(..., *ROUNDING_LISTS, "steps")``.
+    rounds: ClassVar[bool] = False
+    #: ``args(found_inf, inv_scale, options)``: the kernel's argument struct from the group's
+    #: :attr:`options` (what the default ``kernel_args`` returns; a ``staticmethod``).
+    args: ClassVar[Callable[..., ctypes.Structure] | None] = None
+    #: The kernel of its 8-bit states, which ``state_bits=8`` selects (the guide *8-bit
+    #: optimizer states*); none.
+    lowbit_kernel: ClassVar[MultiTensorKernel | None] = None
     #: Kernels launched before ``kernel`` over the same lists and arguments (usually none).
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]] = ()
     #: The torch.optim class whose implementation takes what the fused update cannot (none).
@@ -111,6 +131,22 @@ class FusedOptimizer(Optimizer, abc.ABC):
     #: master weights] in rounding.py); not pickled either: a copy trusts its masters.
     _master_watch: MasterWatch | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The engine reads `rounds` alone; a kernel whose lists disagree would be handed one
+        # list too many or too few.
+        kernel = getattr(cls, "kernel", None)
+        if kernel is not None and (kernel.lists[-3:-1] == ROUNDING_LISTS) != cls.rounds:
+            raise TypeError(
+                f"{cls.__name__} declares rounds = {cls.rounds}, but its kernel's lists "
+                f"{kernel.lists} {'do not ' if cls.rounds else ''}end with "
+                f"(..., *ROUNDING_LISTS, 'steps'): declare rounds = {not cls.rounds}"
+            )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # With 8-bit states declared, ``state_bits=8`` makes the low-bit variant.
+        return object.__new__(cls) if cls.lowbit_kernel is None else lowbit_new(cls, kwargs)
+
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         form = "torch_form_" if self.torch_form_in_place else "torch_update"
         if getattr(type(self), form) is getattr(FusedOptimizer, form):
@@ -120,10 +156,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
                 "torch_form_in_place = True"
             )
         self.check_options(defaults)
-        check_rounding_options(defaults, self._takes_rounding_lists())
+        check_rounding_options(defaults, self.rounds)
         super().__init__(params, defaults)
         for group in self.param_groups:
-            check_rounding_options(group, self._takes_rounding_lists())
+            check_rounding_options(group, self.rounds)
             check_rounding_params(group)
         check_torch_flags(defaults, constructing=True)  # torch.optim's, after its groups
 
@@ -132,15 +168,22 @@ class FusedOptimizer(Optimizer, abc.ABC):
     def state_keys(self, group: Group) -> tuple[str | None, ...]:
         """The per-param state names, in the order of the kernel's state lists."""
 
-    @abc.abstractmethod
     def check_options(self, options: dict[str, Any]) -> None:
-        """Raises ``ValueError``/``TypeError`` for invalid hyper-parameters."""
+        """Raises ``ValueError``/``TypeError`` for hyper-parameters outside the ranges
+        :attr:`options` declares (and for 8-bit states asked of float32 ones)."""
+        if self.lowbit_kernel is not None:
+            check_float32_states(self, options)
+        if self.options is not None:
+            check_declared(self.options, options)
 
-    @abc.abstractmethod
     def kernel_args(
         self, group: Group, found_inf: int | None, inv_scale: int | None
     ) -> ctypes.Structure:
-        """The kernel's argument struct for ``group``."""
+        """The kernel's argument struct for ``group``: by default :attr:`args` of its
+        :attr:`options`, read."""
+        if self.args is None or self.options is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither kernel_args nor args")
+        return self.args(found_inf, inv_scale, read_options(self.options, group))
 
     def torch_update(
         self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None
@@ -205,9 +248,6 @@ class FusedOptimizer(Optimizer, abc.ABC):
             key: hyperparameter(option, self.defaults[option])
             for key, option in self.initial_state_options.items()
         }
-
-    def _takes_rounding_lists(self) -> bool:
-        return self.kernel.lists[-3:-1] == ROUNDING_LISTS
 
     def _plan_load_state(
         self, state_dict: dict[str, Any], by_id: dict[Hashable, torch.Tensor]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS
+from ..kernels import PLAIN_TENSOR_TYPES
 from ..protocol.validation import check_param_grads
 from ..torch_ops import PackedSteps, local_tensors, refuse_during_capture
 from .backends import (
@@ -57,7 +57,7 @@ def build_plan(optimizer: Planned) -> FusedStepPlan:
             plan = FusedStepPlan(optimizer, TORCH_NATIVE)
             plan.over_subclasses = True
     seed_index = _seed_index(optimizer)
-    rounds = optimizer.kernel.lists[-3:-1] == ROUNDING_LISTS
+    rounds = optimizer.rounds
     fill = optimizer.initial_state_fill()
     for group in optimizer.param_groups:
         # Checked here, not at every step: what they depend on (the options' values and the
@@ -208,7 +208,7 @@ def _stage_rounding(
 ) -> TensorLists:
     """The kernel's ``master_params`` and ``sr_seeds`` lists for ``params`` (none for a kernel
     without them), recording created or dropped state entries in ``new_state``."""
-    if optimizer.kernel.lists[-3:-1] != ROUNDING_LISTS:
+    if not optimizer.rounds:
         return []
     masters: list[Tensor] = []
     seeds: list[Tensor] = []

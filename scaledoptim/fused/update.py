@@ -72,6 +72,8 @@ class Update(Protocol):
 
     #: The update kernel; its lists are ``TensorLists``.
     kernel: ClassVar[MultiTensorKernel]
+    #: Whether the kernel's lists end with ``(..., master_params, sr_seeds, steps)``.
+    rounds: ClassVar[bool]
     #: Kernels launched before :attr:`kernel`, over the same lists with the same arguments
     #: (LAMB's moments and norms); usually none.
     kernels_before: ClassVar[tuple[MultiTensorKernel, ...]]

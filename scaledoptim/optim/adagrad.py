@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -10,12 +11,9 @@ import torch
 from torch import Tensor
 from torch.optim.adagrad import adagrad as torch_adagrad
 
-from ..fused import (
-    FusedOptimizer,
-    check_tensor_hyperparameter,
-    hyperparameter,
-)
+from ..fused import FusedOptimizer, check_tensor_hyperparameter
 from ..fused.lowbit import check_state_bits
+from ..fused.options import option, read_options
 from ..fused.state import state_dtype
 from ..kernels import (
     CUDA_SOURCE_DIR,
@@ -23,8 +21,26 @@ from ..kernels import (
     MultiTensorKernel,
 )
 from ..torch_ops import PackedSteps, advance_steps_
+from .spec import Config, ErrorInput, OptimizerSpec
 
-__all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "adagrad_args"]
+__all__ = ["ADAGRAD_KERNEL", "Adagrad", "AdagradArgs", "AdagradOptions", "adagrad_args"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdagradOptions:
+    """Adagrad's hyper-parameters: defaults, valid ranges, the tests' sweep.
+    ``initial_accumulator_value`` is checked by the constructor alone (see :class:`Adagrad`)."""
+
+    lr: float = option(
+        1e-2, check="learning rate", tensor=True, sweep=(0.1,), draw=(1e-4, 1e-1)
+    )
+    lr_decay: float = option(0.0, check="lr_decay value", tensor=True, sweep=(0.0, 0.05))
+    weight_decay: float = option(
+        0.0, check="weight_decay value", tensor=True, sweep=(0.0, 0.1)
+    )
+    initial_accumulator_value: float = option(0.0, tensor=True, sweep=(0.1,))
+    eps: float = option(1e-10, check="epsilon value", tensor=True, draw=(1e-10, 1e-3))
+    maximize: bool = option(False, sweep=(False, True))
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -51,18 +67,9 @@ ADAGRAD_KERNEL = MultiTensorKernel(
 )
 
 
-def adagrad_args(
-    found_inf: int | None,
-    inv_scale: int | None,
-    *,
-    lr: float,
-    lr_decay: float,
-    weight_decay: float,
-    eps: float,
-    maximize: bool,
-) -> AdagradArgs:
+def adagrad_args(found_inf: int | None, inv_scale: int | None, o: AdagradOptions) -> AdagradArgs:
     """The kernel's arguments: device scalar pointers, and every host-side constant."""
-    return AdagradArgs(found_inf, inv_scale, lr, lr_decay, weight_decay, eps, maximize)
+    return AdagradArgs(found_inf, inv_scale, o.lr, o.lr_decay, o.weight_decay, o.eps, o.maximize)
 
 
 # ------------------------------------------------------------------------------ the optimizer
@@ -108,6 +115,9 @@ class Adagrad(FusedOptimizer):
     """
 
     kernel = ADAGRAD_KERNEL
+    rounds = True
+    options = AdagradOptions
+    args = staticmethod(adagrad_args)
     elementwise = True
     torch_update_takes_grad_scale = True
     torch_optim = torch.optim.Adagrad
@@ -182,15 +192,6 @@ class Adagrad(FusedOptimizer):
                 ),
             }
 
-    def check_options(self, options: dict[str, Any]) -> None:
-        check_tensor_hyperparameter("learning rate", "lr", options["lr"])
-        for label, name in (
-            ("lr_decay value", "lr_decay"),
-            ("weight_decay value", "weight_decay"),
-            ("epsilon value", "eps"),
-        ):
-            check_tensor_hyperparameter(label, name, options[name])
-
     def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
         if group["weight_decay"] != 0 and any(
             p.grad is not None and p.grad.is_sparse for p in params
@@ -204,11 +205,6 @@ class Adagrad(FusedOptimizer):
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("sum",)
 
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> AdagradArgs:
-        return adagrad_args(found_inf, inv_scale, **_adagrad_options(group))
-
     def torch_update(
         self,
         group: dict[str, Any],
@@ -221,8 +217,10 @@ class Adagrad(FusedOptimizer):
         Adagrad's single torch form, on every device."""
         params, grads, sums, steps = tensor_lists
         advance_steps_(steps, found_inf)
+        o = read_options(AdagradOptions, group)
         torch._fused_adagrad_(
-            params, grads, sums, steps, **_adagrad_options(group), grad_scale=grad_scale,
+            params, grads, sums, steps, lr=o.lr, lr_decay=o.lr_decay,
+            weight_decay=o.weight_decay, eps=o.eps, maximize=o.maximize, grad_scale=grad_scale,
             found_inf=found_inf,
         )
 
@@ -243,12 +241,28 @@ class Adagrad(FusedOptimizer):
         )
 
 
-def _adagrad_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        lr=hyperparameter("lr", group["lr"]),
-        lr_decay=hyperparameter("lr_decay", group["lr_decay"]),
-        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
-        eps=hyperparameter("eps", group["eps"]),
-        maximize=group["maximize"],
-    )
 
+OptimizerSpec(
+    cls=Adagrad,
+    summary="a drop-in for torch.optim.Adagrad",
+    reference=torch.optim.Adagrad,
+    configs=(
+        Config("lr_decay-wd", dict(lr=0.1, lr_decay=0.01, weight_decay=0.01)),
+        Config("plain", dict(lr=0.1)),
+        Config(
+            "every-option",
+            dict(
+                lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, eps=1e-3,
+                maximize=True,
+            ),
+        ),
+    ),
+    refusals=(
+        ErrorInput(
+            "negative initial_accumulator_value",
+            dict(initial_accumulator_value=-0.1),
+            ValueError,
+            "Invalid initial_accumulator_value",
+        ),
+    ),
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 from collections.abc import Iterable
 from types import MappingProxyType
@@ -12,30 +13,58 @@ import torch
 from torch import Tensor
 from torch.optim.adam import adam as torch_adam
 
-from ..fused import (
-    FusedOptimizer,
-    check_tensor_hyperparameter,
-    hyperparameter,
-)
+from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
     UNSIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
+from ..fused.options import option, read_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
 )
 from ..torch_ops import advance_steps_
+from .spec import Config, ErrorInput, OptimizerSpec
 
 __all__ = [
-    "ADAM_KERNEL", "ADAM_LOWBIT_KERNEL", "Adam", "AdamArgs", "AdamW", "LowBitAdamArgs", "adam_args",
+    "ADAM_KERNEL", "ADAM_LOWBIT_KERNEL", "Adam", "AdamArgs", "AdamOptions", "AdamW",
+    "AdamWOptions", "LowBitAdamArgs", "adam_args",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamOptions:
+    """Adam's hyper-parameters (checked in torch.optim.Adam's order): defaults, valid ranges,
+    the tests' sweep."""
+
+    lr: float = option(
+        1e-3, check="learning rate", tensor=True, sweep=(1e-2,), draw=(1e-4, 1e-1)
+    )
+    eps: float = option(1e-8, check="epsilon value", tensor=True, draw=(1e-10, 1e-3))
+    betas: tuple[float, float] = option(
+        (0.9, 0.999), check="beta parameter", high=1.0, tensor=True,
+        draw=((0.0, 0.99), (0.9, 0.9999)),
+    )
+    weight_decay: float = option(
+        0.0, check="weight_decay value", tensor=True, sweep=(0.0, 0.1)
+    )
+    amsgrad: bool = option(False, sweep=(False, True))
+    maximize: bool = option(False, sweep=(False, True))
+    decoupled_weight_decay: bool = option(False)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamWOptions(AdamOptions):
+    """AdamW's: Adam's with decoupled weight decay of 1e-2 by default."""
+
+    weight_decay: float = option(
+        1e-2, check="weight_decay value", tensor=True, sweep=(0.0, 0.1)
+    )
+    decoupled_weight_decay: bool = option(True)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -80,20 +109,10 @@ ADAM_LOWBIT_KERNEL = lowbit_kernel(
 )
 
 
-def adam_args(
-    found_inf: int | None,
-    inv_scale: int | None,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled_weight_decay: bool,
-    amsgrad: bool,
-    maximize: bool,
-) -> AdamArgs:
-    """The kernel's arguments: device scalar pointers, and every host-side constant."""
+def adam_args(found_inf: int | None, inv_scale: int | None, o: AdamOptions) -> AdamArgs:
+    """The kernel's arguments: device scalar pointers, and every host-side constant (``o``
+    read by :func:`~scaledoptim.fused.options.read_options`: numbers)."""
+    lr, (beta1, beta2), decoupled = float(o.lr), map(float, o.betas), o.decoupled_weight_decay
     return AdamArgs(
         found_inf=found_inf,
         inv_scale=inv_scale,
@@ -103,11 +122,11 @@ def adam_args(
         one_minus_beta2=1 - beta2,
         log_beta1=math.log(beta1) if beta1 > 0 else -math.inf,
         log_beta2=math.log(beta2) if beta2 > 0 else -math.inf,
-        eps=eps,
-        weight_decay=0.0 if decoupled_weight_decay else weight_decay,
-        param_decay=1 - lr * weight_decay if decoupled_weight_decay else 1.0,
-        amsgrad=amsgrad,
-        maximize=maximize,
+        eps=o.eps,
+        weight_decay=0.0 if decoupled else o.weight_decay,
+        param_decay=1 - lr * o.weight_decay if decoupled else 1.0,
+        amsgrad=o.amsgrad,
+        maximize=o.maximize,
     )
 
 
@@ -154,6 +173,9 @@ class Adam(FusedOptimizer):
     """
 
     kernel = ADAM_KERNEL
+    rounds = True
+    options = AdamOptions
+    args = staticmethod(adam_args)
     lowbit_kernel = ADAM_LOWBIT_KERNEL
     #: The precision of its states with ``state_bits=8``: the code of each (Note [low-bit
     #: variants]).
@@ -199,19 +221,8 @@ class Adam(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
     def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
-        check_tensor_hyperparameter("learning rate", "lr", options["lr"])
-        check_tensor_hyperparameter("epsilon value", "eps", options["eps"])
-        for i, beta in enumerate(options["betas"]):
-            check_tensor_hyperparameter(
-                f"beta parameter at index {i}", f"betas[{i}]", beta, high=1.0
-            )
-        check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
+        super().check_options(options)
         if (
             isinstance(options["lr"], Tensor)
             and options["foreach"]
@@ -231,11 +242,6 @@ class Adam(FusedOptimizer):
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if group["amsgrad"] else None)
 
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> AdamArgs:
-        return adam_args(found_inf, inv_scale, **_adam_options(group))
-
     def torch_update(
         self,
         group: dict[str, Any],
@@ -247,10 +253,7 @@ class Adam(FusedOptimizer):
         single torch form, on every device."""
         *tensors, steps = tensor_lists
         advance_steps_(steps, found_inf)  # torch's fused Adam reads the advanced counter
-        options = _adam_options(group)
-        fused: Any = (
-            torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
-        )
+        fused, options = _torch_fused(read_options(AdamOptions, group))
         fused(*tensors, steps, **options, grad_scale=grad_scale, found_inf=found_inf)
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[torch.Tensor]]) -> None:
@@ -258,10 +261,7 @@ class Adam(FusedOptimizer):
         step: the float32 update of a batch of decoded 8-bit states (Note [low-bit
         batches]); the float32 states take :meth:`torch_update`."""
         *tensors, steps = tensor_lists
-        options = _adam_options(group)
-        fused: Any = (
-            torch._fused_adamw_ if options.pop("decoupled_weight_decay") else torch._fused_adam_
-        )
+        fused, options = _torch_fused(read_options(AdamOptions, group))
         fused(*tensors, steps, **options)
 
     def torch_optim_update(
@@ -297,6 +297,8 @@ class AdamW(Adam):
         >>> scaledoptim.scale_outputs(loss_fn(model(x), y), S).backward()
         >>> _, found_inf, S = opt.unscale_and_step(grads_scaled_by=S)
     """
+
+    options = AdamWOptions
 
     def __init__(
         self,
@@ -362,16 +364,42 @@ def _check_tensor_options(
     return beta1, beta2
 
 
-def _adam_options(group: dict[str, Any]) -> dict[str, Any]:
-    beta1, beta2 = (hyperparameter("betas", beta) for beta in group["betas"])
-    return dict(
-        lr=hyperparameter("lr", group["lr"]),
-        beta1=beta1,
-        beta2=beta2,
-        eps=hyperparameter("eps", group["eps"]),
-        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
-        decoupled_weight_decay=group["decoupled_weight_decay"],
-        amsgrad=group["amsgrad"],
-        maximize=group["maximize"],
+
+def _torch_fused(o: AdamOptions) -> tuple[Any, dict[str, Any]]:
+    """torch's fused Adam or AdamW op, and its keyword arguments."""
+    beta1, beta2 = o.betas
+    fused = torch._fused_adamw_ if o.decoupled_weight_decay else torch._fused_adam_
+    return fused, dict(
+        lr=o.lr, beta1=beta1, beta2=beta2, eps=o.eps, weight_decay=o.weight_decay,
+        amsgrad=o.amsgrad, maximize=o.maximize,
     )
 
+
+_TENSOR_LR_WITH_FOREACH = ErrorInput(
+    "tensor lr with foreach", dict(lr=torch.tensor(1e-3), foreach=True), ValueError,
+    "lr as a Tensor is not supported",
+)
+
+
+OptimizerSpec(
+    cls=Adam,
+    summary="a drop-in for torch.optim.Adam; 8-bit states available",
+    reference=torch.optim.Adam,
+    configs=(
+        Config(
+            "amsgrad-betas-wd", dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)
+        ),
+        Config("wd", dict(lr=1e-2, weight_decay=0.1)),
+    ),
+    refusals=(_TENSOR_LR_WITH_FOREACH,),
+)
+OptimizerSpec(
+    cls=AdamW,
+    summary="a drop-in for torch.optim.AdamW; 8-bit states available",
+    reference=torch.optim.AdamW,
+    configs=(
+        Config("default", dict(lr=1e-2, weight_decay=0.1)),
+        Config("amsgrad-maximize", dict(lr=1e-2, amsgrad=True, maximize=True)),
+    ),
+    refusals=(_TENSOR_LR_WITH_FOREACH,),
+)

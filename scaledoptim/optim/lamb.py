@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..fused import FusedOptimizer, check_hyperparameter
+from ..fused import FusedOptimizer
 from ..fused.backends.in_place import tensor_batches_
+from ..fused.options import option, read_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
@@ -20,11 +22,27 @@ from ..kernels import (
     chunk_count,
 )
 from ..torch_ops import MeshSums, PackedSteps, scalars
+from .spec import Config, OptimizerSpec, Tolerance, sweep
 
 __all__ = [
     "LAMB", "LAMB_GRAD_NORM_KERNEL", "LAMB_KERNEL", "LAMB_NORMS_KERNEL", "LambArgs",
-    "LambNormArgs", "lamb_args",
+    "LambNormArgs", "LambOptions", "lamb_args",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class LambOptions:
+    """LAMB's hyper-parameters: defaults and valid ranges."""
+
+    lr: float = option(1e-3, check="learning rate", draw=(1e-4, 1e-1))
+    eps: float = option(1e-6, check="epsilon value")
+    betas: tuple[float, float] = option((0.9, 0.999), check="beta parameter", high=1.0)
+    weight_decay: float = option(0.01, check="weight_decay value")
+    bias_correction: bool = option(True)
+    max_grad_norm: float = option(1.0, check="max_grad_norm", low=-math.inf)
+    adam_w_mode: bool = option(True)
+    grad_averaging: bool = option(True)
+    use_nvlamb: bool = option(False)
 
 
 # ------------------------------------------------------------------------------ the kernels
@@ -95,29 +113,17 @@ def _log(beta: float) -> float:
 
 
 def lamb_args(
-    found_inf: int | None,
-    inv_scale: int | None,
-    grad_norm_sq: int,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    bias_correction: bool,
-    max_grad_norm: float,
-    adam_w_mode: bool,
-    grad_averaging: bool,
-    use_nvlamb: bool,
+    found_inf: int | None, inv_scale: int | None, grad_norm_sq: int, o: LambOptions
 ) -> LambArgs:
     """The kernels' arguments: device scalar pointers, and every host-side constant."""
+    beta1, beta2 = o.betas
     return LambArgs(
-        found_inf=found_inf, inv_scale=inv_scale, grad_norm_sq=grad_norm_sq, lr=lr, beta1=beta1,
-        beta1_grad=1 - beta1 if grad_averaging else 1.0, beta2=beta2, one_minus_beta2=1 - beta2,
-        eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-        log_beta1=_log(beta1), log_beta2=_log(beta2), bias_correction=bias_correction,
-        adam_w_mode=adam_w_mode,
-        trust_ratio=use_nvlamb or weight_decay != 0,
+        found_inf=found_inf, inv_scale=inv_scale, grad_norm_sq=grad_norm_sq, lr=o.lr, beta1=beta1,
+        beta1_grad=1 - beta1 if o.grad_averaging else 1.0, beta2=beta2, one_minus_beta2=1 - beta2,
+        eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
+        log_beta1=_log(beta1), log_beta2=_log(beta2), bias_correction=o.bias_correction,
+        adam_w_mode=o.adam_w_mode,
+        trust_ratio=o.use_nvlamb or o.weight_decay != 0,
     )
 
 
@@ -153,6 +159,8 @@ class LAMB(FusedOptimizer):
     """
 
     kernel = LAMB_KERNEL
+    rounds = True
+    options = LambOptions
     kernels_before = (LAMB_NORMS_KERNEL,)
     torch_form_in_place = True
     # Per-device buffers of the squared global grad norm and of its per-chunk partials, and
@@ -187,14 +195,6 @@ class LAMB(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def check_options(self, options: dict[str, Any]) -> None:
-        check_hyperparameter("learning rate", options["lr"])
-        check_hyperparameter("epsilon value", options["eps"])
-        check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
-        check_hyperparameter("beta parameter at index 1", options["betas"][1], high=1.0)
-        check_hyperparameter("weight_decay value", options["weight_decay"])
-        check_hyperparameter("max_grad_norm", options["max_grad_norm"], low=-float("inf"))
-
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg", "exp_avg_sq")
 
@@ -228,7 +228,8 @@ class LAMB(FusedOptimizer):
     ) -> LambArgs:
         device = group["params"][0].device
         return lamb_args(
-            found_inf, inv_scale, self._grad_norm_sq(device).data_ptr(), **_lamb_options(group)
+            found_inf, inv_scale, self._grad_norm_sq(device).data_ptr(),
+            read_options(LambOptions, group),
         )
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
@@ -238,7 +239,7 @@ class LAMB(FusedOptimizer):
         tensors (Note [batches of whole tensors] in fused/backends/in_place.py)."""
         params, grads, exp_avgs, exp_avg_sqs, _, _, steps = tensor_lists
         norm_sq = self._grad_norm_sq(params[0].device)
-        options = _lamb_options(group)
+        options = read_options(LambOptions, group)
         tensor_batches_(
             lambda local: _LambStep(local[0], steps, norm_sq, options),
             [params, grads, exp_avgs, exp_avg_sqs],
@@ -300,27 +301,27 @@ class _LambStep:
     ``k`` (and so the weight decay's ``wd / k``) cancels out of the trust ratio."""
 
     def __init__(
-        self, params: list[Tensor], steps: list[Tensor], grad_norm_sq: Tensor, o: dict[str, Any]
+        self, params: list[Tensor], steps: list[Tensor], grad_norm_sq: Tensor, o: LambOptions
     ) -> None:
-        beta1, beta2, wd, lr = o["beta1"], o["beta2"], o["weight_decay"], o["lr"]
+        (beta1, beta2), wd, lr = o.betas, o.weight_decay, o.lr
         self.clip = None
-        if o["max_grad_norm"] > 0:
-            self.clip = torch.clamp(grad_norm_sq.sqrt() / o["max_grad_norm"], min=1.0)
+        if o.max_grad_norm > 0:
+            self.clip = torch.clamp(grad_norm_sq.sqrt() / o.max_grad_norm, min=1.0)
         self.lr, self.weight_decay, self.beta1, self.beta2 = lr, wd, beta1, beta2
-        self.l2 = not o["adam_w_mode"] and wd != 0
-        self.grad_averaging = o["grad_averaging"]
+        self.l2 = not o.adam_w_mode and wd != 0
+        self.grad_averaging = o.grad_averaging
         self.b1, self.b2 = scalars(params, beta1, beta2)
         counts = (steps.flat if isinstance(steps, PackedSteps) else torch.stack(steps)).double()
         root_bc2 = torch.ones_like(counts)
         k = root_bc2
-        if o["bias_correction"]:
+        if o.bias_correction:
             root_bc2 = (1 - torch.pow(beta2, counts)).sqrt()
             k = root_bc2 / (1 - torch.pow(beta1, counts))
         dtype = params[0].dtype
-        self.epsilons = (o["eps"] * root_bc2).to(dtype)
+        self.epsilons = (o.eps * root_bc2).to(dtype)
         self.step_sizes = (-lr * k).to(dtype)
-        self.decays = (wd / k).to(dtype) if o["adam_w_mode"] and wd != 0 else None
-        self.needs_norms = o["use_nvlamb"] or wd != 0  # the trust ratio
+        self.decays = (wd / k).to(dtype) if o.adam_w_mode and wd != 0 else None
+        self.needs_norms = o.use_nvlamb or wd != 0  # the trust ratio
 
     def first_(self, lists: list[list[Tensor]], run: slice) -> list[Tensor]:
         """The new moments, in place, from the grads clipped (and with the L2 term: new tensors,
@@ -364,18 +365,39 @@ class _LambStep:
         torch._foreach_addcmul_(params, directions, list(factors.unbind()))
 
 
-def _lamb_options(group: dict[str, Any]) -> dict[str, Any]:
-    beta1, beta2 = group["betas"]
-    return dict(
-        lr=group["lr"],
-        beta1=beta1,
-        beta2=beta2,
-        eps=group["eps"],
-        weight_decay=group["weight_decay"],
-        bias_correction=group["bias_correction"],
-        max_grad_norm=group["max_grad_norm"],
-        adam_w_mode=group["adam_w_mode"],
-        grad_averaging=group["grad_averaging"],
-        use_nvlamb=group["use_nvlamb"],
-    )
 
+OptimizerSpec(
+    cls=LAMB,
+    summary="You et al. (2020) with Apex FusedLAMB's semantics, for large batches",
+    reference=None,
+    # NVLAMB with clipping, L2 without bias correction, then the trust ratio's edge cases.
+    configs=(
+        Config("default", dict(lr=1e-2)),
+        Config(
+            "nvlamb-l2-no-averaging",
+            dict(
+                lr=1e-2, weight_decay=0.0, use_nvlamb=True, grad_averaging=False,
+                max_grad_norm=0.5,
+            ),
+        ),
+        Config(
+            "l2-no-clip-no-bias-correction",
+            dict(
+                lr=1e-2, weight_decay=0.1, adam_w_mode=False, max_grad_norm=0.0,
+                bias_correction=False,
+            ),
+        ),
+        *sweep(
+            Config("no-trust-ratio", dict(lr=1e-2, weight_decay=0.0)),
+            Config(
+                "norm-below-the-clip",
+                dict(lr=1e-2, weight_decay=0.1, use_nvlamb=True, max_grad_norm=100.0),
+            ),
+        ),
+    ),
+    # The trust ratio divides norms summed in another order than float64's.
+    tolerance=Tolerance(param_rtol=2e-6, param_atol=2e-6, state_rtol=1e-5),
+    # Against a float64 reference, a 16-bit param that nearly cancels its update is off by
+    # more than an ulp (the every-dtype tests hold them to one ulp at boundary sizes).
+    mixed_param_dtypes=(torch.float32,),
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
@@ -10,23 +11,38 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..fused import FusedOptimizer, check_hyperparameter
+from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
+from ..fused.options import option, read_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
 )
 from ..torch_ops import scalars
+from .spec import Config, OptimizerSpec
 
-__all__ = ["LION_KERNEL", "LION_LOWBIT_KERNEL", "Lion", "LionArgs", "LowBitLionArgs", "lion_args"]
+__all__ = [
+    "LION_KERNEL", "LION_LOWBIT_KERNEL", "Lion", "LionArgs", "LionOptions", "LowBitLionArgs",
+    "lion_args",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LionOptions:
+    """Lion's hyper-parameters: defaults, valid ranges, the tests' sweep."""
+
+    lr: float = option(1e-4, check="learning rate", sweep=(1e-2,), draw=(1e-4, 1e-1))
+    betas: tuple[float, float] = option(
+        (0.9, 0.99), check="beta parameter", high=1.0, draw=((0.0, 0.99), (0.9, 0.999))
+    )
+    weight_decay: float = option(0.0, check="weight_decay value", sweep=(0.0, 0.5))
+    maximize: bool = option(False, sweep=(False, True))
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -63,25 +79,16 @@ class LowBitLionArgs(ctypes.Structure):
 LION_LOWBIT_KERNEL = lowbit_kernel(LION_KERNEL, ("exp_avgs",), LowBitLionArgs)
 
 
-def lion_args(
-    found_inf: int | None,
-    inv_scale: int | None,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    weight_decay: float,
-    maximize: bool,
-) -> LionArgs:
+def lion_args(found_inf: int | None, inv_scale: int | None, o: LionOptions) -> LionArgs:
     """The kernel's arguments: device scalar pointers, and every host-side constant."""
     return LionArgs(
         found_inf=found_inf,
         inv_scale=inv_scale,
-        lr=lr,
-        one_minus_beta1=1 - beta1,
-        one_minus_beta2=1 - beta2,
-        param_decay=1 - lr * weight_decay,
-        maximize=maximize,
+        lr=o.lr,
+        one_minus_beta1=1 - o.betas[0],
+        one_minus_beta2=1 - o.betas[1],
+        param_decay=1 - o.lr * o.weight_decay,
+        maximize=o.maximize,
     )
 
 
@@ -120,6 +127,9 @@ class Lion(FusedOptimizer):
     """
 
     kernel = LION_KERNEL
+    rounds = True
+    options = LionOptions
+    args = staticmethod(lion_args)
     lowbit_kernel = LION_LOWBIT_KERNEL
     #: The precision of its state with ``state_bits=8`` (Note [low-bit variants]).
     lowbit_codes = MappingProxyType({"exp_avg": SIGNED})
@@ -146,53 +156,41 @@ class Lion(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
-    def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
-        check_hyperparameter("learning rate", options["lr"])
-        check_hyperparameter("beta parameter at index 0", options["betas"][0], high=1.0)
-        check_hyperparameter("beta parameter at index 1", options["betas"][1], high=1.0)
-        check_hyperparameter("weight_decay value", options["weight_decay"])
-
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return ("exp_avg",)
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> LionArgs:
-        return lion_args(found_inf, inv_scale, **_lion_options(group))
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
         """The kernel's arithmetic in place and taken unconditionally: the torch-native backend
         skips it, on the host on a CPU, else on working copies."""
         params, grads, exp_avgs, _ = tensor_lists
-        _lion_(params, grads, exp_avgs, _lion_options(group))
+        _lion_(params, grads, exp_avgs, read_options(LionOptions, group))
 
 
 def _lion_(
-    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], o: dict[str, Any]
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], o: LionOptions
 ) -> None:
     """Lion's torch form, the only one: the update in place, taken unconditionally, with the
     kernel's arithmetic (the same bits, which stochastic rounding relies on); one temporary
     list (two with ``maximize``)."""
-    lr = o["lr"]
-    (decay,) = scalars(params, 1 - lr * o["weight_decay"])
-    if o["maximize"]:
+    lr = o.lr
+    (decay,) = scalars(params, 1 - lr * o.weight_decay)
+    if o.maximize:
         grads = list(torch._foreach_neg(grads))
-    c = torch._foreach_lerp(exp_avgs, grads, 1 - o["beta1"])
+    c = torch._foreach_lerp(exp_avgs, grads, 1 - o.betas[0])
     torch._foreach_sign_(c)
-    if o["weight_decay"] != 0:  # (times 1 is exact)
+    if o.weight_decay != 0:  # (times 1 is exact)
         torch._foreach_mul_(params, decay)
     torch._foreach_add_(params, c, alpha=-lr)  # sign(c) * lr is exact: fused or not, one rounding
     del c
-    torch._foreach_lerp_(exp_avgs, grads, 1 - o["beta2"])
+    torch._foreach_lerp_(exp_avgs, grads, 1 - o.betas[1])
 
 
-def _lion_options(group: dict[str, Any]) -> dict[str, Any]:
-    beta1, beta2 = group["betas"]
-    return dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                maximize=group["maximize"])
-
+OptimizerSpec(
+    cls=Lion,
+    summary="Chen et al. (2023): sign updates, one momentum; an 8-bit state available",
+    reference=None,
+    configs=(
+        Config("default", dict(lr=1e-3)),
+        Config("wd-maximize", dict(lr=1e-3, betas=(0.8, 0.95), weight_decay=0.5, maximize=True)),
+    ),
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -11,27 +12,47 @@ import torch
 from torch import Tensor
 from torch.optim.rmsprop import rmsprop as torch_rmsprop
 
-from ..fused import FusedOptimizer, check_tensor_hyperparameter, hyperparameter
+from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
     UNSIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
+from ..fused.options import option, read_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
 )
 from ..torch_ops import scalars
+from .spec import Config, OptimizerSpec, Tolerance
 
 __all__ = [
     "RMSPROP_KERNEL", "RMSPROP_LOWBIT_KERNEL", "LowBitRmspropArgs", "RMSprop", "RmspropArgs",
-    "rmsprop_args",
+    "RmspropOptions", "rmsprop_args",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RmspropOptions:
+    """RMSprop's hyper-parameters (checked in torch.optim.RMSprop's order): defaults, valid
+    ranges, the tests' sweep."""
+
+    lr: float = option(
+        1e-2, check="learning rate", tensor=True, sweep=(1e-2,), draw=(1e-4, 1e-1)
+    )
+    eps: float = option(1e-8, check="epsilon value", tensor=True, draw=(1e-10, 1e-3))
+    momentum: float = option(
+        0.0, check="momentum value", tensor=True, sweep=(0.0, 0.9)
+    )
+    weight_decay: float = option(
+        0.0, check="weight_decay value", tensor=True, sweep=(0.0, 0.1)
+    )
+    alpha: float = option(0.99, check="alpha value", tensor=True, draw=(0.5, 0.999))
+    centered: bool = option(False, sweep=(False, True))
+    maximize: bool = option(False, sweep=(False, True))
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -74,11 +95,10 @@ RMSPROP_LOWBIT_KERNEL = lowbit_kernel(
 )
 
 
-def rmsprop_args(found_inf: int | None, inv_scale: int | None, **options: Any) -> RmspropArgs:
-    """The kernel's arguments: device scalar pointers, and a group's options (``lr``, ``alpha``,
-    ``eps``, ``weight_decay``, ``momentum``, ``centered``, ``maximize``)."""
+def rmsprop_args(found_inf: int | None, inv_scale: int | None, o: RmspropOptions) -> RmspropArgs:
+    """The kernel's arguments: device scalar pointers, and a group's options."""
     return RmspropArgs(
-        found_inf=found_inf, inv_scale=inv_scale, one_minus_alpha=1 - options["alpha"], **options
+        found_inf=found_inf, inv_scale=inv_scale, one_minus_alpha=1 - o.alpha, **vars(o)
     )
 
 
@@ -128,6 +148,9 @@ class RMSprop(FusedOptimizer):
     """
 
     kernel = RMSPROP_KERNEL
+    rounds = True
+    options = RmspropOptions
+    args = staticmethod(rmsprop_args)
     lowbit_kernel = RMSPROP_LOWBIT_KERNEL
     #: The precision of its states with ``state_bits=8`` (Note [low-bit variants]).
     lowbit_codes = MappingProxyType(
@@ -169,26 +192,14 @@ class RMSprop(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
     def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
+        super().check_options(options)
         if options.get("state_bits") == 8 and options["centered"]:
             raise ValueError(
                 "centered=True keeps float32 states: sqrt(square_avg - grad_avg**2) subtracts "
                 "two averages 8-bit codes round apart by more than a small variance (a NaN step); "
                 "use state_bits=32 with centered=True"
             )
-        for label, name in (
-            ("learning rate", "lr"),
-            ("epsilon value", "eps"),
-            ("momentum value", "momentum"),
-            ("weight_decay value", "weight_decay"),
-            ("alpha value", "alpha"),
-        ):
-            check_tensor_hyperparameter(label, name, options[name])
 
     def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
         if any(p.grad is not None and p.grad.is_sparse for p in params):
@@ -200,20 +211,16 @@ class RMSprop(FusedOptimizer):
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
         return (
             "square_avg",
-            "momentum_buffer" if hyperparameter("momentum", group["momentum"]) > 0 else None,
+            "momentum_buffer" if read_options(RmspropOptions, group).momentum > 0 else None,
             "grad_avg" if group["centered"] else None,
         )
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> RmspropArgs:
-        return rmsprop_args(found_inf, inv_scale, **_rmsprop_options(group))
 
     def torch_form_(self, group: dict[str, Any], tensor_lists: list[list[Tensor]]) -> None:
         """torch.optim.RMSprop's foreach math, in place and taken unconditionally: the
         torch-native backend skips it, on the host on a CPU, else on working copies."""
         params, grads, square_avgs, buffers, grad_avgs, _ = tensor_lists
-        _rmsprop_(params, grads, square_avgs, buffers, grad_avgs, _rmsprop_options(group))
+        o = read_options(RmspropOptions, group)
+        _rmsprop_(params, grads, square_avgs, buffers, grad_avgs, o)
 
     def torch_optim_update(
         self, group: dict[str, Any], tensor_lists: list[list[Tensor]], found_inf: Tensor | None
@@ -231,13 +238,13 @@ class RMSprop(FusedOptimizer):
         )
 
 
-def _rmsprop_grads(grads: list[Tensor], params: list[Tensor], o: dict[str, Any]) -> list[Tensor]:
+def _rmsprop_grads(grads: list[Tensor], params: list[Tensor], o: RmspropOptions) -> list[Tensor]:
     """The grads the update reads: negated if ``maximize``, plus the L2 term (new lists: the
     grads are the user's)."""
-    if o["maximize"]:
+    if o.maximize:
         grads = list(torch._foreach_neg(grads))
-    if o["weight_decay"] != 0:
-        grads = list(torch._foreach_add(grads, params, alpha=o["weight_decay"]))
+    if o.weight_decay != 0:
+        grads = list(torch._foreach_add(grads, params, alpha=o.weight_decay))
     return grads
 
 
@@ -264,31 +271,52 @@ def _rmsprop_(
     square_avgs: list[Tensor],
     buffers: list[Tensor],
     grad_avgs: list[Tensor],
-    o: dict[str, Any],
+    o: RmspropOptions,
 ) -> None:
     """RMSprop's torch form, the only one: the update in place, taken unconditionally (0-dim
     tensors on a CPU for the Python scalars that torch's CPU foreach ops would wrap per tensor,
     the same value rounded once either way); two temporary lists, the grads the update reads
     (with ``maximize`` or weight decay) and the denominators."""
-    alpha, eps, momentum = scalars(params, o["alpha"], o["eps"], o["momentum"])
+    alpha, eps, momentum = scalars(params, o.alpha, o.eps, o.momentum)
     grads = _rmsprop_grads(grads, params, o)
     torch._foreach_mul_(square_avgs, alpha)
-    torch._foreach_addcmul_(square_avgs, grads, grads, value=1 - o["alpha"])  # a Scalar
-    if o["centered"]:
-        torch._foreach_lerp_(grad_avgs, grads, 1 - o["alpha"])
+    torch._foreach_addcmul_(square_avgs, grads, grads, value=1 - o.alpha)  # a Scalar
+    if o.centered:
+        torch._foreach_lerp_(grad_avgs, grads, 1 - o.alpha)
     avg = _rmsprop_denominators(square_avgs, grad_avgs, eps)
-    if o["momentum"] > 0:
+    if o.momentum > 0:
         torch._foreach_mul_(buffers, momentum)
         torch._foreach_addcdiv_(buffers, grads, avg)
-        torch._foreach_add_(params, buffers, alpha=-o["lr"])
+        torch._foreach_add_(params, buffers, alpha=-o.lr)
     else:
-        torch._foreach_addcdiv_(params, grads, avg, value=-o["lr"])
+        torch._foreach_addcdiv_(params, grads, avg, value=-o.lr)
 
 
-def _rmsprop_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        **{name: hyperparameter(name, group[name])
-           for name in ("lr", "alpha", "eps", "weight_decay", "momentum")},
-        centered=group["centered"], maximize=group["maximize"],
-    )
 
+OptimizerSpec(
+    cls=RMSprop,
+    summary="a drop-in for torch.optim.RMSprop; 8-bit states available",
+    reference=torch.optim.RMSprop,
+    # torch's own configs (its optim_db), at a learning rate that moves params.
+    configs=(
+        Config("default", dict(lr=1e-2)),
+        Config("weight_decay", dict(lr=1e-2, weight_decay=0.1)),
+        Config("maximize", dict(lr=1e-2, maximize=True)),
+        Config("centered-wd", dict(lr=1e-2, weight_decay=0.1, centered=True)),
+        Config("maximize-wd", dict(lr=1e-2, weight_decay=0.1, maximize=True)),
+        Config(
+            "momentum-centered-wd", dict(lr=1e-2, weight_decay=0.1, centered=True, momentum=0.1)
+        ),
+        Config(
+            "every-option",
+            dict(
+                lr=1e-2, alpha=0.9, eps=1e-6, weight_decay=0.1, centered=True, momentum=0.1,
+                maximize=True,
+            ),
+        ),
+    ),
+    # torch's CPU sqrt of a float32 tensor is off by one ulp in ~17% of elements (our kernels'
+    # sqrtf is correctly rounded, as CUDA's), and RMSprop divides by it: an ulp or two in every
+    # update, amplified where a momentum buffer cancels or a grad is near zero.
+    tolerance=Tolerance(param_rtol=1e-5, state_rtol=1e-5, state_atol=1e-5, trajectory_atol=1e-6),
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any, ClassVar, cast
@@ -11,27 +12,41 @@ import torch
 from torch import Tensor
 from torch.optim.sgd import sgd as torch_sgd
 
-from ..fused import (
-    FusedOptimizer,
-    check_tensor_hyperparameter,
-    hyperparameter,
-)
+from ..fused import FusedOptimizer
 from ..fused.lowbit import (
     SIGNED,
-    check_float32_states,
     lowbit_fields,
     lowbit_kernel,
-    lowbit_new,
 )
 from ..fused.lowbit import lowbit_options as _lowbit_options
+from ..fused.options import option, read_options
 from ..kernels import (
     CUDA_SOURCE_DIR,
     ROUNDING_LISTS,
     MultiTensorKernel,
 )
 from ..torch_ops import advance_steps_
+from .spec import Config, ErrorInput, OptimizerSpec
 
-__all__ = ["SGD", "SGD_KERNEL", "SGD_LOWBIT_KERNEL", "LowBitSgdArgs", "SgdArgs", "sgd_args"]
+__all__ = [
+    "SGD", "SGD_KERNEL", "SGD_LOWBIT_KERNEL", "LowBitSgdArgs", "SgdArgs", "SgdOptions", "sgd_args",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SgdOptions:
+    """SGD's hyper-parameters: defaults, valid ranges, the tests' sweep."""
+
+    lr: float = option(
+        1e-3, check="learning rate", tensor=True, sweep=(0.05,), draw=(1e-4, 1.0)
+    )
+    momentum: float = option(0.0, check="momentum value", tensor=True, sweep=(0.0, 0.9))
+    dampening: float = option(0.0, tensor=True, sweep=(0.0, 0.3))
+    weight_decay: float = option(
+        0.0, check="weight_decay value", tensor=True, sweep=(0.0, 0.1)
+    )
+    nesterov: bool = option(False, sweep=(False, True))
+    maximize: bool = option(False, sweep=(False, True))
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -69,27 +84,17 @@ class LowBitSgdArgs(ctypes.Structure):
 SGD_LOWBIT_KERNEL = lowbit_kernel(SGD_KERNEL, ("momentum_buffers",), LowBitSgdArgs)
 
 
-def sgd_args(
-    found_inf: int | None,
-    inv_scale: int | None,
-    *,
-    lr: float,
-    momentum: float,
-    dampening: float,
-    nesterov: bool,
-    weight_decay: float,
-    maximize: bool,
-) -> SgdArgs:
+def sgd_args(found_inf: int | None, inv_scale: int | None, o: SgdOptions) -> SgdArgs:
     """The kernel's arguments: device scalar pointers, and every host-side constant."""
     return SgdArgs(
         found_inf=found_inf,
         inv_scale=inv_scale,
-        lr=lr,
-        momentum=momentum,
-        one_minus_dampening=1 - dampening,
-        weight_decay=weight_decay,
-        nesterov=nesterov,
-        maximize=maximize,
+        lr=o.lr,
+        momentum=o.momentum,
+        one_minus_dampening=1 - o.dampening,
+        weight_decay=o.weight_decay,
+        nesterov=o.nesterov,
+        maximize=o.maximize,
     )
 
 
@@ -130,6 +135,9 @@ class SGD(FusedOptimizer):
     """
 
     kernel = SGD_KERNEL
+    rounds = True
+    options = SgdOptions
+    args = staticmethod(sgd_args)
     lowbit_kernel = SGD_LOWBIT_KERNEL
     #: The precision of its state with ``state_bits=8`` (Note [low-bit variants]).
     lowbit_codes = MappingProxyType({"momentum_buffer": SIGNED})
@@ -172,18 +180,10 @@ class SGD(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # ``state_bits=8`` makes its low-bit variant (Note [low-bit variants]).
-        return lowbit_new(cls, kwargs)
-
     def check_options(self, options: dict[str, Any]) -> None:
-        check_float32_states(self, options)
-        check_tensor_hyperparameter("learning rate", "lr", options["lr"])
-        check_tensor_hyperparameter("momentum value", "momentum", options["momentum"])
-        check_tensor_hyperparameter("weight_decay value", "weight_decay", options["weight_decay"])
-        momentum = hyperparameter("momentum", options["momentum"])
-        dampening = hyperparameter("dampening", options["dampening"])
-        if options["nesterov"] and (momentum <= 0 or dampening != 0):
+        super().check_options(options)
+        o = read_options(SgdOptions, options)
+        if o.nesterov and (o.momentum <= 0 or o.dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def check_torch_optim(self, group: dict[str, Any], params: list[Tensor]) -> None:
@@ -198,12 +198,7 @@ class SGD(FusedOptimizer):
             )
 
     def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:
-        return ("momentum_buffer" if hyperparameter("momentum", group["momentum"]) != 0 else None,)
-
-    def kernel_args(
-        self, group: dict[str, Any], found_inf: int | None, inv_scale: int | None
-    ) -> SgdArgs:
-        return sgd_args(found_inf, inv_scale, **_sgd_options(group))
+        return ("momentum_buffer" if read_options(SgdOptions, group).momentum != 0 else None,)
 
     def torch_update(
         self,
@@ -220,13 +215,13 @@ class SGD(FusedOptimizer):
         set to the first grad on device first, where the step counter is zero.
         """
         params, grads, buffers, steps = tensor_lists
-        options = _sgd_options(group)
-        if buffers and options["dampening"] != 0:
+        o = read_options(SgdOptions, group)
+        if buffers and o.dampening != 0:
             unscaled = grads if grad_scale is None else list(torch._foreach_div(grads, grad_scale))
-            _start_buffers_(params, unscaled, buffers, steps, options)
+            _start_buffers_(params, unscaled, buffers, steps, o)
         torch._fused_sgd_(
-            params, grads, buffers, **options, is_first_step=False, grad_scale=grad_scale,
-            found_inf=found_inf,
+            params, grads, buffers, **vars(o), is_first_step=False,
+            grad_scale=grad_scale, found_inf=found_inf,
         )
         advance_steps_(steps, found_inf)
 
@@ -235,10 +230,10 @@ class SGD(FusedOptimizer):
         (the first step is the one they count as 1): the float32 update of a batch of decoded
         8-bit states (Note [low-bit batches]); the float32 states take :meth:`torch_update`."""
         params, grads, buffers, steps = tensor_lists
-        options = _sgd_options(group)
-        if buffers and options["dampening"] != 0:
-            _start_buffers_(params, grads, buffers, [step - 1 for step in steps], options)
-        torch._fused_sgd_(params, grads, buffers, **options, is_first_step=False)
+        o = read_options(SgdOptions, group)
+        if buffers and o.dampening != 0:
+            _start_buffers_(params, grads, buffers, [step - 1 for step in steps], o)
+        torch._fused_sgd_(params, grads, buffers, **vars(o), is_first_step=False)
 
     def torch_optim_update(
         self,
@@ -259,7 +254,7 @@ class SGD(FusedOptimizer):
         first = [False] * len(buffers)
         if group["fused"]:
             if buffers and group["dampening"] != 0:
-                _start_buffers_(params, grads, buffers, steps, _sgd_options(group))
+                _start_buffers_(params, grads, buffers, steps, read_options(SgdOptions, group))
         elif buffers:
             first = [step.item() == 0 for step in steps]
         momentum_buffers: list[Tensor | None] = [
@@ -283,26 +278,44 @@ def _start_buffers_(
     grads: list[Tensor],
     buffers: list[Tensor],
     steps: list[Tensor],
-    options: dict[str, Any],
+    o: SgdOptions,
 ) -> None:
     """Presets, on device, the momentum buffer of each param whose first step this is, so that
     ``momentum * buf + (1 - dampening) * d_p`` is torch's first-step ``buf = d_p`` (a skipped
     step must not count as the first one)."""
-    momentum, dampening = options["momentum"], options["dampening"]
     for buf, param, grad, step in zip(buffers, params, grads, steps):
-        d_p = grad.neg() if options["maximize"] else grad
-        if options["weight_decay"] != 0:
-            d_p = d_p.add(param, alpha=options["weight_decay"])
-        buf.copy_(torch.where(step == 0, d_p * (dampening / momentum), buf))
+        d_p = grad.neg() if o.maximize else grad
+        if o.weight_decay != 0:
+            d_p = d_p.add(param, alpha=o.weight_decay)
+        buf.copy_(torch.where(step == 0, d_p * (o.dampening / o.momentum), buf))
 
 
-def _sgd_options(group: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        lr=hyperparameter("lr", group["lr"]),
-        momentum=hyperparameter("momentum", group["momentum"]),
-        dampening=hyperparameter("dampening", group["dampening"]),
-        nesterov=group["nesterov"],
-        weight_decay=hyperparameter("weight_decay", group["weight_decay"]),
-        maximize=group["maximize"],
-    )
 
+OptimizerSpec(
+    cls=SGD,
+    summary="a drop-in for torch.optim.SGD (momentum, dampening, Nesterov); 8-bit states",
+    reference=torch.optim.SGD,
+    configs=(
+        Config(
+            "momentum-nesterov-wd",
+            dict(lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True),
+        ),
+        Config("plain", dict(lr=0.05)),
+        Config("momentum-wd", dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
+        Config(
+            "dampening-maximize",
+            dict(lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01, maximize=True),
+        ),
+    ),
+    refusals=(
+        ErrorInput(
+            "nesterov without momentum", dict(lr=0.1, nesterov=True), ValueError, "Nesterov"
+        ),
+        ErrorInput(
+            "nesterov with dampening",
+            dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True),
+            ValueError,
+            "Nesterov",
+        ),
+    ),
+)

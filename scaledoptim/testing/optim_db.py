@@ -2,10 +2,12 @@
 
 Like torch's ``torch.testing._internal.common_optimizers.optim_db``: a generic test takes
 :data:`optim_db` (or :func:`rows` of a property) and runs over every row, so adding an optimizer
-is adding a row. Rows are chosen by name or property (:func:`row`, :func:`rows`), never by
-position. A row is written by keyword and names its configs and error inputs by function (in
-``optim_inputs.py``), as torch's ``OptimizerInfo`` names its ``optim_inputs_func`` and
-``optim_error_inputs_func``; it reads no private of the optimizer.
+adds a row. Rows are chosen by name or property (:func:`row`, :func:`rows`), never by position.
+No row is written here: each is derived from the optimizer's
+:class:`~scaledoptim.optim.spec.OptimizerSpec`, declared in its own file (Note [an optimizer
+declared once] in optim/spec.py): its reference, its configs (those the spec names, then the
+grid of its options' declared sweep values), its error inputs (a value just outside each
+option's declared range, then the spec's other refusals) and the ranges a property test draws.
 
 Each row names its reference: the ``torch.optim`` class of the same math, or ``None`` when torch
 has none (Lion, LAMB); then the reference is the optimizer's own torch form run in float64
@@ -25,112 +27,77 @@ ranges it gives.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+import scaledoptim.optim  # noqa: F401  (registers every optimizer's spec)
 from scaledoptim.fused import FusedOptimizer
 from scaledoptim.kernels import MultiTensorKernel
-from scaledoptim.optim import (
-    LAMB,
-    SGD,
-    Adagrad,
-    Adam,
-    AdamW,
-    Lion,
-    RMSprop,
-)
-from scaledoptim.protocol import LBFGS
-
-from .optim_inputs import (
+from scaledoptim.optim.spec import (
+    LOW_AND_FULL,
     Config,
     ErrorInput,
-    configs_adagrad,
-    configs_adam,
-    configs_adamw,
-    configs_lamb,
-    configs_lbfgs,
-    configs_lion,
-    configs_rmsprop,
-    configs_sgd,
-    error_inputs_adagrad,
-    error_inputs_adam,
-    error_inputs_lamb,
-    error_inputs_lbfgs,
-    error_inputs_lion,
-    error_inputs_rmsprop,
-    error_inputs_sgd,
+    OptimizerSpec,
+    Tolerance,
     grid,
-    no_error_inputs,
+    registered,
     sweep,
 )
 
 __all__ = [
-    "Config", "ErrorInput", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
+    "LOW_AND_FULL", "Config", "ErrorInput", "OptimInfo", "Tolerance", "grid", "optim_db", "row",
     "rows", "sweep",
 ]
-
-#: The param dtypes of mixed-precision training; the fused kernels take each of them.
-LOW_AND_FULL = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    """Of an fp32 step against the fp32 reference (16-bit params are held to one ulp), and of
-    the params after a few training steps (``trajectory_*``)."""
-
-    param_rtol: float = 1e-6
-    param_atol: float = 1e-6
-    state_rtol: float = 1e-6
-    state_atol: float = 1e-7
-    trajectory_rtol: float = 1e-5
-    trajectory_atol: float = 1e-7
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimInfo:
-    """One optimizer as the generic tests, the doctor and the benchmarks see it; a row is built
-    by keyword, its configs and error inputs by named functions (as torch's ``OptimizerInfo``
-    with ``optim_inputs_func`` and ``optim_error_inputs_func``).
+    """One optimizer as the generic tests, the doctor and the benchmarks see it, derived from its
+    :class:`~scaledoptim.optim.spec.OptimizerSpec` (as torch's ``OptimizerInfo``, whose
+    ``optim_inputs_func`` and ``optim_error_inputs_func`` are the spec's configs and ranges).
 
     Args:
-        name: the class's name in :mod:`scaledoptim`.
-        cls: the class.
-        reference: the ``torch.optim`` class with the same options, math and state names, or
-            ``None``: the optimizer's own torch form in float64 (see :meth:`reference_for`).
-        configs_func: returns the option sets that, together, exercise every branch of the
-            update (:attr:`configs`); the first is the row's default (what the protocol tests
-            and the doctor run).
-        error_inputs_func: returns the options the constructor must refuse
-            (:attr:`error_inputs`).
-        ranges: float options a property test may draw, as ``(low, high)``; a tuple option
-            (``betas``) as a tuple of ranges.
-        dtypes: the param dtypes it updates on our kernels.
-        tolerance: of an fp32 step against the reference.
-        mixed_param_dtypes: the param dtypes a test may mix in one launch (a float64 reference
-            can hold a 16-bit param that nearly cancels its update to more than an ulp).
-        needs_closure: ``step()`` evaluates a closure (LBFGS).
+        spec: the optimizer's declaration, which every field derives from.
     """
 
-    name: str
-    cls: type[torch.optim.Optimizer]
-    reference: type[torch.optim.Optimizer] | None
-    configs_func: Callable[[], tuple[Config, ...]]
-    error_inputs_func: Callable[[], tuple[ErrorInput, ...]] = no_error_inputs
-    ranges: dict[str, Any] = dataclasses.field(default_factory=dict)
-    dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
-    tolerance: Tolerance = Tolerance()
-    mixed_param_dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
-    needs_closure: bool = False
-    #: ``configs_func()``, called once.
+    spec: OptimizerSpec
+    #: The class's name in :mod:`scaledoptim`.
+    name: str = dataclasses.field(init=False)
+    #: The class.
+    cls: type[torch.optim.Optimizer] = dataclasses.field(init=False)
+    #: The ``torch.optim`` class with the same options, math and state names, or ``None``: the
+    #: optimizer's own torch form in float64 (see :meth:`reference_for`).
+    reference: type[torch.optim.Optimizer] | None = dataclasses.field(init=False)
+    #: The option sets that, together, exercise every branch of the update: the spec's, then
+    #: the declared sweep; the first is the row's default (what the protocol tests and the
+    #: doctor run).
     configs: tuple[Config, ...] = dataclasses.field(init=False)
-    #: ``error_inputs_func()``, called once.
+    #: The options the constructor must refuse.
     error_inputs: tuple[ErrorInput, ...] = dataclasses.field(init=False)
+    #: Float options a property test may draw, as ``(low, high)``; a tuple option (``betas``)
+    #: as a tuple of ranges.
+    ranges: dict[str, Any] = dataclasses.field(init=False)
+    #: The param dtypes it updates on our kernels.
+    dtypes: tuple[torch.dtype, ...] = LOW_AND_FULL
+    #: Of an fp32 step against the reference.
+    tolerance: Tolerance = dataclasses.field(init=False)
+    #: The param dtypes a test may mix in one launch (a float64 reference can hold a 16-bit
+    #: param that nearly cancels its update to more than an ulp).
+    mixed_param_dtypes: tuple[torch.dtype, ...] = dataclasses.field(init=False)
+    #: ``step()`` evaluates a closure (LBFGS).
+    needs_closure: bool = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "configs", self.configs_func())
-        object.__setattr__(self, "error_inputs", self.error_inputs_func())
+        spec = self.spec
+        for key, value in dict(
+            name=spec.name, cls=spec.cls, reference=spec.reference,
+            configs=(*spec.configs, *spec.swept()), error_inputs=spec.error_inputs(),
+            ranges=spec.ranges(), tolerance=spec.tolerance,
+            mixed_param_dtypes=spec.mixed_param_dtypes, needs_closure=spec.needs_closure,
+        ).items():
+            object.__setattr__(self, key, value)
 
     def __str__(self) -> str:
         return self.name
@@ -151,8 +118,7 @@ class OptimInfo:
     @property
     def rounding(self) -> bool:
         """Whether it takes ``master_weights`` and ``stochastic_rounding``."""
-        kernels = self.kernels
-        return bool(kernels) and kernels[-1].lists[-3:-1] == ("master_params", "sr_seeds")
+        return issubclass(self.cls, FusedOptimizer) and self.cls.rounds
 
     @property
     def launched_kernels(self) -> tuple[MultiTensorKernel, ...]:
@@ -212,85 +178,8 @@ class OptimInfo:
         return torch.float64 if self.reference is None else None
 
 
-_ADAM_RANGES = {"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.9999)), "eps": (1e-10, 1e-3)}
-
-optim_db: tuple[OptimInfo, ...] = (
-    OptimInfo(
-        name="AdamW",
-        cls=AdamW,
-        reference=torch.optim.AdamW,
-        configs_func=configs_adamw,
-        error_inputs_func=error_inputs_adam,
-        ranges=_ADAM_RANGES,
-    ),
-    OptimInfo(
-        name="Adam",
-        cls=Adam,
-        reference=torch.optim.Adam,
-        configs_func=configs_adam,
-        error_inputs_func=error_inputs_adam,
-        ranges=_ADAM_RANGES,
-    ),
-    OptimInfo(
-        name="SGD",
-        cls=SGD,
-        reference=torch.optim.SGD,
-        configs_func=configs_sgd,
-        error_inputs_func=error_inputs_sgd,
-        ranges={"lr": (1e-4, 1.0)},
-    ),
-    OptimInfo(
-        name="Adagrad",
-        cls=Adagrad,
-        reference=torch.optim.Adagrad,
-        configs_func=configs_adagrad,
-        error_inputs_func=error_inputs_adagrad,
-        ranges={"lr": (1e-4, 1e-1), "eps": (1e-10, 1e-3)},
-    ),
-    OptimInfo(
-        name="RMSprop",
-        cls=RMSprop,
-        reference=torch.optim.RMSprop,
-        configs_func=configs_rmsprop,
-        error_inputs_func=error_inputs_rmsprop,
-        ranges={"lr": (1e-4, 1e-1), "alpha": (0.5, 0.999), "eps": (1e-10, 1e-3)},
-        # torch's CPU sqrt of a float32 tensor is off by one ulp in ~17% of elements (our kernels'
-        # sqrtf is correctly rounded, as CUDA's), and RMSprop divides by it: an ulp or two in
-        # every update, amplified where a momentum buffer cancels or a grad is near zero.
-        tolerance=Tolerance(
-            param_rtol=1e-5, state_rtol=1e-5, state_atol=1e-5, trajectory_atol=1e-6
-        ),
-    ),
-    OptimInfo(
-        name="Lion",
-        cls=Lion,
-        reference=None,
-        configs_func=configs_lion,
-        error_inputs_func=error_inputs_lion,
-        ranges={"lr": (1e-4, 1e-1), "betas": ((0.0, 0.99), (0.9, 0.999))},
-    ),
-    OptimInfo(
-        name="LAMB",
-        cls=LAMB,
-        reference=None,
-        configs_func=configs_lamb,
-        error_inputs_func=error_inputs_lamb,
-        ranges={"lr": (1e-4, 1e-1)},
-        # The trust ratio divides norms summed in another order than float64's.
-        tolerance=Tolerance(param_rtol=2e-6, param_atol=2e-6, state_rtol=1e-5),
-        # Against a float64 reference, a 16-bit param that nearly cancels its update is off by
-        # more than an ulp (the every-dtype tests hold them to one ulp at boundary sizes).
-        mixed_param_dtypes=(torch.float32,),
-    ),
-    OptimInfo(
-        name="LBFGS",
-        cls=LBFGS,
-        reference=torch.optim.LBFGS,
-        configs_func=configs_lbfgs,
-        error_inputs_func=error_inputs_lbfgs,
-        needs_closure=True,
-    ),
-)
+#: Every registered optimizer's row, in the order of registration.
+optim_db: tuple[OptimInfo, ...] = tuple(OptimInfo(spec=spec) for spec in registered())
 
 
 def row(name: str) -> OptimInfo:

@@ -78,6 +78,7 @@ def test_the_sync_free_driver_runs_the_form_on_copies_of_what_it_writes_only() -
 def test_a_fused_optimizer_without_its_torch_form_is_refused_with_the_fix(in_place) -> None:
     class NoForm(scaledoptim.FusedOptimizer):
         kernel = scaledoptim.SGD.kernel
+        rounds = True
         torch_form_in_place = in_place
 
         def state_keys(self, group: dict[str, Any]) -> tuple[str | None, ...]:

@@ -13,8 +13,8 @@ from scaledoptim.kernels import launcher
 from scaledoptim.kernels.config import launch_config
 from scaledoptim.kernels.emulator import emulator_library
 from scaledoptim.kernels.table import MAX_CHUNKS, max_tensors, plan_launches, table_type
-from scaledoptim.optim.adam import ADAM_KERNEL, adam_args
-from scaledoptim.optim.sgd import SGD_KERNEL, sgd_args
+from scaledoptim.optim.adam import ADAM_KERNEL, AdamOptions, adam_args
+from scaledoptim.optim.sgd import SGD_KERNEL, SgdOptions, sgd_args
 
 SCALE_SOURCE = Path(__file__).parent / "data" / "scale.cu"
 
@@ -61,8 +61,8 @@ def test_more_tensors_than_one_table_holds():
     m, v = ([torch.zeros_like(p) for p in params] for _ in range(2))
     steps = [torch.zeros(()) for _ in params]
     expected = [p - 0.1 * torch.sign(g) for p, g in zip(params, grads)]  # Adam's first step
-    options = dict(lr=0.1, beta1=0.9, beta2=0.999, eps=0.0, weight_decay=0.0, maximize=False)
-    args = adam_args(None, None, **options, decoupled_weight_decay=True, amsgrad=False)
+    options = AdamOptions(lr=0.1, eps=0.0, weight_decay=0.0, decoupled_weight_decay=True)
+    args = adam_args(None, None, options)
     kernels.launch(ADAM_KERNEL, [params, grads, m, v, [], [], [], steps], args)
     kernels.launch(kernels.STEP_EPILOGUE, [steps], kernels.StepEpilogueArgs(found_inf=None))
     for p, e in zip(params, expected):
@@ -113,10 +113,7 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
     with pytest.raises(TypeError, match="ScaleArgs"):
         kernels.launch(SCALE, [[x]], kernels.NonFiniteCheckArgs())
     with pytest.raises(ValueError, match="has 2 tensors but params has 1"):
-        args = sgd_args(
-            None, None, lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0,
-            maximize=False,
-        )
+        args = sgd_args(None, None, SgdOptions(lr=0.1))
         kernels.launch(SGD_KERNEL, [[x], [x, x], [], [], [], [torch.zeros(())]], args)
     with pytest.raises(ValueError, match="found_inf must be a one-element float32"):
         kernels.non_finite_check_([x], torch.zeros((), dtype=torch.float64))

@@ -13,7 +13,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from ...kernels import PLAIN_TENSOR_TYPES, ROUNDING_LISTS, is_dense
+from ...kernels import PLAIN_TENSOR_TYPES, is_dense
 from ...protocol.clipping import sum_of_squares
 from ...scale import ScaleUpdate
 from ...torch_ops import (
@@ -47,7 +47,7 @@ class TorchUpdate:
         params, grads, *state_lists, steps = lists
         masters: list[Tensor] = []
         seeds: list[Tensor] = []
-        if update.kernel.lists[-3:-1] == ROUNDING_LISTS:  # See Note [param rounding]
+        if update.rounds:  # See Note [param rounding]
             *state_lists, masters, seeds = state_lists
         # See Note [tensor subclasses] in torch_native.py: the subclass params the plan hands an
         # elementwise update as they are run on their local tensors.
