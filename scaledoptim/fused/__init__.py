@@ -7,8 +7,8 @@
 * ``backends/``: what runs an update (our kernels, or torch's ops); ``select`` picks one.
 """
 
-from .hyperparameter_checks import check_hyperparameter, check_tensor_hyperparameter
 from .optimizer import FusedOptimizer
+from .options import check_hyperparameter, check_tensor_hyperparameter
 from .plan import hyperparameter
 from .update import GradReduction, Group, TensorLists, Update
 

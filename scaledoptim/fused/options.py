@@ -18,13 +18,17 @@ group's ``lr=-1.0``, and :func:`read_options` gives the update ``LionOptions`` w
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from .plan import check_hyperparameter, check_tensor_hyperparameter, hyperparameter
+import torch
 
-__all__ = ["Check", "Options", "check_options", "option", "read_options"]
+from .plan import hyperparameter, read_options
+
+__all__ = [
+    "Check", "Options", "check_hyperparameter", "check_options", "check_tensor_hyperparameter",
+    "option", "read_options",
+]
 
 
 class Options(Protocol):
@@ -102,22 +106,23 @@ def check_options(options: type[Options], group: Mapping[str, Any]) -> None:
                 check_hyperparameter(label, value, check.low, check.high)
 
 
-def read_options(options: type[OptionsT], group: Mapping[str, Any]) -> OptionsT:
-    """The group's options as its update reads them: a one-element CPU tensor option (one
-    declared ``tensor``) as its current number (see :func:`~scaledoptim.fused.hyperparameter`)."""
-    values = {}
-    for name, tensor in _reads(options):  # once per group and step: the fields read once
-        value = group[name]
-        if tensor:
-            value = (
-                tuple(hyperparameter(name, item) for item in value)
-                if isinstance(value, (tuple, list))
-                else hyperparameter(name, value)
-            )
-        values[name] = value
-    return options(**values)
+def check_hyperparameter(
+    name: str, value: Any, low: float = 0.0, high: float | None = None
+) -> None:
+    """``ValueError(f"Invalid {name}: {value}")`` unless ``low <= value (< high)``, torch's
+    style."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a Python float, not a tensor (got {value!r})")
+    if not (low <= value and (high is None or value < high)):
+        raise ValueError(f"Invalid {name}: {value}")
 
 
-@functools.cache
-def _reads(options: type[Options]) -> tuple[tuple[str, bool], ...]:
-    return tuple((f.name, bool(f.metadata.get("tensor"))) for f in dataclasses.fields(options))
+def check_tensor_hyperparameter(
+    label: str, name: str, value: object, low: float = 0.0, high: float | None = None
+) -> None:
+    """:func:`check_hyperparameter` for an option torch.optim also takes as a one-element tensor
+    (``name``: the option, as torch's ``"Tensor lr must be 1-element"`` names it). A tensor on an
+    accelerator is not read: a check at every step would sync the device."""
+    value = hyperparameter(name, value)
+    if not isinstance(value, torch.Tensor):
+        check_hyperparameter(label, value, low, high)

@@ -1,7 +1,7 @@
 """A fused step's plan: what each backend runs in a step (the check of the grads, the update, the
 end of the step), kept for the next step and re-verified at every step; ``planning.py`` plans a
 step in full. Also how an update reads its hyper-parameters at every step (the checks of their
-values are in ``hyperparameter_checks.py``).
+values are in ``options.py``).
 
 Note [step cache]
 ~~~~~~~~~~~~~~~~~
@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from itertools import chain
 from operator import is_
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -51,7 +51,7 @@ from .backends import (
 from .rounding import MasterWatch
 from .update import Group, Update, lists_key
 
-__all__ = ["FusedStepPlan", "Part", "Planned", "StepCache", "hyperparameter"]
+__all__ = ["FusedStepPlan", "Part", "Planned", "StepCache", "hyperparameter", "read_options"]
 
 # The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
 _GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
@@ -418,3 +418,28 @@ def hyperparameter(name: str, value: Any) -> Any:
     if value.numel() != 1:
         raise ValueError(f"Tensor {name} must be 1-element")
     return value if value.device.type != "cpu" else value.item()
+
+
+OptionsT = TypeVar("OptionsT")
+_OPTION_READS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def read_options(options: type[OptionsT], group: Group) -> OptionsT:
+    """The group's options as its update reads them at every step: an options dataclass
+    (``fused/options.py``) whose fields declared ``tensor`` are read by :func:`hyperparameter`
+    (a one-element CPU tensor as its current number)."""
+    reads = _OPTION_READS.get(options)
+    if reads is None:  # the fields of a class, listed once: read_options runs at every step
+        fields = dataclasses.fields(options)  # type: ignore[arg-type]
+        reads = tuple((f.name, bool(f.metadata.get("tensor"))) for f in fields)
+        _OPTION_READS[options] = reads
+    values = {}
+    for name, tensor in reads:
+        value = group[name]
+        if tensor and isinstance(value, (tuple, list)):
+            value = tuple(map(hyperparameter, (name,) * len(value), value))
+        elif tensor:
+            value = hyperparameter(name, value)
+        values[name] = value
+    return options(**values)
+
