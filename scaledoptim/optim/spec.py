@@ -11,6 +11,7 @@ registration.
 """
 
 # Note [an optimizer declared once]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Each fact about an optimizer is written in one place, its file in optim/: the kernel and the
 # `rounds` flag (read by the engine: planning, loading, routes), the options dataclass (read by
 # the group checks, the kernel's arguments and the torch form; its ranges and sweeps give the
