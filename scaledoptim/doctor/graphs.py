@@ -10,13 +10,14 @@ the replay a skip: params and state unchanged, the scale backed off.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
 
 from ..fused import FusedOptimizer
-from .optimizers import OPTIMIZERS
+from .optimizers import OPTIMIZERS, ours
 from .outcome import Outcome, same_bits, snapshot
 
 __all__ = ["GraphReplay", "replay_against_eager", "run"]
@@ -119,7 +120,7 @@ def run(device: torch.device) -> Outcome:
     ]
     for row in OPTIMIZERS:
         try:
-            seen = replay_against_eager(row.ours, params)
+            seen = replay_against_eager(functools.partial(ours, row), params)
         except ReplayMismatch as error:
             return Outcome(False, f"{row.name}: {error}")
         if seen.found_inf_after_inf != 1.0 or seen.scale_after_inf != seen.scale_before_inf / 2:
