@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
 from torch import Tensor
 
 from ...torch_ops import HOST_READS
@@ -71,11 +70,6 @@ class TorchNativeBackend(Backend):
     @host_skip.setter
     def host_skip(self, value: bool) -> None:
         HOST_READS.on_cpu = value
-
-    def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
-        for grad in grads:
-            unscaled = grad if inv_scale is None else grad.float() * inv_scale
-            torch.maximum(found_inf, unscaled.isfinite().logical_not().any().float(), out=found_inf)
 
     def prepare_unscale(
         self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]
