@@ -215,7 +215,7 @@ def _clip_unscaled(optimizer: Any, request: steps.Request) -> None:
     assert request.max_grad_norm is not None
     state = optimizer._scaling()
     grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    norm_sq = sum_of_squares(grads, state.loss_scale.device)
+    norm_sq = sum_of_squares(grads)
     group = state.process_group if request.sums_over_group else None
     norm, coef = norm_and_coefficient(norm_sq, request.max_grad_norm, group)
     optimizer._scaledoptim_grad_norm = norm
