@@ -173,34 +173,10 @@ def current_nesting() -> int:
 
 
 def _entry_frame() -> Any:
-    frame: Any = sys._getframe(2)
+    frame: Any = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_OWN_MODULES):
         frame = frame.f_back
     return frame
-
-
-def _enter(device_type: str, snapshot: edits.Snapshot | None) -> None:
-    regions = current()
-    if regions.traced:
-        entry = Entry(device_type, True, current_nesting(), snapshot=snapshot)
-        compile_support.note_trace_depends_on_policies(regions, signature)
-    else:
-        if not regions.ours_open:
-            thread_cache().reset()
-        entry = Entry(device_type, True, current_nesting(), snapshot=snapshot,
-                      frame=_entry_frame())
-    regions.push(entry)
-
-
-def _exit(device_type: str) -> None:
-    regions = current()
-    stack = regions.by_device.get(device_type, ())
-    for entry in reversed(stack):
-        if entry.ours:
-            regions.remove(entry)
-            break
-    if not regions.traced and not regions.ours_open:
-        thread_cache().clear()
 
 
 @compile_boundary.assume_constant_result
@@ -231,15 +207,28 @@ def enter_region(device_type: str, snapshot_version: int | None = None) -> None:
             ``edits.keep_snapshot`` (a checkpoint's recomputation); ``None``: the
             current edits.
     """
-    snapshot = None
-    if snapshot_version is not None:
-        snapshot = edits.kept_snapshot(snapshot_version)
-    _enter(device_type, snapshot)
+    snapshot = None if snapshot_version is None else edits.kept_snapshot(snapshot_version)
+    regions = current()
+    if regions.traced:
+        entry = Entry(device_type, True, current_nesting(), snapshot=snapshot)
+        compile_support.note_trace_depends_on_policies(regions, signature)
+    else:
+        if not regions.ours_open:
+            thread_cache().reset()
+        entry = Entry(device_type, True, current_nesting(), snapshot=snapshot,
+                      frame=_entry_frame())
+    regions.push(entry)
 
 
 def exit_region(device_type: str) -> None:
     """Record that the innermost scaledoptim region for ``device_type`` is being exited."""
-    _exit(device_type)
+    regions = current()
+    for entry in reversed(regions.by_device.get(device_type, ())):
+        if entry.ours:
+            regions.remove(entry)
+            break
+    if not regions.traced and not regions.ours_open:
+        thread_cache().clear()
 
 
 def governing(device_type: str) -> tuple[Entry | None, Regions]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .checks import CHECKS, Check, CheckResult, run_checks
 from .environment import environment
-from .optimizers import OPTIMIZERS, OptimizerRow
+from .optimizers import OPTIMIZERS
 from .outcome import Outcome
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "OPTIMIZERS",
     "Check",
     "CheckResult",
-    "OptimizerRow",
     "Outcome",
     "environment",
     "run_checks",

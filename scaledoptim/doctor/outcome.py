@@ -57,9 +57,10 @@ def backend_label(device: torch.device) -> str:
     return f"{name} backend"
 
 
-def snapshot(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Copies of every tensor a step may change: params, per-param state and (through the public
-    ``state_dict``) the loss scale and its trackers, keyed by a readable name."""
+def snapshot(opt: torch.optim.Optimizer, scale: bool = True) -> dict[str, torch.Tensor]:
+    """Copies of every tensor a step may change: params, per-param state and, unless ``scale``
+    is false (a skipped step backs it off), the loss scale and its trackers (through the
+    public ``state_dict``), keyed by a readable name."""
     tensors = {}
     params = [p for group in opt.param_groups for p in group["params"]]
     for i, p in enumerate(params):
@@ -67,7 +68,7 @@ def snapshot(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
         for key, value in opt.state.get(p, {}).items():
             if isinstance(value, torch.Tensor):
                 tensors[f"state[{i}][{key!r}]"] = value.detach().clone()
-    for key, value in opt.state_dict().get("loss_scale", {}).items():
+    for key, value in (opt.state_dict().get("loss_scale", {}) if scale else {}).items():
         if isinstance(value, torch.Tensor):
             tensors[f"loss_scale[{key!r}]"] = value.detach().clone()
     return tensors

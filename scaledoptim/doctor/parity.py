@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .optimizers import OptimizerRow
+from ..testing.optim_db import OptimInfo
+from .optimizers import ours
 from .outcome import Outcome, backend_label, kernels_env, same_bits, snapshot
 
 __all__ = ["run"]
@@ -25,7 +26,7 @@ STEPS = 3
 INIT_SCALE = 2.0**10  # fp16 grads times the scale stay finite
 
 
-def run(row: OptimizerRow, device: torch.device) -> Outcome:
+def run(row: OptimInfo, device: torch.device) -> Outcome:
     """Runs the comparison for every dtype; fails on the first mismatch, naming it."""
     with kernels_env(None if device.type == "cuda" else "emulate"):
         backend = backend_label(device)
@@ -39,12 +40,12 @@ def run(row: OptimizerRow, device: torch.device) -> Outcome:
     )
 
 
-def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str | None:
+def _compare(row: OptimInfo, dtype: torch.dtype, device: torch.device) -> str | None:
     generator = torch.Generator().manual_seed(0)
     params = [
         torch.nn.Parameter(torch.randn(n, generator=generator).to(device, dtype)) for n in SIZES
     ]
-    opt = row.ours(params).configure_scaling(init_scale=INIT_SCALE)
+    opt = ours(row, params).configure_scaling(init_scale=INIT_SCALE)
     for step in range(STEPS):
         grads = [torch.randn(n, generator=generator).to(dtype) for n in SIZES]
         expected = _reference_step(row, opt, params, [g.float() for g in grads])
@@ -60,11 +61,9 @@ def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str
     last_grad = params[-1].grad
     assert last_grad is not None  # set just above
     last_grad.view(-1)[-1] = float("inf")
-    before, scale = snapshot(opt), opt.scale.item()
+    before, scale = snapshot(opt, scale=False), opt.scale.item()
     _, found_inf, new_scale = opt.unscale_and_step(grads_scaled_by=opt.scale)
-    after = snapshot(opt)
-    for name in [n for n in before if n.startswith("loss_scale")]:
-        del before[name], after[name]
+    after = snapshot(opt, scale=False)
     assert found_inf is not None and new_scale is not None  # grads_scaled_by was given
     if found_inf.item() != 1.0 or new_scale.item() != scale / 2:
         return f"an inf grad gave found_inf={found_inf.item()}, scale {scale} -> {new_scale.item()}"
@@ -75,7 +74,7 @@ def _compare(row: OptimizerRow, dtype: torch.dtype, device: torch.device) -> str
 
 
 def _reference_step(
-    row: OptimizerRow,
+    row: OptimInfo,
     opt: torch.optim.Optimizer,
     params: Sequence[torch.Tensor],
     grads: list[torch.Tensor],
@@ -94,7 +93,7 @@ def _reference_step(
         for i, s in state_dict["state"].items()
     }
     with kernels_env("torch"):
-        ref = row.theirs(ref_params)
+        ref = row.reference_for(ref_params)
         ref.load_state_dict(state_dict)
         for p, g in zip(ref_params, grads):
             p.grad = g.to(dtype)

@@ -9,12 +9,13 @@ kernels through the emulator too.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
 
 from ..fused.backends.torch_native import decide_skips_on_device
-from .optimizers import OPTIMIZERS
+from .optimizers import OPTIMIZERS, ours
 from .outcome import Outcome, backend_label, kernels_env
 
 __all__ = ["HOST_READS", "no_host_reads", "run"]
@@ -77,7 +78,7 @@ def run(device: torch.device) -> Outcome:
         with kernels_env(mode):
             backend = backend_label(device)
             for row in OPTIMIZERS:
-                problem = _steps_without_sync(row.ours, device)
+                problem = _steps_without_sync(functools.partial(ours, row), device)
                 if problem is not None:
                     return Outcome(False, f"{row.name} on the {backend}: {problem}")
             checked.append(backend)

@@ -21,8 +21,8 @@ import torch
 
 from .train import Run, RunConfig, RunResult, cpu_threads
 
-BASELINES = ("fp32", "torch.amp")  # scaledoptim's final loss is compared against these
 REFRESH_EVERY = 25  # the progress bar reads loss and scale on the host this often, no more
+
 
 class Bar(Protocol):
     """What the demo asks of a progress bar (tqdm's)."""
@@ -40,29 +40,23 @@ def run_interleaved(
 ) -> list[RunResult]:
     """The same task, seed and length trained once per variant, a step of each in turn."""
     with cpu_threads(config):
-        return _run_interleaved(config, variants, progress)
-
-
-def _run_interleaved(
-    config: RunConfig, variants: list[str], progress: Progress | None
-) -> list[RunResult]:
-    runs = [Run(dataclasses.replace(config, variant=v)) for v in variants]
-    steps = runs[0].steps
-    bar = progress(steps, runs[0].task.name) if progress else None
-    for i in range(steps):
-        for run in runs:
-            run.step()
+        runs = [Run(dataclasses.replace(config, variant=v)) for v in variants]
+        steps = runs[0].steps
+        bar = progress(steps, runs[0].task.name) if progress else None
+        for i in range(steps):
+            for run in runs:
+                run.step()
+            if bar is not None:
+                bar.update(1)
+                if i % REFRESH_EVERY == 0 or i == steps - 1:
+                    loss, scale, _ = runs[-1].history[-1]
+                    bar.set_postfix_str(
+                        f"{runs[-1].config.variant}: loss {loss.item():.3f}, scale "
+                        + ("-" if scale is None else f"{scale.item():.0f}")
+                    )
         if bar is not None:
-            bar.update(1)
-            if i % REFRESH_EVERY == 0 or i == steps - 1:
-                loss, scale, _ = runs[-1].history[-1]
-                bar.set_postfix_str(
-                    f"{runs[-1].config.variant}: loss {loss.item():.3f}, scale "
-                    + ("-" if scale is None else f"{scale.item():.0f}")
-                )
-    if bar is not None:
-        bar.close()
-    return [run.result() for run in runs]
+            bar.close()
+        return [run.result() for run in runs]
 
 
 def relative_gap(result: RunResult, baseline: RunResult) -> float:

@@ -86,33 +86,26 @@ def _classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def language_model(size: Size, device: torch.device) -> Task:
     """Next-byte prediction on the standard library's source with a causal transformer."""
-    text = stdlib_text(2_000_000)
-    return Task(
-        name="lm",
-        title="char transformer",
-        unit="tokens",
-        items_per_batch=size.text_batch * size.context,
-        make_model=lambda: CharTransformer(size.context, size.width, size.depth, heads=4).to(
-            device
-        ),
-        batches=lambda seed: text_batches(text, size.text_batch, size.context, seed, device),
-        loss=_next_byte_loss,
-        default_steps=size.text_steps,
-        lr=2e-3,
-    )
+    return _next_byte_task(size, device, "lm", "char transformer", CharTransformer)
 
 
 def hf_gpt2(size: Size, device: torch.device) -> Task:
     """The same next-byte task with a Hugging Face ``GPT2LMHeadModel`` built from a config."""
     from .hf import HFGPT2  # transformers is optional: imported only for this model
 
+    return _next_byte_task(size, device, "hf-gpt2", "transformers.GPT2LMHeadModel", HFGPT2)
+
+
+def _next_byte_task(
+    size: Size, device: torch.device, name: str, title: str, model: Callable[..., nn.Module]
+) -> Task:
     text = stdlib_text(2_000_000)
     return Task(
-        name="hf-gpt2",
-        title="transformers.GPT2LMHeadModel",
+        name=name,
+        title=title,
         unit="tokens",
         items_per_batch=size.text_batch * size.context,
-        make_model=lambda: HFGPT2(size.context, size.width, size.depth, heads=4).to(device),
+        make_model=lambda: model(size.context, size.width, size.depth, heads=4).to(device),
         batches=lambda seed: text_batches(text, size.text_batch, size.context, seed, device),
         loss=_next_byte_loss,
         default_steps=size.text_steps,

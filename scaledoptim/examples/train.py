@@ -313,15 +313,6 @@ class Run:
         )
 
 
-def train(config: RunConfig) -> RunResult:
-    """Trains ``config.task`` with ``config.variant`` from ``config.seed`` and measures it."""
-    with cpu_threads(config):
-        run = Run(config)
-        for _ in range(run.steps):
-            run.step()
-        return run.result()
-
-
 @contextlib.contextmanager
 def cpu_threads(config: RunConfig) -> Iterator[None]:
     """Trains on ``config.threads`` intra-op threads inside the block when the device is a CPU,

@@ -105,7 +105,7 @@ def to_max_grad_norm(max_grad_norm: Any) -> float | None:
     return value or None
 
 
-def sum_of_squares(grads: list[Tensor], device: torch.device | None = None) -> Tensor:
+def sum_of_squares(grads: list[Tensor]) -> Tensor:
     """The squared 2-norm of all of ``grads`` as a 0-dim float32 tensor on their device, computed
     as :func:`torch.nn.utils.clip_grad_norm_` computes the norm (foreach norms per dtype, then
     the norm of those), squared (Note [clipping in the step]); no host read.

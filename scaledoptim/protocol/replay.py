@@ -54,7 +54,13 @@ def unscale_and_step(
     if grads_scaled_by is None:
         # A torch-style closure() (LBFGS code being migrated) steps as torch runs it.
         run = closure if not takes_scale(closure) else lambda: closure(None)
-        unscaled = run if clip.max_grad_norm is None else _clipping(optimizer, run, clip)
+
+        def unscaled() -> Any:  # the closure (its grads unscaled), then the clip, at every call
+            loss = run()
+            if clip.max_grad_norm is not None:
+                _clip_unscaled(optimizer, clip)
+            return loss
+
         loss = optimizer.step(unscaled)
         return loss, torch.zeros((), dtype=torch.float32, device=state.loss_scale.device), None
     _check_takes_scale(closure, "unscale_and_step")
@@ -196,26 +202,13 @@ def _check_takes_scale(closure: Callable[..., Any], method: str) -> None:
         )
 
 
-def _clipping(
-    optimizer: Any, closure: Callable[[], Any], request: steps.Request
-) -> Callable[[], Any]:
-    """``closure`` (whose grads are unscaled), then the clip, at every call."""
-
-    def clipped() -> Any:
-        loss = closure()
-        _clip_unscaled(optimizer, request)
-        return loss
-
-    return clipped
-
-
 def _clip_unscaled(optimizer: Any, request: steps.Request) -> None:
     """Clips the grads, unscaled in place, as ``clip_grad_norm_`` does; keeps the norm in
     ``grad_norm`` (Note [clipping in the step] in clipping.py)."""
     assert request.max_grad_norm is not None
     state = optimizer._scaling()
     grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    norm_sq = sum_of_squares(grads, state.loss_scale.device)
+    norm_sq = sum_of_squares(grads)
     group = state.process_group if request.sums_over_group else None
     norm, coef = norm_and_coefficient(norm_sq, request.max_grad_norm, group)
     optimizer._scaledoptim_grad_norm = norm

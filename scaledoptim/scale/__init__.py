@@ -12,10 +12,9 @@ from .checks import as_scale_tensor, is_float32_scale
 from .config import ScalingConfig
 from .distributed import agree_on_found_inf, check_process_group
 from .gradscaler_state import gradscaler_state_from_loss_scale, loss_scale_from_gradscaler_state
-from .loss_scale import HANDLE_ATTR, LossScale, ScaleUpdate, handle_state
+from .loss_scale import LossScale, ScaleUpdate, handle_state
 
 __all__ = [
-    "HANDLE_ATTR",
     "LossScale",
     "ScaleUpdate",
     "ScalingConfig",

@@ -8,15 +8,15 @@
 * :data:`HOST_READS`: whether a tensor may be read on the host (Note [host skip]);
   :func:`skip_on_host`: a step's skip read there; :data:`LOW_PRECISION`: the 16-bit float
   dtypes.
-* :func:`elementwise_batches`, :func:`batches`, :func:`split_large`, :class:`Pieces` and
-  :func:`scalars`: the batches and 0-dim hyper-parameters of the in-place CPU forms and of the
-  working copies of 16-bit params.
+* :func:`elementwise_batches`, :func:`batches`, :class:`Pieces` and :func:`scalars`: the
+  batches and 0-dim hyper-parameters of the in-place CPU forms and of the working copies of
+  16-bit params.
 * :func:`stochastic_round_`, :class:`StochasticRounding` and :func:`initial_seed`: the
   counter-based hash of stochastic rounding, the same integer arithmetic as ``so_sr_noise`` in
   ``cuda/dtypes.cuh`` (Note [stochastic rounding]), so both backends round to the same bits.
 * :class:`MeshSums`: per-tensor sums over whole DTensors, each shard's partial summed over the
   mesh (Note [sums over the mesh]); :func:`local_tensors`: each DTensor's local shard.
-* :func:`capturing` and :func:`refuse_during_capture`: CUDA-graph capture guards.
+* :func:`refuse_during_capture`: the CUDA-graph capture guard.
 """
 
 from __future__ import annotations
@@ -27,16 +27,14 @@ from .batches import (
     batches,
     elementwise_batches,
     scalars,
-    split_large,
     storage_flat,
 )
-from .capture import capturing, refuse_during_capture
+from .capture import refuse_during_capture
 from .rounding import SR_CHUNK, StochasticRounding, initial_seed, stochastic_round_
 from .sharded import MeshSums, local_tensors
 from .skip import (
     HOST_READS,
     LOW_PRECISION,
-    HostReads,
     PackedSteps,
     advance_steps_,
     copy_unless_skipped_,
@@ -50,14 +48,12 @@ __all__ = [
     "HOST_READS",
     "LOW_PRECISION",
     "SR_CHUNK",
-    "HostReads",
     "MeshSums",
     "PackedSteps",
     "Pieces",
     "StochasticRounding",
     "advance_steps_",
     "batches",
-    "capturing",
     "copy_unless_skipped_",
     "elementwise_batches",
     "initial_seed",
@@ -65,7 +61,6 @@ __all__ = [
     "refuse_during_capture",
     "scalars",
     "skip_on_host",
-    "split_large",
     "stochastic_round_",
     "storage_flat",
     "unscale_dense_",

@@ -101,10 +101,11 @@ class Backend(abc.ABC):
         """Whether this backend can update ``param`` (the plan sends others to torch's ops)."""
         return True
 
-    @abc.abstractmethod
     def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
         """Sets ``found_inf`` to 1.0 if any of ``grads`` times ``inv_scale`` (``None``: as they
-        are) is inf/nan, which is what the update would read; reads them only."""
+        are) is inf/nan, which is what the update would read; reads them only. Called on a
+        backend that :attr:`folds_unscale` only (Note [overlapped overflow check])."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def prepare_unscale(

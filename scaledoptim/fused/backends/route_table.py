@@ -78,9 +78,6 @@ class Route:
     working: Working
     form: Form
 
-    def __str__(self) -> str:
-        return f"{self.form.value} on {self.working.value}"
-
 
 @dataclasses.dataclass(frozen=True)
 class GroupFacts:

@@ -26,12 +26,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
 from torch import Tensor
 
-from ...torch_ops import (
-    HOST_READS,
-)
+from ...torch_ops import HOST_READS
 from ..update import GradReduction, Group, TensorLists, Update
 from .base import Backend, PreparedUpdate
 from .routes import TorchCheck, TorchEpilogue, TorchReduction, TorchUpdate
@@ -73,16 +70,6 @@ class TorchNativeBackend(Backend):
     @host_skip.setter
     def host_skip(self, value: bool) -> None:
         HOST_READS.on_cpu = value
-
-    def host_reads_free(self, device: torch.device) -> bool:
-        """Whether a torch form may read a tensor on ``device`` on the host: on a CPU, when
-        :attr:`host_skip`."""
-        return HOST_READS.free(device)
-
-    def check_(self, grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor | None) -> None:
-        for grad in grads:
-            unscaled = grad if inv_scale is None else grad.float() * inv_scale
-            torch.maximum(found_inf, unscaled.isfinite().logical_not().any().float(), out=found_inf)
 
     def prepare_unscale(
         self, grad_lists: list[list[Tensor]], updates: list[PreparedUpdate]

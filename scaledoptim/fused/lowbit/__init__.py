@@ -10,10 +10,7 @@
 
 from .blockwise import block_count, dequantize_blockwise, quantize_blockwise
 from .codes import SIGNED, UNSIGNED, Code
-from .form import LOWBIT_BATCH
 from .states import (
-    MAX_BLOCK_SIZE,
-    STATE_BITS,
     LowBitStates,
     check_float32_states,
     check_state_bits,
@@ -24,10 +21,7 @@ from .states import (
 )
 
 __all__ = [
-    "LOWBIT_BATCH",
-    "MAX_BLOCK_SIZE",
     "SIGNED",
-    "STATE_BITS",
     "UNSIGNED",
     "Code",
     "LowBitStates",
