@@ -19,7 +19,10 @@ struct SgdArgs {
 // SgdList: generated from SGD_KERNEL.lists; See Note [list enums] in kernels/sources.py
 
 // One element of SGD in fp32. `g` is already unscaled; `first_step` is true on the first taken
-// step, where torch creates the momentum buffer as a copy of the gradient.
+// step, where torch creates the momentum buffer as a copy of the gradient. Without dampening the
+// buffer is read as usual: it starts at zero, so `1 * g + buf * momentum` is that copy exactly,
+// and a buffer loaded with a step count of 0 is read as torch.optim reads a loaded buffer (as
+// SGD.torch_update reads it: both backends take the same step).
 __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool first_step,
                                            const SgdArgs& a) {
   // Each `x.add(y, alpha=a)` of torch.optim.SGD is one fmaf, as torch's vectorised CPU and CUDA
@@ -27,7 +30,9 @@ __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, bool f
   if (a.maximize) g = -g;
   if (a.weight_decay != 0.0f) g = fmaf(a.weight_decay, p, g);
   if (a.momentum != 0.0f) {
-    buf = first_step ? g : fmaf(a.one_minus_dampening, g, buf * a.momentum);
+    buf = first_step && a.one_minus_dampening != 1.0f
+              ? g
+              : fmaf(a.one_minus_dampening, g, buf * a.momentum);
     g = a.nesterov ? fmaf(a.momentum, buf, g) : buf;
   }
   p = fmaf(-a.lr, g, p);

@@ -1,6 +1,6 @@
 """Regression tests of single kernels that the row-driven kernel tests do not cover: the
 read-only inf/nan check (finds any bad element, never writes a tensor or clears the flag), SGD's
-fused rounding and SGD's first step over a momentum buffer of garbage. The 16-bit conversions
+fused rounding and SGD's first step over a loaded momentum buffer. The 16-bit conversions
 are in test_emulated_dtypes.py, the launcher in test_launcher.py."""
 
 from __future__ import annotations
@@ -84,9 +84,11 @@ def test_sgd_update_that_nearly_cancels_the_param_keeps_torchs_fused_rounding(pa
 @pytest.mark.parametrize(
     "config", [c for c in row("SGD").configs if c.kwargs.get("momentum")], ids=str
 )
-def test_sgd_first_step_overwrites_whatever_the_momentum_buffer_holds(config):
-    """torch creates the buffer from the first taken step's grad; ours exists before (zeroed or
-    loaded), and the kernel must not read it while the step counter is 0."""
+def test_sgd_first_step_over_a_loaded_momentum_buffer_steps_as_torch_optim(config):
+    """torch creates the buffer from the first taken step's grad; ours exists before, zeroed or
+    loaded with a step count of 0 (torch's SGD saves no count). With dampening the first step
+    overwrites whatever it holds; without, it is read, as torch.optim reads a loaded buffer and
+    as SGD's torch form reads it (a zero buffer gives the copy of the grad exactly)."""
     sgd = row("SGD")
     generator = torch.Generator().manual_seed(4)
     params, grads = boundary_params_and_grads(torch.float32, torch.bfloat16, generator)
@@ -94,9 +96,11 @@ def test_sgd_first_step_overwrites_whatever_the_momentum_buffer_holds(config):
     (buffers,) = (ts for key, ts in zip(update.keys, update.state) if key == "momentum_buffer")
     for buffer in buffers:
         buffer.copy_(torch.randn(buffer.shape, generator=generator) * 100)
-    expected, _ = reference_step(
-        sgd, params, [g.float() for g in grads], [{}] * len(params), config
-    )
+    if config.kwargs.get("dampening"):
+        loaded: list[dict] = [{}] * len(params)  # the reference starts its buffers
+    else:  # (torch's SGD reads only the buffer; the count makes the reference load it)
+        loaded = [{"momentum_buffer": b.clone(), "step": torch.tensor(1.0)} for b in buffers]
+    expected, _ = reference_step(sgd, params, [g.float() for g in grads], loaded, config)
     update.launch(torch.zeros(()), None)
     for actual, e in zip(params, expected):
         assert_param_close(actual, e)
