@@ -244,19 +244,26 @@ class SGD(FusedOptimizer):
         """:func:`torch.optim.sgd.sgd`, called as ``torch.optim.SGD.step`` calls it.
 
         torch creates a momentum buffer on a param's first step (``buf = d_p``), and ours exist
-        from the start, zero until then. torch's fused implementation skips on device, so it gets
-        the buffers started on device as :meth:`torch_update` starts them; the others get
-        ``None`` for a buffer whose first step this is (counters on the CPU: no sync) and the
-        buffer they create is copied into ours, which stays dense for a sparse grad (torch's
-        would be sparse; the values are the same).
+        from the start, zero until then: without dampening, ``momentum * 0 + d_p`` is that
+        buffer exactly, and a buffer loaded with a step count of 0 is read as torch.optim reads a
+        loaded one (as the kernel and :meth:`torch_update` read it). With dampening, torch's
+        fused implementation, which skips on device, gets the buffers started on device as
+        :meth:`torch_update` starts them; the others get ``None`` for a buffer whose first step
+        this is (counters on the CPU: no sync), as does a differentiable step (torch starts the
+        buffer detached from the graph), and the buffer they create is copied into ours.
+        Ours stay dense for a sparse grad (torch's would be sparse; the values are the same), so
+        a Nesterov step, which adds the buffer to the grad, is given the grad dense: torch cannot
+        add a dense tensor to a sparse one.
         """
         params, grads, buffers, steps = tensor_lists
         first = [False] * len(buffers)
-        if group["fused"]:
-            if buffers and group["dampening"] != 0:
+        if buffers and group["fused"]:
+            if group["dampening"] != 0:
                 _start_buffers_(params, grads, buffers, steps, read_options(SgdOptions, group))
-        elif buffers:
+        elif buffers and (group["dampening"] != 0 or group["differentiable"]):
             first = [step.item() == 0 for step in steps]
+        if buffers and group["nesterov"]:
+            grads = [grad.to_dense() if grad.is_sparse else grad for grad in grads]
         momentum_buffers: list[Tensor | None] = [
             None if is_first else buffer for buffer, is_first in zip(buffers, first)
         ]
