@@ -126,6 +126,49 @@ def test_a_kernel_step_is_three_launches(monkeypatch, groups, overflow) -> None:
     assert S.item() == (2.0**9 if overflow else 2.0**11) and found_inf.item() == float(overflow)
 
 
+def test_a_step_our_kernels_take_no_param_of_moves_the_scale_as_gradscaler(monkeypatch) -> None:
+    """On our kernels' backend (the emulator), a step whose params all take torch's route
+    (float64: no kernel updates them) advances no counter of the kernels' part, so the
+    epilogue launches nothing and moves the scale with torch ops: the scale, the params and the
+    step counters are ``torch.optim.Adam`` + ``GradScaler``'s, overflows skipped."""
+    monkeypatch.setenv("SCALEDOPTIM_KERNELS", "emulate")
+    launches: list[str] = []
+    real_launch = launcher.emulator.launch
+    monkeypatch.setattr(
+        launcher.emulator,
+        "launch",
+        lambda kernel, *a: (launches.append(kernel.name), real_launch(kernel, *a)),
+    )
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(4, 3).double() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opt = scaledoptim.Adam(models[0].parameters(), lr=0.1).configure_scaling(
+        init_scale=2.0**10, growth_interval=2
+    )
+    ref_opt = torch.optim.Adam(models[1].parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    for step in range(5):
+        overflow = step == 2
+        for model in models:
+            model.zero_grad()
+        scaledoptim.scale_outputs(models[0](x).square().sum(), opt.scale).backward()
+        scaler.scale(models[1](x).square().sum()).backward()
+        if overflow:
+            for model in models:
+                model.bias.grad[0] = float("inf")
+        _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
+        scaler.step(ref_opt)
+        scaler.update()
+        assert found_inf.item() == float(overflow)
+        assert S.item() == scaler.get_scale()
+        for ours, ref in zip(*(model.parameters() for model in models)):
+            torch.testing.assert_close(ours, ref)
+            assert opt.state[ours]["step"].item() == ref_opt.state[ref]["step"].item()
+    assert launches == []  # not even the check: no kernel takes a float64 grad
+    assert scaler.get_scale() == 2.0**11  # grew (steps 0-1), backed off (2), grew (3-4)
+
+
 @pytest.mark.parametrize(
     "missing", ["Fused CUDA kernels need CuPy", "NVRTC 13.0 cannot compile for sm_70"]
 )

@@ -3,16 +3,17 @@
 A failure is injected where the optimizer's math begins: on the torch backend a dispatch mode
 raises at torch's fused op (``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``) or at the
 first op of an in-place torch form (Lion's ``_foreach_lerp``, LAMB's ``_foreach_lerp_``); on our
-kernels (the CPU emulator) the launch of the update's first kernel raises. Afterwards params,
-optimizer state, the scale and its trackers and ``grad_norm`` are as before the call, and the
-recovery the optimizer offers (the same call again, or ``step_after_unscale()`` where the grads
-were unscaled in place) takes exactly the step of a twin optimizer that never failed.
+kernels (the CPU emulator) the launch of the update's first kernel raises; a generic optimizer
+(``with_scaling``) raises in its own ``step()``. Afterwards params, optimizer state, the scale
+and its trackers and ``grad_norm`` are as before the call, and the recovery the optimizer offers
+(the same call again, or ``step_after_unscale()`` where the grads were unscaled in place) takes
+exactly the step of a twin optimizer that never failed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -114,6 +115,46 @@ def _assert_same(got: Any, expected: Any, what: str) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_failure_in_the_update_commits_nothing(name, clip, kernel_backend, monkeypatch) -> None:
     cls, options, op = CASES[name]
+    _fail_then_recover(cls, options, clip, lambda opt: failing_update(opt, op, monkeypatch))
+
+
+class _FailingRMSprop(torch.optim.RMSprop):
+    """torch's RMSprop, whose ``step()`` raises where its math begins while ``failing`` is set."""
+
+    failing = False
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        if self.failing:
+            raise InjectedFailure("injected at RMSprop.step")
+        return super().step(closure)
+
+
+@contextlib.contextmanager
+def _failing_step(opt: Any) -> Iterator[None]:
+    opt.failing = True
+    try:
+        yield
+    finally:
+        opt.failing = False
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+def test_a_generic_optimizer_failing_in_its_step_keeps_the_step_pending(clip) -> None:
+    """An optimizer the protocol cannot see into (``with_scaling``) unscales (and clips) the
+    grads in place before its own ``step()`` runs: when that raises, the grads are left as
+    ``unscale()`` leaves them, and ``step_after_unscale()`` takes the twin's step."""
+    cls = scaledoptim.with_scaling(_FailingRMSprop)
+    _fail_then_recover(cls, {"lr": 1e-2, "momentum": 0.9}, clip, _failing_step)
+
+
+def _fail_then_recover(
+    cls: type[Any],
+    options: dict[str, Any],
+    clip: float | None,
+    failing: Callable[[Any], contextlib.AbstractContextManager[None]],
+) -> None:
+    """Two steps, a third that fails where ``failing(opt)`` makes it, then the recovery the
+    optimizer offers; against a twin that never failed."""
     params, opt = _model(cls, options)
     twin_params, twin = _model(cls, options)
     scale = opt.scale.item()
@@ -125,7 +166,7 @@ def test_a_failure_in_the_update_commits_nothing(name, clip, kernel_backend, mon
         _set_grads(ps, 2, scale)
     before = _observable(opt)
 
-    with failing_update(opt, op, monkeypatch), pytest.raises(InjectedFailure):
+    with failing(opt), pytest.raises(InjectedFailure):
         opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
 
     after = _observable(opt)

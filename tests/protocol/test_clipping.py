@@ -297,3 +297,89 @@ def test_grads_across_ranks_is_checked_before_anything_changes(value: object, ma
         opt.configure_scaling(init_scale=2.0**9, grads_across_ranks=value)  # type: ignore[arg-type]
     assert opt.scale is scale and scale.item() == 2.0**5
     assert opt.scaling_state.grads_across_ranks is None
+
+
+# ------------------------------------------------ sparse and complex grads (torch.optim's route)
+ROWS_OF_EMBEDDING = 10
+
+
+def _routed_loss(kind: str, param: torch.Tensor, other: torch.Tensor, step: int, ours: bool):
+    """A loss of ``param`` whose grad is sparse (an embedding's, with repeated rows: uncoalesced)
+    or complex for ours; for the reference, the same function of a dense real twin (the dense
+    embedding, the complex param's real view)."""
+    generator = torch.Generator().manual_seed(step)
+    if kind == "sparse":
+        index = torch.randint(0, ROWS_OF_EMBEDDING, (8,), generator=generator)
+        rows = torch.nn.functional.embedding(index, param, sparse=ours)
+    else:
+        rows = torch.view_as_real(param) if ours else param
+    target = torch.randn(rows.shape, generator=generator)
+    weights = torch.randn(other.shape, generator=generator)
+    return ((rows - target) ** 2).sum() + (other * weights).sum()
+
+
+def _poison(kind: str, ours: torch.Tensor, ref: torch.Tensor) -> None:
+    """An inf in ours' grad (a sparse grad's values) and at the same element of the twin's."""
+    if kind == "sparse":
+        ours.grad._values()[0, 1] = float("inf")
+        ref.grad[ours.grad._indices()[0, 0], 1] = float("inf")
+    else:
+        torch.view_as_real(ours.grad)[1, 0, 1] = float("inf")
+        ref.grad[1, 0, 1] = float("inf")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("kind", ["sparse", "complex"])
+def test_sparse_and_complex_grads_step_as_gradscaler_and_clip_grad_norm(
+    kind: str, max_grad_norm: float | None, backend: str
+) -> None:
+    """scaledoptim.SGD on an embedding's sparse grads (uncoalesced: repeated rows) or on a
+    complex param, through ``unscale_and_step``, beside a dense param: the steps of
+    ``torch.optim.SGD`` + ``GradScaler`` (+ ``clip_grad_norm_``) on the dense real twin (torch's
+    GradScaler refuses complex grads, ``clip_grad_norm_`` sparse ones): the same unscaled, clipped
+    update, ``grad_norm`` the norm ``clip_grad_norm_`` returns, and an inf in the sparse grad's
+    values (in the complex grad) skips the step and backs the scale off."""
+    generator = torch.Generator().manual_seed(1)
+    if kind == "sparse":
+        value = torch.randn(ROWS_OF_EMBEDDING, 3, generator=generator)
+        twin = value.clone()
+    else:
+        value = torch.randn(4, 3, dtype=torch.complex64, generator=generator)
+        twin = torch.view_as_real(value).clone()
+    other = torch.randn(5, generator=generator)
+    params = [torch.nn.Parameter(value.clone()), torch.nn.Parameter(other.clone())]
+    ref_params = [torch.nn.Parameter(twin), torch.nn.Parameter(other.clone())]
+    ref_opt = torch.optim.SGD(ref_params, lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    with kernels_mode(backend):
+        opt = scaledoptim.SGD(params, lr=0.1).configure_scaling(
+            init_scale=2.0**10, growth_interval=2
+        )
+        for step in range(6):
+            overflow = step == 3
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            loss = _routed_loss(kind, *params, step, ours=True)
+            scaledoptim.scale_outputs(loss, opt.scale).backward()
+            scaler.scale(_routed_loss(kind, *ref_params, step, ours=False)).backward()
+            assert params[0].grad.is_sparse == (kind == "sparse")
+            if overflow:
+                _poison(kind, params[0], ref_params[0])
+            _, found_inf, S = opt.unscale_and_step(
+                grads_scaled_by=opt.scale, max_grad_norm=max_grad_norm
+            )
+            scaler.unscale_(ref_opt)
+            if max_grad_norm is not None:
+                ref_norm = torch.nn.utils.clip_grad_norm_(ref_params, max_grad_norm)
+                if not overflow:
+                    assert ref_norm > max_grad_norm  # the clip bites
+                    torch.testing.assert_close(opt.grad_norm, ref_norm, rtol=1e-6, atol=0)
+            scaler.step(ref_opt)
+            scaler.update()
+            assert found_inf.item() == float(overflow)
+            assert S.item() == scaler.get_scale()
+            ours = torch.view_as_real(params[0]) if kind == "complex" else params[0]
+            torch.testing.assert_close(ours.detach(), ref_params[0].detach())
+            torch.testing.assert_close(params[1].detach(), ref_params[1].detach())
+    assert scaler.get_scale() == 2.0**11  # grew (steps 0-1, 4-5), backed off (step 3)

@@ -101,3 +101,40 @@ def test_the_facade_names_its_own_method(bad) -> None:
     with pytest.raises(TypeError, match=r"^GradScaler.load_state_dict\(\) takes the dict"):
         scaler.load_state_dict(bad)
     assert scaler.state_dict()["scale"] == 8.0
+
+
+LOADS_ONTO_MOVED_PARAMS: dict[str, Callable[[Any, dict], None]] = {
+    "load_state_dict": lambda opt, saved: opt.load_state_dict(saved),
+    "load_gradscaler_state_dict": lambda opt, saved: opt.load_gradscaler_state_dict(
+        {"scale": 1024.0, "growth_factor": 4.0, "backoff_factor": 0.5, "growth_interval": 3,
+         "_growth_tracker": 2}
+    ),
+    "configure_scaling": lambda opt, saved: opt.configure_scaling(
+        init_scale=1024.0, growth_factor=4.0, growth_interval=3
+    ),
+}
+
+
+@pytest.mark.parametrize("load", list(LOADS_ONTO_MOVED_PARAMS))
+def test_a_scale_loaded_after_the_params_moved_lives_on_their_device(load) -> None:
+    """The params moved to another device after ``S = opt.scale`` was taken (``model.cuda()``
+    on a GPU; here the optimizer's params re-pointed to the model moved to ``meta``): a load
+    puts the scale where the params are now, with the loaded values and config, and the old
+    handle, on the old device, is never copied over: it keeps its value, and passing it is
+    refused naming both devices and the fix (Note [scale handles])."""
+    opt = _stepped()
+    S, saved = opt.scale, copy.deepcopy(opt.state_dict())
+    S.mul_(4.0)  # the old handle's value, to tell it from the loaded 1024
+    model = make_model().to("meta")
+    opt.param_groups[0]["params"] = list(model.parameters())
+    LOADS_ONTO_MOVED_PARAMS[load](opt, saved)
+    loss_scale = opt.scaling_state.loss_scale
+    assert opt.scale is not S and opt.scale.device.type == "meta"
+    assert loss_scale.growth_tracker.device.type == "meta"
+    assert (loss_scale.config.growth_factor, loss_scale.config.growth_interval) == (4.0, 3)
+    assert S.device.type == "cpu" and S.item() == 4096.0
+    refusal = r"lived on cpu, but the optimizer's params moved to meta.*pass opt.scale as it is"
+    with pytest.raises(RuntimeError, match=refusal):
+        opt.unscale_and_step(grads_scaled_by=S)
+    with pytest.raises(RuntimeError, match=refusal):
+        scaledoptim.scale_outputs(loss_of(make_model(), 0), S)
