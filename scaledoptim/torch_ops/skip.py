@@ -35,8 +35,10 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
 
     torch's op checks the grads before multiplying, so they are checked again after where that
     can find more (Note [overflow after unscaling]). A sparse grad is unscaled through its
-    values, as ``torch.amp.GradScaler`` does; a 16-bit one is checked again coalesced, since
-    values at one index sum when it is applied. A complex grad is unscaled as its real view.
+    values, as ``torch.amp.GradScaler`` does; an uncoalesced one is checked again coalesced,
+    since values at one index sum when it is applied (GradScaler does so for fp16 grads only: a
+    float32 or bfloat16 sum past the range would reach the params). A complex grad is unscaled
+    as its real view.
     Reads ``inv_scale`` on the host where that is free (:data:`HOST_READS`).
     """
     host_reads = HOST_READS.free(inv_scale.device)
@@ -46,18 +48,18 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
         unscale_dense_(list(grads), found_inf, inv_scale, host_reads)
         return
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
-    sparse_16bit: list[Tensor] = []
+    uncoalesced: list[Tensor] = []
     for grad in grads:
         if grad.is_sparse:
-            if grad.dtype in LOW_PRECISION and not grad.is_coalesced():
-                sparse_16bit.append(grad)
+            if not grad.is_coalesced():
+                uncoalesced.append(grad)
             grad = grad._values()
         if grad.is_complex():
             grad = torch.view_as_real(grad)
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for same_dtype in by_dtype.values():
         unscale_dense_(same_dtype, found_inf, inv_scale, host_reads)
-    for grad in sparse_16bit:
+    for grad in uncoalesced:
         _check_non_finite_([grad.coalesce()._values()], found_inf)
 
 

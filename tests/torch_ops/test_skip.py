@@ -1,5 +1,5 @@
 """The unscale of the torch forms and of the split form (scaledoptim/torch_ops/skip.py), where the
-protocol tests do not reach: an uncoalesced 16-bit sparse grad is checked as its rows sum."""
+protocol tests do not reach: an uncoalesced sparse grad is checked as its rows sum."""
 
 from __future__ import annotations
 
@@ -23,12 +23,16 @@ def _embedding_loss(weight: torch.Tensor, step: int, sparse: bool) -> torch.Tens
     return (torch.nn.functional.embedding(index, weight, sparse=sparse) * outputs).sum()
 
 
-def test_an_uncoalesced_bf16_sparse_grad_is_checked_as_its_rows_sum() -> None:
-    """``unscale()`` + ``step_after_unscale()`` on an embedding's bf16 sparse grad against
-    ``torch.optim.SGD`` + ``GradScaler`` on the dense embedding, whose grad holds the sums: where
-    two finite values of one row sum to inf, the step is skipped and the scale backs off, as on
-    the dense grad; finite sums step as torch does."""
-    weight = torch.randn(ROWS, 3, generator=torch.Generator().manual_seed(0)).bfloat16()
+@pytest.mark.parametrize("form", ["split", "unscale_and_step"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_an_uncoalesced_sparse_grad_is_checked_as_its_rows_sum(dtype, form) -> None:
+    """``unscale()`` + ``step_after_unscale()``, or ``unscale_and_step``, on an embedding's
+    sparse grad against ``torch.optim.SGD`` + ``GradScaler`` on the dense embedding, whose grad
+    holds the sums: where two finite values of one row sum to inf, the step is skipped and the
+    scale backs off, as on the dense grad; finite sums step as torch does. (GradScaler itself
+    checks only an fp16 sparse grad coalesced: on this bfloat16 or float32 one it would step to
+    inf.)"""
+    weight = torch.randn(ROWS, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
     param, twin = torch.nn.Parameter(weight.clone()), torch.nn.Parameter(weight.clone())
     opt = scaledoptim.SGD([param], lr=0.1).configure_scaling(init_scale=1.0, growth_interval=100)
     ref_opt = torch.optim.SGD([twin], lr=0.1)
@@ -41,8 +45,11 @@ def test_an_uncoalesced_bf16_sparse_grad_is_checked_as_its_rows_sum() -> None:
         assert param.grad.is_sparse and not param.grad.is_coalesced()
         assert param.grad._values().isfinite().all()
         before = param.detach().clone()
-        found_inf, S = opt.unscale(grads_scaled_by=opt.scale)
-        opt.step_after_unscale()
+        if form == "split":
+            found_inf, S = opt.unscale(grads_scaled_by=opt.scale)
+            opt.step_after_unscale()
+        else:
+            _, found_inf, S = opt.unscale_and_step(grads_scaled_by=opt.scale)
         scaler.step(ref_opt)
         scaler.update()
         assert found_inf.item() == float(step == 1)
