@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import builtins
 import html
-import importlib.util
 import os
 import pathlib
 import posixpath
@@ -23,6 +22,7 @@ from prerequisites import require_module
 import scaledoptim
 import scaledoptim.amp
 from scaledoptim.optim.spec import registered
+from tests.support.optimizer_pages import optimizer_pages_hook
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LEFTOVER_REST = re.compile(r":(?:meth|class|func|attr|mod|data|exc):|Example::")
@@ -312,16 +312,6 @@ def test_the_docs_extra_installs_the_formatter_that_wraps_signatures():
     assert docs and re.search(r'"(ruff|black)\b', docs.group(1)), "add ruff to the docs extra"
 
 
-def _optimizer_pages_hook():
-    """docs/optimizer_pages.py, the mkdocs hook that derives the optimizers' pages."""
-    path = ROOT / "docs" / "optimizer_pages.py"
-    spec = importlib.util.spec_from_file_location("optimizer_pages", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_index_links_every_page_of_the_nav():
     yaml = require_module("yaml", "mkdocs.yml is read with it (a dependency of mkdocs)")
 
@@ -331,7 +321,7 @@ def test_index_links_every_page_of_the_nav():
     Loader.add_multi_constructor("", lambda loader, suffix, node: None)
     Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
     config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
-    hook = _optimizer_pages_hook()
+    hook = optimizer_pages_hook()
     pages = _nav_pages(hook.on_config(config)["nav"])
     assert "index.md" in pages and "api/index.md" in pages
     index = hook.fill("index.md", (ROOT / "docs" / "index.md").read_text())

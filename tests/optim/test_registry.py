@@ -11,7 +11,6 @@ import importlib.util
 import inspect
 import pathlib
 import pkgutil
-from typing import Any
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from scaledoptim.fused import FusedOptimizer
 from scaledoptim.kernels import ROUNDING_LISTS
 from scaledoptim.optim.spec import registered
 from scaledoptim.testing.optim_db import optim_db
+from tests.support.optimizer_pages import optimizer_pages_hook
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -37,15 +37,6 @@ def _optimizers_defined_in_optim() -> list[type]:
             and value.__module__ == module.__name__ and not value.__name__.startswith("_")
         ]
     return found
-
-
-def _hook() -> Any:
-    path = ROOT / "docs" / "optimizer_pages.py"
-    spec = importlib.util.spec_from_file_location("optimizer_pages", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_optimizer_of_the_package_is_registered_and_exported() -> None:
@@ -75,7 +66,7 @@ def test_every_registered_optimizer_has_its_page_in_the_nav_and_the_lists(spec) 
     page = ROOT / "docs" / "api" / f"{spec.page}.md"
     assert page.is_file(), f"write docs/api/{spec.page}.md (docs/kernels.md, the five files)"
     assert f"::: scaledoptim.{spec.name}\n" in page.read_text()
-    hook = _hook()
+    hook = optimizer_pages_hook()
     nav = hook.on_config({"nav": [{"API reference": [{"The loss-scaling protocol": "p.md"}]}]})
     assert {spec.name: f"api/{spec.page}.md"} in nav["nav"][0]["API reference"]
     assert f"[{spec.name}]({spec.page}.md): {spec.summary}." in hook.fill(
