@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -35,9 +35,6 @@ class Options(Protocol):
     """A frozen dataclass of :func:`option` fields."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
-
-
-OptionsT = TypeVar("OptionsT", bound=Options)
 
 
 @dataclasses.dataclass(frozen=True)
