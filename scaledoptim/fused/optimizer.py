@@ -23,9 +23,9 @@ from ..protocol.steps import planned_step
 from .backends import select
 from .loading import check_torch_flags, plan_loaded_groups, plan_loaded_state
 from .lowbit import check_float32_states, lowbit_new
-from .options import Options, read_options
+from .options import Options
 from .options import check_options as check_declared
-from .plan import FusedStepPlan, StepCache, hyperparameter
+from .plan import FusedStepPlan, StepCache, declared_kernel_args, hyperparameter
 from .planning import build_plan
 from .rounding import MasterWatch, check_rounding_options, check_rounding_params
 from .state import StateLayout
@@ -176,14 +176,10 @@ class FusedOptimizer(Optimizer, abc.ABC):
         if self.options is not None:
             check_declared(self.options, options)
 
-    def kernel_args(
-        self, group: Group, found_inf: int | None, inv_scale: int | None
-    ) -> ctypes.Structure:
-        """The kernel's argument struct for ``group``: by default :attr:`args` of its
-        :attr:`options`, read."""
-        if self.args is None or self.options is None:
-            raise NotImplementedError(f"{type(self).__name__} defines neither kernel_args nor args")
-        return self.args(found_inf, inv_scale, read_options(self.options, group))
+    #: ``kernel_args(group, found_inf, inv_scale)``: the kernel's argument struct for ``group``,
+    #: by default :attr:`args` of its :attr:`options` read at every step. The default is defined
+    #: in ``plan.py`` beside the reading of options, which a steady step already enters.
+    kernel_args = declared_kernel_args
 
     def torch_update(
         self, group: Group, lists: TensorLists, found_inf: torch.Tensor | None

@@ -24,6 +24,7 @@ storage the plan validated. The cache keeps no grad alive.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from ..kernels import launch_config
 from ..protocol.clipping import clip_in_place_
 from ..protocol.plans import check_param_groups
 from ..protocol.values import GradPass
-from ..torch_ops import PackedSteps
+from ..torch_ops import restore_counters_, saved_counters
 from .backends import (
     KERNELS_ENV,
     Backend,
@@ -51,7 +52,10 @@ from .backends import (
 from .rounding import MasterWatch
 from .update import Group, Update, lists_key
 
-__all__ = ["FusedStepPlan", "Part", "Planned", "StepCache", "hyperparameter", "read_options"]
+__all__ = [
+    "FusedStepPlan", "Part", "Planned", "StepCache", "declared_kernel_args", "hyperparameter",
+    "read_options",
+]
 
 # The descriptors' getters, called directly: C-level map() over the params, no attribute lookup.
 _GRAD: Callable[[Tensor], Any] = vars(torch._C.TensorBase)["grad"].__get__
@@ -147,7 +151,7 @@ class FusedStepPlan:
         saved = []
         for backend, part in self.parts.items():
             if not backend.applies_scale_update:
-                saved.append((part.step_lists, _saved_counters(part.step_lists)))
+                saved.append((part.step_lists, list(map(saved_counters, part.step_lists))))
         try:
             for part, (grad_lists, scaled) in zip(self.parts.values(), self._grads(grad_pass)):
                 inv_scale = grad_pass.inv_scale if scaled else None
@@ -157,7 +161,7 @@ class FusedStepPlan:
                     update(found_inf, inv_scale, grads)
         except BaseException:
             for step_lists, counters in saved:
-                _restore_counters(step_lists, counters)
+                list(map(restore_counters_, step_lists, counters))
             raise
 
     def commit(self, grad_pass: GradPass) -> None:
@@ -196,26 +200,6 @@ class FusedStepPlan:
         if grad_pass.grads is not None:
             return grad_pass.grads
         return tuple((part.grad_lists, False) for part in self.parts.values())
-
-
-def _saved_counters(step_lists: list[list[Tensor]]) -> list[Tensor | None]:
-    saved: list[Tensor | None] = []
-    for steps in step_lists:
-        if isinstance(steps, PackedSteps):
-            saved.append(steps.flat.clone())
-        else:
-            saved.append(torch.stack(steps) if steps else None)
-    return saved
-
-
-def _restore_counters(step_lists: list[list[Tensor]], saved: list[Tensor | None]) -> None:
-    for steps, counters in zip(step_lists, saved):
-        if counters is None:
-            continue
-        if isinstance(steps, PackedSteps):
-            steps.flat.copy_(counters)
-        else:
-            torch._foreach_copy_(steps, list(counters.unbind()))
 
 
 # ------------------------------------------------------------------------------- the kept plan
@@ -443,3 +427,14 @@ def read_options(options: type[OptionsT], group: Group) -> OptionsT:
         values[name] = value
     return options(**values)
 
+
+
+def declared_kernel_args(
+    update: Any, group: Group, found_inf: int | None, inv_scale: int | None
+) -> ctypes.Structure:
+    """``FusedOptimizer.kernel_args`` unless a subclass overrides it: the kernel's argument
+    struct for ``group``, the declared ``args`` of its ``options`` read (``found_inf`` and
+    ``inv_scale``: device pointers, or ``None``)."""
+    if update.args is None or update.options is None:
+        raise NotImplementedError(f"{type(update).__name__} defines neither kernel_args nor args")
+    return update.args(found_inf, inv_scale, read_options(update.options, group))

@@ -3,7 +3,8 @@
 * :func:`unscale_in_place_` and :func:`unscale_dense_`: ``g *= inv_scale`` with the inf/nan
   check of the unscaled values, on device (Note [overflow after unscaling]).
 * :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
-  for :class:`PackedSteps`, Note [packed counters]).
+  for :class:`PackedSteps`, Note [packed counters]); :func:`saved_counters` and
+  :func:`restore_counters_`: their values kept across an update that may fail.
 * :func:`copy_unless_skipped_`: a copy gated on ``found_inf``, on device.
 * :data:`HOST_READS`: whether a tensor may be read on the host (Note [host skip]);
   :func:`skip_on_host`: a step's skip read there; :data:`LOW_PRECISION`: the 16-bit float
@@ -38,6 +39,8 @@ from .skip import (
     PackedSteps,
     advance_steps_,
     copy_unless_skipped_,
+    restore_counters_,
+    saved_counters,
     skip_on_host,
     unscale_dense_,
     unscale_in_place_,
@@ -59,6 +62,8 @@ __all__ = [
     "initial_seed",
     "local_tensors",
     "refuse_during_capture",
+    "restore_counters_",
+    "saved_counters",
     "scalars",
     "skip_on_host",
     "stochastic_round_",

@@ -17,6 +17,8 @@ __all__ = [
     "PackedSteps",
     "advance_steps_",
     "copy_unless_skipped_",
+    "restore_counters_",
+    "saved_counters",
     "skip_on_host",
     "unscale_dense_",
     "unscale_in_place_",
@@ -133,6 +135,24 @@ def advance_steps_(steps: list[Tensor], found_inf: Tensor | None) -> None:
         # `alpha=` matches only the Tensor overload: without it Python's argument parser takes
         # the 0-dim tensor as the Scalar overload's number, an .item() (a sync on a GPU).
         torch._foreach_add_(steps, 1 - found_inf, alpha=1)
+
+
+def saved_counters(steps: list[Tensor]) -> Tensor | None:
+    """A copy of the step counters ``steps``, for :func:`restore_counters_` to put back
+    (``None`` for none)."""
+    if isinstance(steps, PackedSteps):
+        return steps.flat.clone()
+    return torch.stack(steps) if steps else None
+
+
+def restore_counters_(steps: list[Tensor], saved: Tensor | None) -> None:
+    """Puts back the counters :func:`saved_counters` copied from ``steps``."""
+    if saved is None:
+        return
+    if isinstance(steps, PackedSteps):
+        steps.flat.copy_(saved)
+    else:
+        torch._foreach_copy_(steps, list(saved.unbind()))
 
 
 def copy_unless_skipped_(
