@@ -76,7 +76,7 @@ def _model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor],
 def _set_grads(params: list[torch.Tensor], seed: int, scale: float) -> None:
     generator = torch.Generator().manual_seed(seed)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=generator) * scale
+        p.grad = torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale
 
 
 def _observable(opt: Any) -> dict[str, Any]:
@@ -152,11 +152,15 @@ def _fail_then_recover(
     options: dict[str, Any],
     clip: float | None,
     failing: Callable[[Any], contextlib.AbstractContextManager[None]],
+    model: Callable[[type[Any], dict[str, Any]], tuple[list[torch.Tensor], Any]] = _model,
+    wrote: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
 ) -> None:
     """Two steps, a third that fails where ``failing(opt)`` makes it, then the recovery the
-    optimizer offers; against a twin that never failed."""
-    params, opt = _model(cls, options)
-    twin_params, twin = _model(cls, options)
+    optimizer offers; against a twin that never failed. ``wrote(before, after)`` says that the
+    failure came after the write it is injected after (a param group's update, an unscale in
+    place): the step was past it when it failed."""
+    params, opt = model(cls, options)
+    twin_params, twin = model(cls, options)
     scale = opt.scale.item()
     for seed in range(2):  # state exists, the step cache is built
         for ps, o in ((params, opt), (twin_params, twin)):
@@ -170,21 +174,135 @@ def _fail_then_recover(
         opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
 
     after = _observable(opt)
-    for key in ("params", "state", "scale", "trackers", "grad_norm"):
+    if wrote is not None:
+        assert wrote(before, after), "the failure was injected before the write it follows"
+    for key in ("scale", "trackers", "grad_norm"):  # nothing committed
         _assert_same(after[key], before[key], key)
     _, twin_found_inf, _ = twin.unscale_and_step(grads_scaled_by=twin.scale, max_grad_norm=clip)
     if opt.scaling_state.unscaled:
-        # The documented pending state: the grads were unscaled in place (torch's ops), as the
-        # update the twin took read them; step_after_unscale() takes the step.
-        _assert_same(after["grads"], _observable(twin)["grads"], "grads")
+        # The documented pending state: the step wrote what the user holds (grads unscaled in
+        # place, a param group's update); step_after_unscale() finishes it.
+        if wrote is None:  # the grads as the update the twin took read them; no param moved
+            _assert_same(after["grads"], _observable(twin)["grads"], "grads")
+            for key in ("params", "state"):
+                _assert_same(after[key], before[key], key)
         with pytest.raises(RuntimeError, match="a step failed after it had unscaled the grads"):
             opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)  # not twice
         assert opt.step_after_unscale() is None
     else:
-        _assert_same(after["grads"], before["grads"], "grads")
+        for key in ("params", "state", "grads"):
+            _assert_same(after[key], before[key], key)
         _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
         _assert_same(found_inf, twin_found_inf, "found_inf")
     assert not opt.scaling_state.unscaled
     recovered, clean = _observable(opt), _observable(twin)
-    for key in ("params", "state", "scale", "trackers", "grad_norm"):
+    for key in ("params", "state", "scale", "trackers", "grad_norm", "grads"):
         _assert_same(recovered[key], clean[key], key)
+
+
+# ------------------------------------------------------------------ failures past the first write
+# A failure after the step has written something the user holds: the update of the second of two
+# param groups (the first group's update ran), or inside the check, after torch's in-place
+# unscale wrote the grads of one dtype and before it wrote the other's.
+
+
+class _RaiseAtCall(TorchDispatchMode):
+    """Raises at the ``nth`` call of the op ``name`` among those whose tensor arguments include
+    one at a data pointer of ``touching`` (every call, when ``None``)."""
+
+    def __init__(self, name: str, nth: int = 1, touching: set[int] | None = None) -> None:
+        super().__init__()
+        self.name, self.nth, self.touching, self.calls = name, nth, touching, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket.__name__ == self.name and self._touches(args):
+            self.calls += 1
+            if self.calls == self.nth:
+                raise InjectedFailure(f"injected at call {self.nth} of {self.name}")
+        return func(*args, **(kwargs or {}))
+
+    def _touches(self, args: Any) -> bool:
+        if self.touching is None:
+            return True
+        tensors = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+        return any(
+            isinstance(t, torch.Tensor) and t.data_ptr() in self.touching for t in tensors
+        )
+
+
+def _two_groups(
+    cls: type[Any], options: dict[str, Any], second_dtype: torch.dtype = torch.float32
+) -> tuple[list[torch.Tensor], Any]:
+    """Two param groups (the second with its own ``lr``), the second's params of
+    ``second_dtype``."""
+    torch.manual_seed(0)
+    first = [torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.randn(4))]
+    second = [
+        torch.nn.Parameter(torch.randn(6, dtype=second_dtype)),
+        torch.nn.Parameter(torch.randn(3, 3, dtype=second_dtype)),
+    ]
+    groups = [{"params": first}, {"params": second, "lr": options["lr"] / 2}]
+    return first + second, cls(groups, **options)
+
+
+@contextlib.contextmanager
+def failing_second_update(
+    opt: scaledoptim.FusedOptimizer, op: str, monkeypatch
+) -> Iterator[None]:
+    """The update of ``opt``'s second param group raises where its math begins (the first
+    group's update ran), on the backend in use."""
+    kernel = (*type(opt).kernels_before, type(opt).kernel)[0]
+    launch = emulator.launch
+    launches = []
+
+    def raising_launch(launched, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if launched is kernel:
+            launches.append(launched)
+            if len(launches) == 2:
+                raise InjectedFailure(f"injected at the second launch of {kernel.name}")
+        return launch(launched, *args, **kwargs)
+
+    second = opt.param_groups[1]["params"]
+    touching = {p.data_ptr() for p in second}
+    touching |= {
+        v.data_ptr() for p in second for v in opt.state[p].values() if isinstance(v, torch.Tensor)
+    }
+    with monkeypatch.context() as patch:
+        patch.setattr(emulator, "launch", raising_launch)
+        with _RaiseAtCall(op, touching=touching):
+            yield
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_failure_in_the_second_groups_update_recovers_exactly(
+    name, clip, kernel_backend, monkeypatch
+) -> None:
+    """The first group's update ran, the second's raised: the recovery the optimizer offers
+    takes exactly the step of a twin that never failed, with nothing committed before it."""
+    cls, options, op = CASES[name]
+    _fail_then_recover(
+        cls,
+        options,
+        clip,
+        lambda opt: failing_second_update(opt, op, monkeypatch),
+        model=_two_groups,
+        wrote=lambda before, after: not torch.equal(before["params"][0], after["params"][0]),
+    )
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_failure_inside_the_check_recovers_exactly(name, clip, monkeypatch) -> None:
+    """torch's in-place unscale runs once per dtype: the second call raises after the first
+    unscaled the float32 grads in place (torch backend: our kernels' check writes no grad)."""
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    cls, options, _ = CASES[name]
+    _fail_then_recover(
+        cls,
+        options,
+        clip,
+        lambda opt: _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=2),
+        model=lambda cls, options: _two_groups(cls, options, torch.float64),
+        wrote=lambda before, after: not torch.equal(before["grads"][0], after["grads"][0]),
+    )
