@@ -291,18 +291,53 @@ def test_a_failure_in_the_second_groups_update_recovers_exactly(
     )
 
 
-@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_a_failure_inside_the_check_recovers_exactly(name, clip, monkeypatch) -> None:
-    """torch's in-place unscale runs once per dtype: the second call raises after the first
-    unscaled the float32 grads in place (torch backend: our kernels' check writes no grad)."""
-    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
-    cls, options, _ = CASES[name]
+#: Where torch's in-place unscale raises, float32 grads before float64 ones, one call of
+#: ``_amp_foreach_non_finite_check_and_unscale_`` each, and one more each to check the unscaled
+#: values at a scale below 1 (Note [overflow after unscaling]): the scale, and which call.
+CHECK_FAILURES = {
+    "second-dtype": (2.0**16, 2),
+    "after-unscale": (0.5, 2),
+    "second-dtype-below-1": (0.5, 3),
+    "after-both": (0.5, 4),
+}
+
+
+def _two_dtypes(scale: float) -> Callable[[type[Any], dict[str, Any]], tuple[list[Any], Any]]:
+    def model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor], Any]:
+        params, opt = _two_groups(cls, options, torch.float64)
+        opt.configure_scaling(init_scale=scale)
+        return params, opt
+
+    return model
+
+
+def _check_failure(
+    cls: type[Any], options: dict[str, Any], clip: float | None, where: str
+) -> None:
+    scale, nth = CHECK_FAILURES[where]
     _fail_then_recover(
         cls,
         options,
         clip,
-        lambda opt: _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=2),
-        model=lambda cls, options: _two_groups(cls, options, torch.float64),
+        lambda opt: _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=nth),
+        model=_two_dtypes(scale),
         wrote=lambda before, after: not torch.equal(before["grads"][0], after["grads"][0]),
     )
+
+
+@pytest.mark.parametrize("where", list(CHECK_FAILURES))
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_failure_inside_the_check_recovers_exactly(name, clip, where, monkeypatch) -> None:
+    """torch's in-place unscale raises after it unscaled grads in place (torch backend: our
+    kernels' check writes no grad): step_after_unscale() checks those, unscales the others and
+    takes the twin's step."""
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    cls, options, _ = CASES[name]
+    _check_failure(cls, options, clip, where)
+
+
+@pytest.mark.parametrize("where", list(CHECK_FAILURES))
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+def test_a_generic_optimizer_failing_inside_the_check_recovers_exactly(clip, where) -> None:
+    _check_failure(scaledoptim.with_scaling(torch.optim.RMSprop), {"lr": 1e-2}, clip, where)
