@@ -154,11 +154,13 @@ def _fail_then_recover(
     failing: Callable[[Any], contextlib.AbstractContextManager[None]],
     model: Callable[[type[Any], dict[str, Any]], tuple[list[torch.Tensor], Any]] = _model,
     wrote: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
+    poison: float | None = None,
 ) -> None:
     """Two steps, a third that fails where ``failing(opt)`` makes it, then the recovery the
     optimizer offers; against a twin that never failed. ``wrote(before, after)`` says that the
     failure came after the write it is injected after (a param group's update, an unscale in
-    place): the step was past it when it failed."""
+    place): the step was past it when it failed. ``poison``: a value put in the failing step's
+    first grad (an inf, or one that overflows once unscaled), which makes it skip."""
     params, opt = model(cls, options)
     twin_params, twin = model(cls, options)
     scale = opt.scale.item()
@@ -168,6 +170,8 @@ def _fail_then_recover(
             o.unscale_and_step(grads_scaled_by=o.scale, max_grad_norm=clip)
     for ps in (params, twin_params):
         _set_grads(ps, 2, scale)
+        if poison is not None:
+            ps[0].grad[0, 0] = poison
     before = _observable(opt)
 
     with failing(opt), pytest.raises(InjectedFailure):
@@ -291,47 +295,61 @@ def test_a_failure_in_the_second_groups_update_recovers_exactly(
     )
 
 
-#: Where torch's in-place unscale raises, float32 grads before float64 ones, one call of
-#: ``_amp_foreach_non_finite_check_and_unscale_`` each, and one more each to check the unscaled
-#: values at a scale below 1 (Note [overflow after unscaling]): the scale, and which call.
+#: Where torch's in-place unscale raises: float32 grads, then float64 ones (or float32 only),
+#: one call of ``_amp_foreach_non_finite_check_and_unscale_`` each, and one more each to check
+#: the unscaled values at a scale below 1 (Note [overflow after unscaling]). Each: the scale,
+#: which call raises, the second group's dtype, and a value put in the first grad that only the
+#: checks before the failure read (an inf; at 0.5, one that overflows once unscaled).
 CHECK_FAILURES = {
-    "second-dtype": (2.0**16, 2),
-    "after-unscale": (0.5, 2),
-    "second-dtype-below-1": (0.5, 3),
-    "after-both": (0.5, 4),
+    "second-dtype": (2.0**16, 2, torch.float64, None),
+    "after-unscale": (0.5, 2, torch.float64, None),
+    "second-dtype-below-1": (0.5, 3, torch.float64, None),
+    "after-both": (0.5, 4, torch.float64, None),
+    "second-dtype-inf": (2.0**16, 2, torch.float64, float("inf")),
+    "after-unscale-overflow": (0.5, 2, torch.float64, 3e38),
+    "one-dtype-after-unscale": (0.5, 2, torch.float32, None),
 }
-
-
-def _two_dtypes(scale: float) -> Callable[[type[Any], dict[str, Any]], tuple[list[Any], Any]]:
-    def model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor], Any]:
-        params, opt = _two_groups(cls, options, torch.float64)
-        opt.configure_scaling(init_scale=scale)
-        return params, opt
-
-    return model
+#: Optimizers on torch's fused ops taking ``grad_scale``: a clipping step over float32 grads
+#: reads them by their norm and writes none (Note [unscale in the update on a CPU]); nothing to
+#: inject after, so "one-dtype-after-unscale" runs them without clipping only.
+_CHECKED_BY_NORM = {"AdamW", "SGD", "Adagrad"}
 
 
 def _check_failure(
     cls: type[Any], options: dict[str, Any], clip: float | None, where: str
 ) -> None:
-    scale, nth = CHECK_FAILURES[where]
+    scale, nth, dtype, poison = CHECK_FAILURES[where]
+
+    def model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor], Any]:
+        params, opt = _two_groups(cls, options, dtype)
+        opt.configure_scaling(init_scale=scale)
+        return params, opt
+
     _fail_then_recover(
         cls,
         options,
         clip,
         lambda opt: _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=nth),
-        model=_two_dtypes(scale),
-        wrote=lambda before, after: not torch.equal(before["grads"][0], after["grads"][0]),
+        model=model,
+        wrote=lambda before, after: not torch.equal(before["grads"][1], after["grads"][1]),
+        poison=poison,
     )
 
 
-@pytest.mark.parametrize("where", list(CHECK_FAILURES))
-@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    "name, clip, where",
+    [
+        (name, clip, where)
+        for name in CASES
+        for clip in (None, 0.5)
+        for where in CHECK_FAILURES
+        if not (where == "one-dtype-after-unscale" and clip and name in _CHECKED_BY_NORM)
+    ],
+)
 def test_a_failure_inside_the_check_recovers_exactly(name, clip, where, monkeypatch) -> None:
     """torch's in-place unscale raises after it unscaled grads in place (torch backend: our
     kernels' check writes no grad): step_after_unscale() checks those, unscales the others and
-    takes the twin's step."""
+    takes the twin's step, or skips it as the twin does."""
     monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
     cls, options, _ = CASES[name]
     _check_failure(cls, options, clip, where)
