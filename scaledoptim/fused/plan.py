@@ -151,8 +151,7 @@ class FusedStepPlan:
         # failing group's are put back. Our kernels' epilogue advances them at commit.
         found_inf = grad_pass.found_inf if grad_pass.skip else None
         if self.masters is not None and self.edited_masters:
-            self.masters.resync_(self.edited_masters)
-            self.edited_masters = []  # (not again when the pending step runs the rest)
+            self.masters.resync_(self.edited_masters)  # (again by the rest: a no-op)
         task, passes = 0, self._grads(grad_pass)
         for (backend, part), (grad_lists, scaled) in zip(self.parts.items(), passes):
             inv_scale = grad_pass.inv_scale if scaled else None

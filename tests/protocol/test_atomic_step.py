@@ -13,6 +13,7 @@ exactly the step of a twin optimizer that never failed.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -154,13 +155,13 @@ def _fail_then_recover(
     failing: Callable[[Any], contextlib.AbstractContextManager[None]],
     model: Callable[[type[Any], dict[str, Any]], tuple[list[torch.Tensor], Any]] = _model,
     wrote: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
-    poison: float | None = None,
+    prepare: Callable[[list[torch.Tensor]], None] | None = None,
 ) -> None:
     """Two steps, a third that fails where ``failing(opt)`` makes it, then the recovery the
     optimizer offers; against a twin that never failed. ``wrote(before, after)`` says that the
     failure came after the write it is injected after (a param group's update, an unscale in
-    place): the step was past it when it failed. ``poison``: a value put in the failing step's
-    first grad (an inf, or one that overflows once unscaled), which makes it skip."""
+    place): the step was past it when it failed. ``prepare(params)`` runs on both before the
+    failing step, its grads set."""
     params, opt = model(cls, options)
     twin_params, twin = model(cls, options)
     scale = opt.scale.item()
@@ -170,8 +171,8 @@ def _fail_then_recover(
             o.unscale_and_step(grads_scaled_by=o.scale, max_grad_norm=clip)
     for ps in (params, twin_params):
         _set_grads(ps, 2, scale)
-        if poison is not None:
-            ps[0].grad[0, 0] = poison
+        if prepare is not None:
+            prepare(ps)
     before = _observable(opt)
 
     with failing(opt), pytest.raises(InjectedFailure):
@@ -295,6 +296,37 @@ def test_a_failure_in_the_second_groups_update_recovers_exactly(
     )
 
 
+def _edit_first_param(params: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        params[0].add_(0.25)  # a master's param written by someone else: resynced first
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+def test_a_failure_in_the_second_groups_update_under_master_weights(
+    clip, kernel_backend, monkeypatch
+) -> None:
+    """bf16 params with fp32 masters, the first one edited before the failing step: resynced
+    into its master by the failing step and again by the recovery, the second time a no-op (a
+    param is its master rounded to nearest after the update)."""
+    cls, options, op = CASES["AdamW"]
+
+    def model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor], Any]:
+        params, _ = _two_groups(cls, options)
+        params = [torch.nn.Parameter(p.detach().bfloat16()) for p in params]
+        groups = [{"params": params[:2]}, {"params": params[2:], "lr": options["lr"] / 2}]
+        return params, cls(groups, master_weights=True, **options)
+
+    _fail_then_recover(
+        cls,
+        options,
+        clip,
+        lambda opt: failing_second_update(opt, op, monkeypatch),
+        model=model,
+        wrote=lambda before, after: not torch.equal(before["params"][1], after["params"][1]),
+        prepare=_edit_first_param,
+    )
+
+
 #: Where torch's in-place unscale raises: float32 grads, then float64 ones (or float32 only),
 #: one call of ``_amp_foreach_non_finite_check_and_unscale_`` each, and one more each to check
 #: the unscaled values at a scale below 1 (Note [overflow after unscaling]). Each: the scale,
@@ -332,8 +364,12 @@ def _check_failure(
         lambda opt: _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=nth),
         model=model,
         wrote=lambda before, after: not torch.equal(before["grads"][1], after["grads"][1]),
-        poison=poison,
+        prepare=None if poison is None else functools.partial(_poison, value=poison),
     )
+
+
+def _poison(params: list[torch.Tensor], value: float) -> None:
+    params[0].grad[0, 0] = value
 
 
 @pytest.mark.parametrize(
