@@ -67,7 +67,7 @@ from torch import Tensor
 
 from .. import compile_boundary
 from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor, handle_state
-from ..torch_ops import unscale_in_place_
+from ..torch_ops import UnscaledBefore, unscale_in_place_
 from .clipping import norm_and_coefficient, sums_over_process_group, to_max_grad_norm
 from .outputs import check_grads_scaled_by
 from .plans import GenericStepPlan
@@ -347,7 +347,8 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
     state = optimizer._scaledoptim_scaling
     if request.pending is not None and request.pending.retry is not None:
         request = request.pending.retry  # a step whose check failed, again
-    unscaled = [*request.unscaled]  # what the check unscaled in place, as it goes
+    # What the check unscales in place, as it goes (and what a failed try did: a retry).
+    unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
     grad_pass = decided = None
     try:
         grad_pass = check(plan, state, request, optimizer._scaledoptim_backward_check, unscaled)

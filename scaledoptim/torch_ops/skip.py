@@ -4,7 +4,7 @@ read on the host (Note [host skip])."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 import torch
@@ -15,6 +15,7 @@ __all__ = [
     "LOW_PRECISION",
     "HostReads",
     "PackedSteps",
+    "UnscaledBefore",
     "advance_steps_",
     "copy_unless_skipped_",
     "restore_counters_",
@@ -49,12 +50,12 @@ def unscale_in_place_(
     Reads ``inv_scale`` on the host where that is free (:data:`HOST_READS`).
 
     ``unscaled``, when given, gets the tensors of each of torch's unscales once it has written
-    them; a grad whose tensors are in it already (a failed step's) is checked as it is, not
-    unscaled again: the same ``found_inf`` (Note [atomic step] in protocol/steps.py).
+    them; where it is an :class:`UnscaledBefore`, a grad a failed try unscaled is checked as it
+    is, not unscaled again: the same ``found_inf`` (Note [atomic step] in protocol/steps.py).
     """
     host_reads = HOST_READS.free(inv_scale.device)
-    if unscaled:
-        grads = _check_unscaled_(grads, found_inf, unscaled)
+    if isinstance(unscaled, UnscaledBefore):
+        grads = unscaled.check_unscaled_(grads, found_inf)
     dtypes = set(map(_DTYPE, grads))
     if len(dtypes) == 1 and not any(map(_IS_SPARSE, grads)) and not any(map(_IS_COMPLEX, dtypes)):
         # The common case, dense grads of one real dtype, without a Python step per grad.
@@ -81,16 +82,25 @@ def _written(grad: Tensor) -> Tensor:
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
-def _check_unscaled_(
-    grads: Sequence[Tensor], found_inf: Tensor, unscaled: list[list[Tensor]]
-) -> list[Tensor]:
-    """Checks the ``grads`` a failed step unscaled (in ``unscaled``) as they are into
-    ``found_inf``; returns the others. Times one, a finite grad unscaled stays finite and an
-    inf/nan one stays one: checked as ``unscale_in_place_`` checks it, before and after."""
-    done = {t.data_ptr() for tensors in unscaled for t in tensors}
-    again = [g for g in grads if _written(g).data_ptr() in done]
-    unscale_in_place_(again, found_inf, torch.ones_like(found_inf))
-    return [g for g in grads if _written(g).data_ptr() not in done]
+class UnscaledBefore(list[list[Tensor]]):
+    """What the in-place unscales of a step's failed try wrote (a list per call of torch's op),
+    for its retry to append its own to (Note [atomic step] in protocol/steps.py)."""
+
+    def __init__(self, before: Iterable[list[Tensor]]) -> None:
+        super().__init__(before)
+        self.before = frozenset(t.data_ptr() for tensors in self for t in tensors)
+
+    def holds(self, grads: Iterable[Tensor]) -> bool:
+        """Whether the failed try unscaled any of ``grads``."""
+        return any(_written(g).data_ptr() in self.before for g in grads)
+
+    def check_unscaled_(self, grads: Sequence[Tensor], found_inf: Tensor) -> list[Tensor]:
+        """Checks the ``grads`` the failed try unscaled as they are into ``found_inf``; returns
+        the others. Times one, a finite grad unscaled stays finite and an inf/nan one stays one:
+        checked as :func:`unscale_in_place_` checks it, before and after the multiply."""
+        again = [g for g in grads if self.holds([g])]
+        unscale_in_place_(again, found_inf, torch.ones_like(found_inf))
+        return [g for g in grads if not self.holds([g])]
 
 
 def unscale_dense_(

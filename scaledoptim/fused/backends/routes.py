@@ -19,6 +19,7 @@ from ...scale import ScaleUpdate
 from ...torch_ops import (
     HOST_READS,
     LOW_PRECISION,
+    UnscaledBefore,
     advance_steps_,
     local_tensors,
     skip_on_host,
@@ -287,8 +288,8 @@ class TorchCheck:
         if HOST_READS.on_cpu != self._switch:  # See Note [route table]: the one fact that moves
             self._choose()
         check = self.checks[norm_sq is not None]
-        if unscaled:  # See Note [atomic step]: a failed check unscaled some in place already
-            check = Check.INTO_FP32
+        if isinstance(unscaled, UnscaledBefore) and unscaled.holds(chain.from_iterable(grad_lists)):
+            check = Check.INTO_FP32  # See Note [atomic step]: a failed try unscaled some of them
         if check is Check.INTO_FP32:
             # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
             # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
