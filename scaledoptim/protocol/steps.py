@@ -27,9 +27,9 @@ between ``unscale()`` and ``step_after_unscale()``; ``zero_grad()`` drops it):
   nothing is kept, and the same call again takes exactly the step this one would have;
 * the check failed after torch's in-place unscale wrote grads (a call per dtype, at a scale
   below 1 a second read of the unscaled values, then the sum of squares): what each call wrote
-  is recorded as it returns (``unscaled``: a list append a call, no pass) with the request
-  (``GradPass.retry``). ``step_after_unscale()`` runs it again, those grads checked as they
-  are (times one: the same ``found_inf``, ``unscale_in_place_``), the others unscaled;
+  is recorded as it returns (a list append a call, no pass) and kept with the request
+  (``GradPass.retry``). ``step_after_unscale()`` runs it again (``UnscaledBefore``): those
+  grads checked as they are (times one: the same ``found_inf``), the others unscaled;
 * the update failed before any group's ran, the grads unscaled in place: the plan settles them
   as :meth:`~scaledoptim.Optimizer.unscale` leaves them (unscaled, clipped) and keeps the
   decided pass: ``step_after_unscale()`` takes exactly the step this call would have taken (its
@@ -41,16 +41,18 @@ between ``unscale()`` and ``step_after_unscale()``; ``zero_grad()`` drops it):
   (counters' epilogue, scale move, report, ``grad_norm``): the clean step in total. The grads
   stay as far as the step got (scaled where an update was to unscale them).
 
-A failure before the decision (the agreement over ``process_group``) keeps a skip: this rank
-cannot know whether another overflowed. Not covered: a failure inside one group's update after
-it wrote part of its params or state (torch's forms run op by op, by batches on a CPU; a launch
-failing part way): only a snapshot of the group at every step (a pass) could undo it;
-``zero_grad()`` after a partial update (the groups that ran stay moved; counted on the torch
-forms, not on our kernels, whose epilogue did not run); the split form's ``unscale()`` failing
-between two of torch's unscales (nothing recorded: ``zero_grad()`` and a new backward); a retry
-of a DTensor step that clips over a mesh (its sum of squares, taken before the unscale, would
-read grads already unscaled); a step a :class:`scaledoptim.GradScaler` drives
-(``scaler.step(opt)`` does not read a pending step, ``step_after_unscale()`` is refused).
+A failure in the decision (the agreement over ``process_group``, the clip's and the scale's ops)
+keeps a skip pending, not the clean step: a rank cannot know whether another overflowed. Also not
+covered: a failure inside one group's update after it wrote part of its params or state (torch's
+forms run op by op, by batches on a CPU; a launch failing part way): only a snapshot of the group at
+every step (a pass) could undo it; ``zero_grad()`` after a partial update (the groups that ran stay
+moved; counted on the torch forms, not on our kernels, whose epilogue did not run); the split form's
+``unscale()`` failing between two of torch's unscales (nothing recorded: ``zero_grad()`` and a new
+backward); a retry of a DTensor step that clips over a mesh (its sum of squares, taken before the
+unscale, would read grads already unscaled), or on our kernels after a try on torch's
+(``SCALEDOPTIM_KERNELS`` changed between: they read every grad as scaled); a step a GradScaler
+drives, ours or torch's (``scaler.step(opt)`` does not read a pending step; ours refuses
+``step_after_unscale()``).
 tests/protocol/test_atomic_step.py injects failures at the first and the second group's update
 and inside the check.
 """
