@@ -74,14 +74,18 @@ def _model(cls: type[Any], options: dict[str, Any]) -> tuple[list[torch.Tensor],
     return params, cls(params, **options)
 
 
-def _set_grads(params: list[torch.Tensor], seed: int, scale: float) -> None:
+def _set_grads(params: list[torch.Tensor], seed: int, opt: Any) -> None:
+    """Grads as a backward scaled by ``opt.scale`` makes them (which the scale records)."""
     generator = torch.Generator().manual_seed(seed)
+    scale = opt.scale.item()
     for p in params:
         p.grad = torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale
+    scaledoptim.scale_outputs(torch.zeros(()), opt.scale)
 
 
 def _observable(opt: Any) -> dict[str, Any]:
-    """Everything a step may change, copied: params, grads, state, scale, trackers, grad_norm."""
+    """Everything a step may change, copied: params, grads, state, scale, trackers, grad_norm,
+    and whether the scale still waits for this optimizer's report (its ``found_inf``)."""
     params = [p for g in opt.param_groups for p in g["params"]]
     loss_scale = opt.scaling_state.loss_scale
     return {
@@ -94,6 +98,7 @@ def _observable(opt: Any) -> dict[str, Any]:
         "scale": loss_scale.scale.clone(),
         "trackers": (loss_scale.growth_tracker.clone(), loss_scale.hysteresis_tracker.clone()),
         "grad_norm": None if opt.grad_norm is None else opt.grad_norm.clone(),
+        "report": loss_scale.scaled_for(id(opt)),
     }
 
 
@@ -164,13 +169,12 @@ def _fail_then_recover(
     failing step, its grads set."""
     params, opt = model(cls, options)
     twin_params, twin = model(cls, options)
-    scale = opt.scale.item()
     for seed in range(2):  # state exists, the step cache is built
         for ps, o in ((params, opt), (twin_params, twin)):
-            _set_grads(ps, seed, scale)
+            _set_grads(ps, seed, o)
             o.unscale_and_step(grads_scaled_by=o.scale, max_grad_norm=clip)
-    for ps in (params, twin_params):
-        _set_grads(ps, 2, scale)
+    for ps, o in ((params, opt), (twin_params, twin)):
+        _set_grads(ps, 2, o)
         if prepare is not None:
             prepare(ps)
     before = _observable(opt)
@@ -181,7 +185,8 @@ def _fail_then_recover(
     after = _observable(opt)
     if wrote is not None:
         assert wrote(before, after), "the failure was injected before the write it follows"
-    for key in ("scale", "trackers", "grad_norm"):  # nothing committed
+    assert before["report"]
+    for key in ("scale", "trackers", "grad_norm", "report"):  # nothing committed
         _assert_same(after[key], before[key], key)
     _, twin_found_inf, _ = twin.unscale_and_step(grads_scaled_by=twin.scale, max_grad_norm=clip)
     if opt.scaling_state.unscaled:
@@ -201,7 +206,7 @@ def _fail_then_recover(
         _assert_same(found_inf, twin_found_inf, "found_inf")
     assert not opt.scaling_state.unscaled
     recovered, clean = _observable(opt), _observable(twin)
-    for key in ("params", "state", "scale", "trackers", "grad_norm", "grads"):
+    for key in ("params", "state", "scale", "trackers", "grad_norm", "report", "grads"):
         _assert_same(recovered[key], clean[key], key)
 
 
