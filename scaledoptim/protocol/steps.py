@@ -234,8 +234,7 @@ def check(
     # they are clipped: nothing skips their step.
     inv_scale = scaled_by.double().reciprocal().float() if scaled_by is not None else None
     flag = found_inf if scaled_by is not None else torch.zeros_like(found_inf)
-    if unscaled is None:
-        unscaled = []
+    unscaled = [] if unscaled is None else unscaled
     if not clip:
         grads = plan.check(flag, inv_scale, checked, None, unscaled)
         return GradPass(found_inf, True, inv_scale, grads)
