@@ -53,8 +53,8 @@ unscale, would read grads already unscaled), or on our kernels after a try on to
 (``SCALEDOPTIM_KERNELS`` changed between: they read every grad as scaled); a step a GradScaler
 drives, ours or torch's (``scaler.step(opt)`` does not read a pending step; ours refuses
 ``step_after_unscale()``).
-tests/protocol/test_atomic_step.py injects failures at the first and the second group's update
-and inside the check.
+tests/protocol/test_atomic_step.py injects failures at the first and second group's update and in
+the check; the first and third cases not covered are its strict xfails.
 """
 
 from __future__ import annotations
