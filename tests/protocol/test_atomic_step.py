@@ -1,13 +1,17 @@
-"""A step that fails in its update commits nothing (Note [atomic step] in protocol/steps.py).
+"""A step that fails commits nothing, and the recovery it offers takes exactly the clean step
+(Note [atomic step] in protocol/steps.py).
 
 A failure is injected where the optimizer's math begins: on the torch backend a dispatch mode
 raises at torch's fused op (``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``) or at the
 first op of an in-place torch form (Lion's ``_foreach_lerp``, LAMB's ``_foreach_lerp_``); on our
 kernels (the CPU emulator) the launch of the update's first kernel raises; a generic optimizer
-(``with_scaling``) raises in its own ``step()``. Afterwards params, optimizer state, the scale
-and its trackers and ``grad_norm`` are as before the call, and the recovery the optimizer offers
-(the same call again, or ``step_after_unscale()`` where the grads were unscaled in place) takes
-exactly the step of a twin optimizer that never failed.
+(``with_scaling``) raises in its own ``step()``. Then where the second of two param groups'
+update begins (the first group's ran), and inside the check, at a call of torch's in-place
+unscale after another wrote grads. Afterwards the scale, its trackers, ``grad_norm`` and the
+report to the scale are as before the call (and params, state and grads too, where the same
+call again is the recovery), and the recovery the optimizer offers (the same call again, or
+``step_after_unscale()`` where a step is pending) takes exactly the step of a twin optimizer
+that never failed.
 """
 
 from __future__ import annotations
