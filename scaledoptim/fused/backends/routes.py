@@ -288,8 +288,10 @@ class TorchCheck:
         if HOST_READS.on_cpu != self._switch:  # See Note [route table]: the one fact that moves
             self._choose()
         check = self.checks[norm_sq is not None]
-        if isinstance(unscaled, UnscaledBefore) and unscaled.holds(chain.from_iterable(grad_lists)):
-            check = Check.INTO_FP32  # See Note [atomic step]: a failed try unscaled some of them
+        if isinstance(unscaled, UnscaledBefore):  # See Note [atomic step]: a retry
+            mine = list(chain.from_iterable(grad_lists))
+            if unscaled.holds(local_tensors(mine) if self.local else mine):
+                check = Check.INTO_FP32  # the failed try unscaled some of them in place
         if check is Check.INTO_FP32:
             # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
             # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
