@@ -165,20 +165,21 @@ def _fail_then_recover(
     model: Callable[[type[Any], dict[str, Any]], tuple[list[torch.Tensor], Any]] = _model,
     wrote: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
     prepare: Callable[[list[torch.Tensor]], None] | None = None,
+    steps_before: int = 2,
 ) -> None:
     """Two steps, a third that fails where ``failing(opt)`` makes it, then the recovery the
     optimizer offers; against a twin that never failed. ``wrote(before, after)`` says that the
     failure came after the write it is injected after (a param group's update, an unscale in
     place): the step was past it when it failed. ``prepare(params)`` runs on both before the
-    failing step, its grads set."""
+    failing step, its grads set; ``steps_before``: the clean steps before it."""
     params, opt = model(cls, options)
     twin_params, twin = model(cls, options)
-    for seed in range(2):  # state exists, the step cache is built
+    for seed in range(steps_before):  # state exists, the step cache is built
         for ps, o in ((params, opt), (twin_params, twin)):
             _set_grads(ps, seed, o)
             o.unscale_and_step(grads_scaled_by=o.scale, max_grad_norm=clip)
     for ps, o in ((params, opt), (twin_params, twin)):
-        _set_grads(ps, 2, o)
+        _set_grads(ps, steps_before, o)
         if prepare is not None:
             prepare(ps)
     before = _observable(opt)
@@ -302,6 +303,23 @@ def test_a_failure_in_the_second_groups_update_recovers_exactly(
         lambda opt: failing_second_update(opt, op, monkeypatch),
         model=_two_groups,
         wrote=lambda before, after: not torch.equal(before["params"][0], after["params"][0]),
+    )
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("name", ["AdamW", "SGD", "Adagrad"])
+def test_a_failure_in_the_second_groups_first_update(name, clip, kernel_backend, monkeypatch):
+    """At the first step the plan creates the state: the first group's update ran on state not
+    installed yet, which the recovery installs once (a new plan would create it again)."""
+    cls, options, op = CASES[name]
+    _fail_then_recover(
+        cls,
+        options,
+        clip,
+        lambda opt: failing_second_update(opt, op, monkeypatch),
+        model=_two_groups,
+        wrote=lambda before, after: not torch.equal(before["params"][0], after["params"][0]),
+        steps_before=0,
     )
 
 
