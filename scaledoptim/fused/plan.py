@@ -106,6 +106,7 @@ class FusedStepPlan:
         self.mesh: Any = None
         self.masters: MasterWatch | None = None
         self.edited_masters: list[int] = []
+        self.done = 0  # the group updates that ran (Note [atomic step])
 
     def part(self, backend: Backend) -> Part:
         return self.parts.setdefault(backend, Part())
@@ -116,6 +117,7 @@ class FusedStepPlan:
         inv_scale: Tensor | None,
         checked: frozenset[int],
         norm_sq: Tensor | None,
+        unscaled: list[list[Tensor]],
     ) -> tuple[tuple[list[list[Tensor]], bool], ...]:
         assert inv_scale is not None  # the pipeline checks scaled grads, or ones to clip
         mesh, own_sum = self.mesh, norm_sq
@@ -125,7 +127,7 @@ class FusedStepPlan:
         grads = []
         for part in self.parts.values():
             assert part.unscale is not None  # every part is prepared before the plan is used
-            left = part.unscale(found_inf, inv_scale, checked, part.grad_lists, own_sum)
+            left = part.unscale(found_inf, inv_scale, checked, part.grad_lists, own_sum, unscaled)
             grads.append((part.grad_lists, left is not None))
         if mesh is not None:
             mesh.agree_(found_inf, norm_sq)
@@ -143,26 +145,29 @@ class FusedStepPlan:
         return dataclasses.replace(grad_pass, inv_scale=clipped)
 
     def update(self, grad_pass: GradPass) -> None:
+        # See Note [atomic step] in protocol/steps.py: `done` counts the group updates that ran,
+        # so that the pending step a failure leaves runs the rest (a part's reduction too, if
+        # none of its updates ran). The torch forms advance their counters with the math: the
+        # failing group's are put back. Our kernels' epilogue advances them at commit.
         found_inf = grad_pass.found_inf if grad_pass.skip else None
         if self.masters is not None and self.edited_masters:
-            self.masters.resync_(self.edited_masters)
-        # The torch forms advance their counters with the math; put back on a failure (Note
-        # [atomic step] in protocol/steps.py). Our kernels' epilogue advances them at commit.
-        saved = []
-        for backend, part in self.parts.items():
-            if not backend.applies_scale_update:
-                saved.append((part.step_lists, list(map(saved_counters, part.step_lists))))
-        try:
-            for part, (grad_lists, scaled) in zip(self.parts.values(), self._grads(grad_pass)):
-                inv_scale = grad_pass.inv_scale if scaled else None
-                if part.reduction is not None:
-                    part.reduction(found_inf, inv_scale, grad_lists)
-                for update, grads in zip(part.updates, grad_lists):
-                    update(found_inf, inv_scale, grads)
-        except BaseException:
-            for step_lists, counters in saved:
-                list(map(restore_counters_, step_lists, counters))
-            raise
+            self.masters.resync_(self.edited_masters)  # (again by the rest: a no-op)
+        task, passes = 0, self._grads(grad_pass)
+        for (backend, part), (grad_lists, scaled) in zip(self.parts.items(), passes):
+            inv_scale = grad_pass.inv_scale if scaled else None
+            if part.reduction is not None and task >= self.done:
+                part.reduction(found_inf, inv_scale, grad_lists)
+            counters = not backend.applies_scale_update
+            for update, grads, steps in zip(part.updates, grad_lists, part.step_lists):
+                if task >= self.done:
+                    saved = saved_counters(steps) if counters else None
+                    try:
+                        update(found_inf, inv_scale, grads)
+                    except BaseException:
+                        restore_counters_(steps, saved)
+                        raise
+                    self.done += 1
+                task += 1
 
     def commit(self, grad_pass: GradPass) -> None:
         self.optimizer.state.update(self.new_state)
@@ -174,6 +179,8 @@ class FusedStepPlan:
             self.masters.record(self.optimizer)
 
     def settle(self, grad_pass: GradPass) -> GradPass | None:
+        if self.done:  # the rest of the update, by the pending step (Note [atomic step])
+            return dataclasses.replace(grad_pass, partial=self)
         # See Note [atomic step] in protocol/steps.py: the user's grads the check wrote (unscaled
         # in place: those still in a part's lists) make the pass pending; the others are made
         # what unscale() leaves (unscaled by what the update would have applied, or copied

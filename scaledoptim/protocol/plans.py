@@ -49,9 +49,10 @@ class GenericStepPlan:
         inv_scale: Tensor | None,
         checked: frozenset[int],
         norm_sq: Tensor | None,
+        unscaled: list[list[Tensor]],
     ) -> tuple[tuple[list[list[Tensor]], bool], ...]:
         if inv_scale is not None:
-            unscale_in_place_(self.grads, found_inf, inv_scale)
+            unscale_in_place_(self.grads, found_inf, inv_scale, unscaled)
         if norm_sq is not None and self.grads:
             norm_sq.add_(sum_of_squares(self.grads))
         return (([self.grads], False),)

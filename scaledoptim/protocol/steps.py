@@ -18,23 +18,43 @@ decision at once); closure replay runs them for every evaluation (``replay.py``)
 Note [atomic step]
 ~~~~~~~~~~~~~~~~~~
 Nothing observable is committed before the update has run: the recorded ``found_inf``, the scale
-and its trackers, the step counters, ``grad_norm``, new optimizer state. The check only reads the
-grads, except where it unscales them in place (torch's ops), which cannot be undone exactly. So if
-a stage after the check raises:
+and its trackers, the step counters, ``grad_norm``, new optimizer state. Nothing is snapshotted:
+where a failure leaves written what the user holds, :func:`run` keeps a pending step (the state
+between ``unscale()`` and ``step_after_unscale()``; ``zero_grad()`` drops it):
 
-* when no grad the user holds was written (our kernels, which unscale in registers; torch's fused
-  ops unscaling in their own read of the grads), nothing is recorded: the same call again takes
-  exactly the step this one would have taken;
-* otherwise the plan settles the grads as :meth:`~scaledoptim.Optimizer.unscale` leaves them
-  (unscaled, clipped) and the decided pass is kept as a pending step, the state between
-  ``unscale()`` and ``step_after_unscale()``: ``step_after_unscale()`` takes exactly the step this
-  call would have taken (its scale move and ``grad_norm`` included), ``zero_grad()`` drops it. A
-  failure before the decision (the agreement over ``process_group``) keeps a skip: this rank
-  cannot know whether another overflowed.
+* nothing written (our kernels unscale in registers; a failure before torch's first in-place
+  unscale, or in the first group's update where torch's fused ops unscale in their own read):
+  nothing is kept, and the same call again takes exactly the step this one would have;
+* the check failed after torch's in-place unscale wrote grads (a call per dtype, at a scale
+  below 1 a second read of the unscaled values, then the sum of squares): what each call wrote
+  is recorded as it returns (a list append a call, no pass) and kept with the request
+  (``GradPass.retry``). ``step_after_unscale()`` runs it again (``UnscaledBefore``): those
+  grads checked as they are (times one: the same ``found_inf``), the others unscaled;
+* the update failed before any group's ran, the grads unscaled in place: the plan settles them
+  as :meth:`~scaledoptim.Optimizer.unscale` leaves them (unscaled, clipped) and keeps the
+  decided pass: ``step_after_unscale()`` takes exactly the step this call would have taken (its
+  scale move and ``grad_norm`` included);
+* the update failed after some groups' updates ran: the decided pass is kept with its plan
+  (``GradPass.partial``), which counts them; the failing group's counters are put back (the
+  torch forms advance them with the math). ``step_after_unscale()`` rolls forward: the rest of
+  that plan (a new one would start again from state the groups that ran moved), then one commit
+  (counters' epilogue, scale move, report, ``grad_norm``): the clean step in total. The grads
+  stay as far as the step got (scaled where an update was to unscale them).
 
-A failure inside the check itself (torch's in-place unscale) or half way through the math of
-several param groups is not undone; tests/protocol/test_atomic_step.py injects failures where the
-math begins.
+A failure in the decision (the agreement over ``process_group``, the clip's and the scale's ops)
+keeps a skip pending, not the clean step: a rank cannot know whether another overflowed. Also not
+covered: a failure inside one group's update after it wrote part of its params or state (torch's
+forms run op by op, by batches on a CPU; a launch failing part way): only a snapshot of the group at
+every step (a pass) could undo it; ``zero_grad()`` after a partial update (the groups that ran stay
+moved; counted on the torch forms, not on our kernels, whose epilogue did not run); the split form's
+``unscale()`` failing between two of torch's unscales (nothing recorded: ``zero_grad()`` and a new
+backward); a retry of a DTensor step that clips over a mesh (its sum of squares, taken before the
+unscale, would read grads already unscaled), or on our kernels after a try on torch's
+(``SCALEDOPTIM_KERNELS`` changed between: they read every grad as scaled); a step a GradScaler
+drives, ours or torch's (``scaler.step(opt)`` does not read a pending step; ours refuses
+``step_after_unscale()``).
+tests/protocol/test_atomic_step.py injects failures at the first and second group's update and in
+the check; the first and third cases not covered are its strict xfails.
 """
 
 from __future__ import annotations
@@ -49,7 +69,7 @@ from torch import Tensor
 
 from .. import compile_boundary
 from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor, handle_state
-from ..torch_ops import unscale_in_place_
+from ..torch_ops import UnscaledBefore, unscale_in_place_
 from .clipping import norm_and_coefficient, sums_over_process_group, to_max_grad_norm
 from .outputs import check_grads_scaled_by
 from .plans import GenericStepPlan
@@ -136,7 +156,7 @@ def check_can_unscale(
     if state.pending is not None:
         raise RuntimeError(
             "unscale() was already called since the last step (or a step failed after it had "
-            "unscaled the grads in place): the grads are unscaled already. Call "
+            "unscaled the grads in place, or updated a param group): the step is pending. Call "
             "step_after_unscale() (or zero_grad() and a new backward) first."
         )
     if grads_scaled_by is None and state.loss_scale.scaled_for(reporter):
@@ -183,9 +203,16 @@ def plan(optimizer: Any, run: Callable[[], Any] | None = None) -> StepPlan:
     return optimizer._plan_step(run)
 
 
-def check(plan: StepPlan, state: Any, request: Request, backward_check: Any) -> GradPass:
+def check(
+    plan: StepPlan,
+    state: Any,
+    request: Request,
+    backward_check: Any,
+    unscaled: list[list[Tensor]] | None = None,
+) -> GradPass:
     """The first read of the grads: ``found_inf`` (adding to the request's, and to what
-    ``check_during_backward`` folded), and the sum of squares when clipping."""
+    ``check_during_backward`` folded), and the sum of squares when clipping. What it unscales
+    in place goes into ``unscaled`` (Note [atomic step])."""
     if request.pending is not None:
         return request.pending
     scaled_by, clip = request.scaled_by, request.max_grad_norm is not None
@@ -207,13 +234,15 @@ def check(plan: StepPlan, state: Any, request: Request, backward_check: Any) -> 
     # they are clipped: nothing skips their step.
     inv_scale = scaled_by.double().reciprocal().float() if scaled_by is not None else None
     flag = found_inf if scaled_by is not None else torch.zeros_like(found_inf)
+    unscaled = [] if unscaled is None else unscaled
     if not clip:
-        return GradPass(found_inf, True, inv_scale, plan.check(flag, inv_scale, checked, None))
+        grads = plan.check(flag, inv_scale, checked, None, unscaled)
+        return GradPass(found_inf, True, inv_scale, grads)
     # See Note [clipping in the step] in clipping.py: the sum of squares of every grad.
     norm_sq = torch.zeros((), dtype=torch.float32, device=device)
     if inv_scale is None:
         inv_scale = torch.ones_like(found_inf)
-    grads = plan.check(flag, inv_scale, checked, norm_sq)
+    grads = plan.check(flag, inv_scale, checked, norm_sq, unscaled)
     return GradPass(found_inf, scaled_by is not None, inv_scale, grads, norm_sq)
 
 
@@ -285,7 +314,9 @@ def planned_step(optimizer: Any, closure: Callable[[], Any] | None = None) -> An
     request, optimizer._scaledoptim_request = optimizer._scaledoptim_request, None
     if request is None:
         request = optimizer._implicit_request(closure is not None) or PLAIN
-    optimizer._scaledoptim_outcome = run(optimizer, request, plan(optimizer))[1]
+    # See Note [atomic step]: a step whose update ran in part is rolled forward on its plan.
+    partial = request.pending.partial if request.pending is not None else None
+    optimizer._scaledoptim_outcome = run(optimizer, request, partial or plan(optimizer))[1]
     return loss
 
 
@@ -315,9 +346,13 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
     """Checks, decides, updates and commits ``plan`` as ``request`` asks; returns what the
     update returned and the pass (Note [atomic step] for what a failure leaves)."""
     state = optimizer._scaledoptim_scaling
-    grad_pass = check(plan, state, request, optimizer._scaledoptim_backward_check)
-    decided = None
+    if request.pending is not None and request.pending.retry is not None:
+        request = request.pending.retry  # a step whose check failed, again
+    # What the check unscales in place, as it goes (and what a failed try did: a retry).
+    unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
+    grad_pass = decided = None
     try:
+        grad_pass = check(plan, state, request, optimizer._scaledoptim_backward_check, unscaled)
         decided = decide(plan, state, request, grad_pass, id(optimizer))
         optimizer._scaledoptim_stepping = True  # a plan that calls self.step() is let through
         try:
@@ -325,13 +360,30 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
         finally:
             optimizer._scaledoptim_stepping = False
     except BaseException:
-        if request.pending is None and grad_pass.found_inf is not None:
-            if decided is None:  # no decision: skip (see Note [atomic step])
-                grad_pass.found_inf.fill_(1.0)
-            state.pending = plan.settle(decided if decided is not None else grad_pass)
+        if request.pending is None:
+            state.pending = _left_pending(plan, request, grad_pass, decided, unscaled)
         raise
     commit(optimizer, plan, request, decided)
     return result, decided
+
+
+def _left_pending(
+    plan: StepPlan,
+    request: Request,
+    grad_pass: GradPass | None,
+    decided: GradPass | None,
+    unscaled: list[list[Tensor]],
+) -> GradPass | None:
+    """What a step that failed leaves pending (Note [atomic step]): ``None`` when no grad the
+    user holds was written, nothing ran, and the same call again is the recovery."""
+    if grad_pass is None:  # the check failed: the request again, knowing what it unscaled
+        retry = dataclasses.replace(request, unscaled=tuple(unscaled))
+        return GradPass(None, retry=retry) if unscaled else None
+    if grad_pass.found_inf is None:
+        return None
+    if decided is None:  # no decision: skip (see Note [atomic step])
+        grad_pass.found_inf.fill_(1.0)
+    return plan.settle(decided if decided is not None else grad_pass)
 
 
 def unscale(optimizer: Any, request: Request, plan: StepPlan) -> GradPass:

@@ -30,6 +30,10 @@ class GradPass:
         norm: the total 2-norm before clipping (``grad_norm``), once decided.
         scale_update: the scale's next value, decided and not applied yet.
         report: the report to the scale (its round, its handle) is still to be recorded.
+        partial: the plan whose update ran in part before a failure: the pending step runs the
+            rest of it (Note [atomic step] in steps.py).
+        retry: the request of a step whose check failed after it had unscaled grads in place:
+            the pending step runs it again (Note [atomic step]).
     """
 
     found_inf: Tensor | None
@@ -40,6 +44,8 @@ class GradPass:
     norm: Tensor | None = None
     scale_update: ScaleUpdate | None = None
     report: bool = False
+    partial: StepPlan | None = None
+    retry: Request | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +62,9 @@ class Request:
         adopt: a scaledoptim.GradScaler's scale the optimizer takes as its own at commit.
         max_grad_norm: clip the global norm of the unscaled grads to it; ``None``: no clip.
         sums_over_group: the clip's sums of squares are added over ``process_group``.
+        unscaled: what a check of this request that failed had unscaled in place (lists of the
+            tensors each of torch's unscales wrote): the check checks them, not unscales them
+            again (Note [atomic step] in steps.py).
     """
 
     scaled_by: Tensor | None = None
@@ -65,6 +74,7 @@ class Request:
     adopt: tuple[LossScale, str] | None = None
     max_grad_norm: float | None = None
     sums_over_group: bool = False
+    unscaled: tuple[list[Tensor], ...] = ()
 
 
 class StepPlan(Protocol):
@@ -81,11 +91,13 @@ class StepPlan(Protocol):
         inv_scale: Tensor | None,
         checked: frozenset[int],
         norm_sq: Tensor | None,
+        unscaled: list[list[Tensor]],
     ) -> tuple[tuple[list[list[Tensor]], bool], ...]:
         """Checks the grads (times ``inv_scale``) into ``found_inf``, unscaling them in place or
         leaving that to the update, and adds the squares of the unscaled grads to ``norm_sq``
         (of every grad: then ``checked``, the ids of grads checked during backward, is
-        ignored). Returns :attr:`GradPass.grads`."""
+        ignored). What it unscales in place is added to ``unscaled`` as it goes; what is in it
+        already (a failed check's) is checked only. Returns :attr:`GradPass.grads`."""
 
     def clip(self, grad_pass: GradPass, coef: Tensor) -> GradPass:
         """``grad_pass`` with its grads times ``coef``: folded into its ``inv_scale``, or
@@ -93,7 +105,7 @@ class StepPlan(Protocol):
 
     def update(self, grad_pass: GradPass) -> Any:
         """Runs the optimizer's math on ``grad_pass`` (skipped where it says); returns what the
-        optimizer's step returned. A failure leaves no step counter moved."""
+        optimizer's step returned. A failure leaves the counters of what did not run unmoved."""
 
     def commit(self, grad_pass: GradPass) -> None:
         """Installs new state, advances what the update left to the end of the step and applies
@@ -101,8 +113,9 @@ class StepPlan(Protocol):
 
     def settle(self, grad_pass: GradPass) -> GradPass | None:
         """After a failure past the check: ``None`` when no grad the user holds was written,
-        else the user's grads made what :func:`unscale` leaves and the pass to keep pending
-        (Note [atomic step])."""
+        else the pass to keep pending: the rest of this plan's update (``partial``) when it ran
+        in part, else the user's grads made what :func:`unscale` leaves (Note [atomic
+        step])."""
 
 
 #: The request of a plain ``step()`` that owes the protocol nothing, and its pass.

@@ -1,7 +1,8 @@
 """Torch-op helpers every layer shares; this package imports only torch, a module per job.
 
 * :func:`unscale_in_place_` and :func:`unscale_dense_`: ``g *= inv_scale`` with the inf/nan
-  check of the unscaled values, on device (Note [overflow after unscaling]).
+  check of the unscaled values, on device (Note [overflow after unscaling]);
+  :class:`UnscaledBefore`: what they wrote before a step failed, for its retry.
 * :func:`advance_steps_`: step counters advanced unless the step is skipped, on device (one op
   for :class:`PackedSteps`, Note [packed counters]); :func:`saved_counters` and
   :func:`restore_counters_`: their values kept across an update that may fail.
@@ -37,6 +38,7 @@ from .skip import (
     HOST_READS,
     LOW_PRECISION,
     PackedSteps,
+    UnscaledBefore,
     advance_steps_,
     copy_unless_skipped_,
     restore_counters_,
@@ -55,6 +57,7 @@ __all__ = [
     "PackedSteps",
     "Pieces",
     "StochasticRounding",
+    "UnscaledBefore",
     "advance_steps_",
     "batches",
     "copy_unless_skipped_",

@@ -4,7 +4,7 @@ read on the host (Note [host skip])."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 import torch
@@ -15,6 +15,7 @@ __all__ = [
     "LOW_PRECISION",
     "HostReads",
     "PackedSteps",
+    "UnscaledBefore",
     "advance_steps_",
     "copy_unless_skipped_",
     "restore_counters_",
@@ -31,7 +32,12 @@ _IS_SPARSE = attrgetter("is_sparse")
 _IS_COMPLEX = attrgetter("is_complex")
 
 
-def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Tensor) -> None:
+def unscale_in_place_(
+    grads: Sequence[Tensor],
+    found_inf: Tensor,
+    inv_scale: Tensor,
+    unscaled: list[list[Tensor]] | None = None,
+) -> None:
     """``g *= inv_scale`` for every grad, setting ``found_inf`` on inf/nan in what the update
     will read: the unscaled values (torch's op, grouped by dtype as it requires).
 
@@ -42,12 +48,18 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
     float32 or bfloat16 sum past the range would reach the params). A complex grad is unscaled
     as its real view.
     Reads ``inv_scale`` on the host where that is free (:data:`HOST_READS`).
+
+    ``unscaled``, when given, gets the tensors of each of torch's unscales once it has written
+    them; where it is an :class:`UnscaledBefore`, a grad a failed try unscaled is checked as it
+    is, not unscaled again: the same ``found_inf`` (Note [atomic step] in protocol/steps.py).
     """
     host_reads = HOST_READS.free(inv_scale.device)
+    if isinstance(unscaled, UnscaledBefore):
+        grads = unscaled.check_unscaled_(grads, found_inf)
     dtypes = set(map(_DTYPE, grads))
     if len(dtypes) == 1 and not any(map(_IS_SPARSE, grads)) and not any(map(_IS_COMPLEX, dtypes)):
         # The common case, dense grads of one real dtype, without a Python step per grad.
-        unscale_dense_(list(grads), found_inf, inv_scale, host_reads)
+        unscale_dense_(list(grads), found_inf, inv_scale, host_reads, unscaled)
         return
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     uncoalesced: list[Tensor] = []
@@ -55,24 +67,57 @@ def unscale_in_place_(grads: Sequence[Tensor], found_inf: Tensor, inv_scale: Ten
         if grad.is_sparse:
             if not grad.is_coalesced():
                 uncoalesced.append(grad)
-            grad = grad._values()
-        if grad.is_complex():
-            grad = torch.view_as_real(grad)
-        by_dtype.setdefault(grad.dtype, []).append(grad)
+        tensor = _written(grad)
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
     for same_dtype in by_dtype.values():
-        unscale_dense_(same_dtype, found_inf, inv_scale, host_reads)
+        unscale_dense_(same_dtype, found_inf, inv_scale, host_reads, unscaled)
     for grad in uncoalesced:
         _check_non_finite_([grad.coalesce()._values()], found_inf)
 
 
+def _written(grad: Tensor) -> Tensor:
+    """The dense real tensor torch's unscale writes for ``grad``: a sparse grad's values, a
+    complex one's real view."""
+    tensor = grad._values() if grad.is_sparse else grad
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
+class UnscaledBefore(list[list[Tensor]]):
+    """What the in-place unscales of a step's failed try wrote (a list per call of torch's op),
+    for its retry to append its own to (Note [atomic step] in protocol/steps.py)."""
+
+    def __init__(self, before: Iterable[list[Tensor]]) -> None:
+        super().__init__(before)
+        self.before = frozenset(t.data_ptr() for tensors in self for t in tensors)
+
+    def holds(self, grads: Iterable[Tensor]) -> bool:
+        """Whether the failed try unscaled any of ``grads``."""
+        return any(_written(g).data_ptr() in self.before for g in grads)
+
+    def check_unscaled_(self, grads: Sequence[Tensor], found_inf: Tensor) -> list[Tensor]:
+        """Checks the ``grads`` the failed try unscaled as they are into ``found_inf``; returns
+        the others. Times one, a finite grad unscaled stays finite and an inf/nan one stays one:
+        checked as :func:`unscale_in_place_` checks it, before and after the multiply."""
+        again = [g for g in grads if self.holds([g])]
+        unscale_in_place_(again, found_inf, torch.ones_like(found_inf))
+        return [g for g in grads if not self.holds([g])]
+
+
 def unscale_dense_(
-    tensors: list[Tensor], found_inf: Tensor, inv_scale: Tensor, host_reads: bool = False
+    tensors: list[Tensor],
+    found_inf: Tensor,
+    inv_scale: Tensor,
+    host_reads: bool = False,
+    unscaled: list[list[Tensor]] | None = None,
 ) -> None:
     """``t *= inv_scale`` for dense real ``tensors`` of one dtype, setting ``found_inf`` on
     inf/nan before the multiply, and after it where the product may overflow: at a scale below
     1, read on the host where ``host_reads`` says that is free (:data:`HOST_READS`' answer for
-    its device), else always (Note [overflow after unscaling])."""
+    its device), else always (Note [overflow after unscaling]). ``tensors`` are added to
+    ``unscaled``, when given, once written (:func:`unscale_in_place_`)."""
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
+    if unscaled is not None:
+        unscaled.append(tensors)
     # Not `inv_scale <= 1`: a scale that is not a number is checked too.
     if not host_reads or not inv_scale.item() <= 1.0:
         _check_non_finite_(tensors, found_inf)

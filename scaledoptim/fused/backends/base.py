@@ -44,7 +44,9 @@ class PreparedUnscale(Protocol):
     updates to read. ``checked``: ids of grads already folded into ``found_inf`` (Note
     [overlapped overflow check]); a backend that only checks may skip them. ``norm_sq``, when
     given, receives (added in place) the sum of squares of the unscaled grads, of every grad
-    whatever ``checked`` says (Note [clipping in the step] in protocol/clipping.py)."""
+    whatever ``checked`` says (Note [clipping in the step] in protocol/clipping.py). What it
+    unscales in place goes into ``unscaled`` as it is written; a grad in it already (a failed
+    check's) is checked only (Note [atomic step] in protocol/steps.py)."""
 
     def __call__(
         self,
@@ -53,6 +55,7 @@ class PreparedUnscale(Protocol):
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
         norm_sq: Tensor | None = None,
+        unscaled: list[list[Tensor]] | None = None,
     ) -> Tensor | None: ...
 
     def repoint(self, pointers: list[int]) -> None:

@@ -123,8 +123,9 @@ class _KernelCheck(_Tables):
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
         norm_sq: Tensor | None = None,
+        unscaled: list[list[Tensor]] | None = None,
     ) -> Tensor:
-        launch = self.launches[0]
+        launch = self.launches[0]  # (reads the grads only: ``unscaled`` stays as it is)
         if norm_sq is not None:
             self._check_and_sum(found_inf, inv_scale, grad_lists, norm_sq)
         elif checked:  # some grads were checked during backward: check only the others

@@ -19,6 +19,7 @@ from ...scale import ScaleUpdate
 from ...torch_ops import (
     HOST_READS,
     LOW_PRECISION,
+    UnscaledBefore,
     advance_steps_,
     local_tensors,
     skip_on_host,
@@ -282,10 +283,15 @@ class TorchCheck:
         checked: frozenset[int],
         grad_lists: list[list[Tensor]],
         norm_sq: Tensor | None = None,
+        unscaled: list[list[Tensor]] | None = None,
     ) -> Tensor | None:
         if HOST_READS.on_cpu != self._switch:  # See Note [route table]: the one fact that moves
             self._choose()
         check = self.checks[norm_sq is not None]
+        if isinstance(unscaled, UnscaledBefore):  # See Note [atomic step]: a retry
+            mine = list(chain.from_iterable(grad_lists))
+            if unscaled.holds(local_tensors(mine) if self.local else mine):
+                check = Check.INTO_FP32  # the failed try unscaled some of them in place
         if check is Check.INTO_FP32:
             # 16-bit grads are unscaled into fp32 copies, which the update then reads: unscaled in
             # 16 bits, a small true grad flushes to zero, and at a scale below 1 a large one
@@ -309,9 +315,9 @@ class TorchCheck:
             return inv_scale  # the copies unscale
         if check is Check.UNSCALED_IN_PLACE:
             # See Note [overflow after unscaling]: the second pass only at a scale below 1
-            unscale_dense_(grads, found_inf, inv_scale, self.host_reads)
+            unscale_dense_(grads, found_inf, inv_scale, self.host_reads, unscaled)
         else:
-            unscale_in_place_(grads, found_inf, inv_scale)
+            unscale_in_place_(grads, found_inf, inv_scale, unscaled)
         if norm_sq is not None:  # See Note [clipping in the step]: of the unscaled grads
             norm_sq.add_(sum_of_squares(grads))
         return None
