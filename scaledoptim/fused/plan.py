@@ -28,7 +28,7 @@ import ctypes
 import dataclasses
 import os
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, compress
 from operator import is_
 from typing import Any, Protocol, TypeVar
 
@@ -327,7 +327,7 @@ class StepCache:
                 if lists_key(optimizer, group) != entry.lists_key:
                     return None
                 entry.remember_options(group)
-        lists = []
+        param_lists, grad_lists, grad_ptrs = [], [], []
         try:
             if optimizer._params_device() != self.device:
                 return None
@@ -335,36 +335,34 @@ class StepCache:
                 current = entry.current(group)
                 if current is None:
                     return None
-                lists.append(current)
-            if _kept_pointers([params for params, _ in lists], optimizer.state) != self.kept_ptrs:
+                param_lists.append(current[0])
+                grad_lists.append(current[1])
+            if _kept_pointers(param_lists, optimizer.state) != self.kept_ptrs:
                 return None
-            grad_ptrs = [list(map(_DATA_PTR, grads)) for _, grads in lists]
+            for grads in grad_lists:
+                grad_ptrs.append(list(map(_DATA_PTR, grads)))
             edited = self.masters.edited(optimizer) if self.masters is not None else []
         except (RuntimeError, TypeError, AttributeError, KeyError):
             return None
-        moved = [
-            (entry, pointers, grads)
-            for entry, pointers, (_, grads) in zip(self.groups, grad_ptrs, lists)
-            if pointers != entry.grad_ptrs
-        ]
         # A null pointer with elements is a grad a kernel cannot read (Note [launchable tensors]
         # in kernels/launcher.py): the full plan refuses it. All checked before a table moves.
-        for _, pointers, grads in moved:
+        for grads, pointers in zip(grad_lists, grad_ptrs):
             if 0 in pointers and any(p == 0 and g.numel() for p, g in zip(pointers, grads)):
                 return None
-        for entry, pointers, _ in moved:
-            if entry.update is not None:
-                entry.update.repoint(pointers)
-            entry.grad_ptrs = pointers
+        for entry, pointers in zip(self.groups, grad_ptrs):
+            if pointers != entry.grad_ptrs:
+                if entry.update is not None:
+                    entry.update.repoint(pointers)
+                entry.grad_ptrs = pointers
         pointers = grad_ptrs[0] if len(grad_ptrs) == 1 else list(chain.from_iterable(grad_ptrs))
-        param_lists = [params for params, grads in lists if grads]
-        grad_lists = [grads for _, grads in lists if grads]
+        # The groups with grads (those the part was built with: its updates are this step's).
+        param_lists = list(compress(param_lists, grad_lists))
+        grad_lists = list(filter(None, grad_lists))
         plan = FusedStepPlan(optimizer, self.backend)
         plan.params = list(chain.from_iterable(param_lists))
         plan.grads = list(chain.from_iterable(grad_lists))
         plan.masters = self.masters
         plan.edited_masters = edited
-        # (The same groups have grads as when the part was built: its updates are this step's.)
         part = plan.parts[self.backend] = dataclasses.replace(
             self.part, grad_lists=grad_lists, param_lists=param_lists
         )
