@@ -9,11 +9,12 @@ A step's plan (every check, the state lists, the kernel tables) rests on what is
 to step: the params, their state, the options, sizes, dtypes and layouts. What changes is where
 the grads live (``zero_grad(set_to_none=True)`` frees them). So :class:`StepCache` keeps the plan
 and re-verifies, at every step and in passes done in C, each fact it reuses (the concepts page's
-"What a kept plan re-verifies"): the params (objects, data pointers, and layouts through
-torch.compile's ``TensorGuards``, which sees ``p.data = p.data[:k]`` or ``.t()``); which params
-have grads, and the grads' layouts (new pointers are repointed to); the data pointer of every
-state value, in order; the groups and each option's value object (identity, not equality: ``1``
-is no valid ``master_weights`` though it equals ``True``). A replaced value (a scheduler's new
+"What a kept plan re-verifies"): the params (objects, and layouts through torch.compile's
+``TensorGuards``, which sees ``p.data = p.data[:k]`` or ``.t()``); which params have grads, and
+the grads' layouts; the data pointers of the params, then of every state value, in order, in one
+list; the groups and each option's value object (identity, not equality: ``1`` is no valid
+``master_weights`` though it equals ``True``). All of it before any table is repointed to grads
+at new pointers. A replaced value (a scheduler's new
 ``lr``) is validated again, as at a full plan; values that may change in place (tensors) at
 every step; a change of ``lists_key`` plans in full. So whatever validating every option at
 every step would refuse is refused (tests/fused/test_step_cache_mutations.py). Anything else

@@ -13,6 +13,7 @@ import operator
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,7 +48,7 @@ class PreparedLaunch:
     block_size: int | None = None
     #: Per list :meth:`repoint` rewrote: each table's slots of that list, and what picks their
     #: tensors' pointers from the list's.
-    _rows: dict[int, list[tuple[ctypes.Array, Callable[[Sequence[int]], Sequence[int]]]]] = (
+    _rows: dict[int, list[tuple[ctypes.Array, Callable[[Sequence[int]], Any]]]] = (
         dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
     )
 
@@ -125,7 +126,7 @@ class PreparedLaunch:
                 )
 
 
-def _picker(slots: tuple[int, ...]) -> Callable[[Sequence[int]], Sequence[int]]:
+def _picker(slots: tuple[int, ...]) -> Callable[[Sequence[int]], Any]:
     """What picks the pointers of a table's tensors (indices ``slots``) from a list's: a slice
     where they are consecutive (one dtype: every table but those a tensor spans)."""
     if slots == tuple(range(slots[0], slots[-1] + 1)):
