@@ -374,7 +374,9 @@ class StepCache:
         return plan
 
 
-def _kept_pointers(param_lists: list[list[Tensor]], state: dict[Tensor, dict[str, Any]]) -> list:
+def _kept_pointers(
+    param_lists: list[list[Tensor]], state: dict[Tensor, dict[str, Any]]
+) -> list[int]:
     """The data pointer of every param, then of every value of every param's state, in order
     (``TypeError`` for a state that is not a dict)."""
     values = chain.from_iterable(map(dict.values, state.values()))
