@@ -9,11 +9,12 @@ A step's plan (every check, the state lists, the kernel tables) rests on what is
 to step: the params, their state, the options, sizes, dtypes and layouts. What changes is where
 the grads live (``zero_grad(set_to_none=True)`` frees them). So :class:`StepCache` keeps the plan
 and re-verifies, at every step and in passes done in C, each fact it reuses (the concepts page's
-"What a kept plan re-verifies"): the params (objects, data pointers, and layouts through
-torch.compile's ``TensorGuards``, which sees ``p.data = p.data[:k]`` or ``.t()``); which params
-have grads, and the grads' layouts (new pointers are repointed to); the data pointer of every
-state value, in order; the groups and each option's value object (identity, not equality: ``1``
-is no valid ``master_weights`` though it equals ``True``). A replaced value (a scheduler's new
+"What a kept plan re-verifies"): the params (objects, and layouts through torch.compile's
+``TensorGuards``, which sees ``p.data = p.data[:k]`` or ``.t()``); which params have grads, and
+the grads' layouts; the data pointers of the params, then of every state value, in order, in one
+list; the groups and each option's value object (identity, not equality: ``1`` is no valid
+``master_weights`` though it equals ``True``). All of it before any table is repointed to grads
+at new pointers. A replaced value (a scheduler's new
 ``lr``) is validated again, as at a full plan; values that may change in place (tensors) at
 every step; a change of ``lists_key`` plans in full. So whatever validating every option at
 every step would refuse is refused (tests/fused/test_step_cache_mutations.py). Anything else
@@ -28,7 +29,7 @@ import ctypes
 import dataclasses
 import os
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, compress
 from operator import is_
 from typing import Any, Protocol, TypeVar
 
@@ -242,7 +243,6 @@ class _GroupEntry:
         with_grad = {id(p) for p in params}
         self.without_grad = [i for i, p in enumerate(group["params"]) if id(p) not in with_grad]
         self.params = params
-        self.param_ptrs = list(map(_DATA_PTR, params))
         self.param_layouts = _layout_guard(params)
         grads = list(map(_GRAD, params))
         self.grad_ptrs = list(map(_DATA_PTR, grads))
@@ -263,8 +263,9 @@ class _GroupEntry:
         )
 
     def current(self, group: Group) -> tuple[list[Tensor], list[Tensor]] | None:
-        """``(params, grads)``: the group's params with a grad and their grads, if the cached
-        update still holds for them (now repointed to the grads), else ``None`` (or a raise)."""
+        """``(params, grads)``: the group's params with a grad and their grads, if they are the
+        validated params, grads in the same places, all in the validated layouts, else ``None``
+        (or a raise). Their pointers are :class:`StepCache`'s to compare."""
         params = group["params"]
         grads = list(map(_GRAD, params))
         if self.without_grad:
@@ -272,25 +273,16 @@ class _GroupEntry:
                 return None
             params = [p for p, g in zip(params, grads) if g is not None]
             grads = [g for g in grads if g is not None]
-        # The same params at the same pointers with the same layout; the grads' layout against
-        # the validated grads', not their param's (a param pruned with its grad still matches
-        # it); a grad that turned None or sparse fails the guard before data_ptr() could raise.
+        # The same params with the same layout (the guard raises for another count); the grads'
+        # layout against the validated grads', not their param's (a param pruned with its grad
+        # still matches it); a grad that turned None or sparse fails the guard before data_ptr()
+        # could raise.
         if (
             not all(map(is_, params, self.params))
-            or list(map(_DATA_PTR, params)) != self.param_ptrs
             or not self.param_layouts.check(*params)
             or not self.grad_layouts.check(*grads)
         ):
             return None
-        pointers = list(map(_DATA_PTR, grads))
-        if pointers != self.grad_ptrs:
-            # A null pointer with elements is a grad a kernel cannot read (Note [launchable
-            # tensors] in kernels/launcher.py): the full plan refuses it before any table moves.
-            if 0 in pointers and any(p == 0 and g.numel() for p, g in zip(pointers, grads)):
-                return None
-            if self.update is not None:
-                self.update.repoint(pointers)
-            self.grad_ptrs = pointers
         return params, grads
 
 
@@ -311,8 +303,8 @@ class StepCache:
         ]
         # The part as it was built, without grads: each step's are bound in renew().
         self.part = dataclasses.replace(part, grad_lists=[], param_lists=[])
-        # Where every state value lives, in order: any value moved or replaced changes it.
-        self.state_ptrs = _state_pointers(optimizer.state)
+        # Where every param and state value lives, in order: any moved or replaced changes it.
+        self.kept_ptrs = _kept_pointers([e.params for e in self.groups], optimizer.state)
         self.masters = plan.masters
 
     @staticmethod
@@ -343,36 +335,42 @@ class StepCache:
                 if lists_key(optimizer, group) != entry.lists_key:
                     return None
                 entry.remember_options(group)
-        param_lists, grad_lists = [], []
+        param_lists, grad_lists, grad_ptrs = [], [], []
         try:
             if optimizer._params_device() != self.device:
-                return None
-            if _state_pointers(optimizer.state) != self.state_ptrs:
                 return None
             for entry, group in zip(self.groups, groups):
                 current = entry.current(group)
                 if current is None:
                     return None
-                params, grads = current
-                if grads:
-                    param_lists.append(params)
-                    grad_lists.append(grads)
+                param_lists.append(current[0])
+                grad_lists.append(current[1])
+            if _kept_pointers(param_lists, optimizer.state) != self.kept_ptrs:
+                return None
+            for grads in grad_lists:
+                grad_ptrs.append(list(map(_DATA_PTR, grads)))
             edited = self.masters.edited(optimizer) if self.masters is not None else []
         except (RuntimeError, TypeError, AttributeError, KeyError):
             return None
-        # The check's pointers from every group's, each step (a step may have repointed a group,
-        # then planned in full: an error in a later group).
-        pointers = (
-            self.groups[0].grad_ptrs
-            if len(self.groups) == 1
-            else list(chain.from_iterable(entry.grad_ptrs for entry in self.groups))
-        )
+        # A null pointer with elements is a grad a kernel cannot read (Note [launchable tensors]
+        # in kernels/launcher.py): the full plan refuses it. All checked before a table moves.
+        for grads, pointers in zip(grad_lists, grad_ptrs):
+            if 0 in pointers and any(p == 0 and g.numel() for p, g in zip(pointers, grads)):
+                return None
+        for entry, pointers in zip(self.groups, grad_ptrs):
+            if pointers != entry.grad_ptrs:
+                if entry.update is not None:
+                    entry.update.repoint(pointers)
+                entry.grad_ptrs = pointers
+        pointers = grad_ptrs[0] if len(grad_ptrs) == 1 else list(chain.from_iterable(grad_ptrs))
+        # The groups with grads (those the part was built with: its updates are this step's).
+        param_lists = list(compress(param_lists, grad_lists))
+        grad_lists = list(filter(None, grad_lists))
         plan = FusedStepPlan(optimizer, self.backend)
         plan.params = list(chain.from_iterable(param_lists))
         plan.grads = list(chain.from_iterable(grad_lists))
         plan.masters = self.masters
         plan.edited_masters = edited
-        # (The same groups have grads as when the part was built: its updates are this step's.)
         part = plan.parts[self.backend] = dataclasses.replace(
             self.part, grad_lists=grad_lists, param_lists=param_lists
         )
@@ -383,14 +381,18 @@ class StepCache:
         return plan
 
 
-def _state_pointers(state: dict[Tensor, dict[str, Any]]) -> list[int]:
-    """The data pointer of every value of every param's state, in order (``TypeError`` for a
-    state that is not a dict)."""
-    values = list(chain.from_iterable(map(dict.values, state.values())))
+def _kept_pointers(
+    param_lists: list[list[Tensor]], state: dict[Tensor, dict[str, Any]]
+) -> list[int]:
+    """The data pointer of every param, then of every value of every param's state, in order
+    (``TypeError`` for a state that is not a dict)."""
+    values = chain.from_iterable(map(dict.values, state.values()))
     try:
-        return list(map(_DATA_PTR, values))
+        return list(map(_DATA_PTR, chain(chain.from_iterable(param_lists), values)))
     except TypeError:  # an entry a user added that is no tensor: no step reads it
-        return [v.data_ptr() if isinstance(v, Tensor) else id(v) for v in values]
+        values = chain.from_iterable(map(dict.values, state.values()))
+        state_ptrs = [v.data_ptr() if isinstance(v, Tensor) else id(v) for v in values]
+        return list(map(_DATA_PTR, chain.from_iterable(param_lists))) + state_ptrs
 
 
 # ------------------------------------------------------------------- reading a hyper-parameter

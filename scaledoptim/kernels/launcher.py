@@ -11,8 +11,9 @@ import ctypes
 import dataclasses
 import operator
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,6 +46,11 @@ class PreparedLaunch:
     owns_tables: bool = False
     #: The block size its lists of low-bit scales were validated for (``kernel.block_lists``).
     block_size: int | None = None
+    #: Per list :meth:`repoint` rewrote: each table's slots of that list, and what picks their
+    #: tensors' pointers from the list's.
+    _rows: dict[int, list[tuple[ctypes.Array, Callable[[Sequence[int]], Any]]]] = (
+        dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    )
 
     def detached(self) -> PreparedLaunch:
         """The same launch with tables of its own, for :meth:`repoint`."""
@@ -72,19 +78,22 @@ class PreparedLaunch:
         """
         if not self.owns_tables:
             raise RuntimeError("repoint() rewrites tables: call it on launch.detached()")
-        picks = [
-            operator.itemgetter(*slots)(pointers) if len(slots) > 1 else (pointers[slots[0]],)
-            for slots in (planned.slot_tensors for _, planned in self.plans)
-        ]
+        rows = self._rows.get(list_index)
+        if rows is None:  # once per list: a repoint runs at every step of a kept plan
+            rows = self._rows[list_index] = [
+                (planned.table.ptrs[list_index], _picker(planned.slot_tensors))
+                for _, planned in self.plans
+            ]
+        picks = [pick(pointers) for _, pick in rows]
         # See Note [launchable tensors]: an empty tensor, the one kind with a null pointer, gets no
         # slot. All checked before any table changes.
-        if any(0 in picked for picked in picks):
+        if 0 in pointers and any(0 in picked for picked in picks):
             raise ValueError(
                 f"{self.kernel.name}: repoint() got a null data pointer for a tensor with "
                 "elements (a tensor subclass, or one without storage); nothing was changed"
             )
-        for (_, planned), picked in zip(self.plans, picks):
-            planned.table.ptrs[list_index][: len(picked)] = picked
+        for (slots, _), picked in zip(rows, picks):
+            slots[: len(picked)] = picked
 
     def run(self, args: ctypes.Structure, later_args: ctypes.Structure | None = None) -> None:
         """Launches with scalar arguments ``args`` (an instance of ``kernel.args_type``), or
@@ -115,6 +124,14 @@ class PreparedLaunch:
                     self.kernel, instantiation, params, planned.n_chunks,
                     launch_config.emulator_threads_per_block,
                 )
+
+
+def _picker(slots: tuple[int, ...]) -> Callable[[Sequence[int]], Any]:
+    """What picks the pointers of a table's tensors (indices ``slots``) from a list's: a slice
+    where they are consecutive (one dtype: every table but those a tensor spans)."""
+    if slots == tuple(range(slots[0], slots[-1] + 1)):
+        return operator.itemgetter(slice(slots[0], slots[-1] + 1))
+    return operator.itemgetter(*slots)
 
 
 def prepare_launch(

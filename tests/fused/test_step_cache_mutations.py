@@ -15,11 +15,14 @@ The mutation kinds drawn (``KINDS``):
   the same storage viewed as int32 (refused); reshaped with as many elements (refused, the state
   has the old shape); ``p.set_(t)``; the storage reallocated by ``p.data.resize_``; another
   dtype (``p.data = p.data.bfloat16()``); an in-place edit; a param replaced in its group, by a
-  copy or by another Parameter over the same storage;
+  copy or by another Parameter over the same storage; swapped with a copy
+  (``torch.utils.swap_tensors``: the same object over other storage);
 * state: a value replaced in the dict; a tensor given other storage through ``.data`` or
-  ``set_`` (the moments and the step counter); a tensor reallocated by ``resize_`` (refused,
-  then resized back); a param's state cleared; an entry that is no tensor added; an entry
-  deleted (refused where another moment is left); ``load_state_dict(state_dict())``; a checkpoint
+  ``set_`` (the moments and the step counter), or swapped with a copy by
+  ``torch.utils.swap_tensors``; a tensor reallocated by ``resize_`` (refused, then resized back);
+  its storage freed by ``untyped_storage().resize_(0)`` (refused, then restored); a param's
+  state cleared; an entry that is no tensor added; an entry deleted (refused where another
+  moment is left); ``load_state_dict(state_dict())``; a checkpoint
   through ``torch.save``/``torch.load``; ``load_state_dict`` with a pre-hook that rewrites the
   state_dict and a post-hook that gives a state tensor other storage;
 * options and groups: ``lr`` changed; a group switched to another of the row's configs (options
@@ -246,6 +249,13 @@ def _(twin, values):
     _fresh(twin, values)
 
 
+@kind("param swapped with a copy (torch.utils.swap_tensors)")
+def _(twin, values):
+    param = twin.params[3]
+    torch.utils.swap_tensors(param, torch.nn.Parameter(param.detach().clone()))
+    _fresh(twin, values)
+
+
 def _drop_replaced_state(twin: Twin, values: list[torch.Tensor]) -> None:
     twin.opt.state.pop(twin.saved.pop("replaced"), None)  # as torch.optim needs, for state_dict()
 
@@ -289,6 +299,34 @@ def _(twin, values):
     _fresh(twin, values)
     step = twin.opt.state[twin.params[2]]["step"]
     step.data = step.data.clone()
+
+
+@kind("state tensor swapped with a copy (torch.utils.swap_tensors)")
+def _(twin, values):
+    _fresh(twin, values)
+    tensor = twin.opt.state[twin.params[1]].get(_key(twin, 1))
+    if isinstance(tensor, torch.Tensor):
+        torch.utils.swap_tensors(tensor, tensor.clone() * 0.5)
+
+
+def _heal_storage(twin: Twin, values: list[torch.Tensor]) -> None:
+    tensor, nbytes, kept = twin.saved.pop("storage")
+    if tensor is not None:
+        tensor.untyped_storage().resize_(nbytes)
+        with torch.no_grad():
+            tensor.copy_(kept)
+    _fresh(twin, values)
+
+
+@kind("state tensor's storage freed (untyped_storage().resize_(0))", heal=_heal_storage)
+def _(twin, values):
+    _fresh(twin, values)
+    tensor = twin.opt.state[twin.params[2]].get(_key(twin, 2))
+    if not isinstance(tensor, torch.Tensor):
+        twin.saved["storage"] = (None, 0, None)
+        return
+    twin.saved["storage"] = (tensor, tensor.untyped_storage().nbytes(), tensor.clone())
+    tensor.untyped_storage().resize_(0)  # the pointer becomes null, the tensor keeps its shape
 
 
 def _heal_state(twin: Twin, values: list[torch.Tensor]) -> None:

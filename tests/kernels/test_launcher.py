@@ -119,30 +119,51 @@ def test_invalid_tensor_lists_are_rejected_with_the_fix():
         kernels.non_finite_check_([x], torch.zeros((), dtype=torch.float64))
 
 
-@pytest.mark.parametrize("list_index", [0, 1])
-def test_a_repointed_launch_has_the_tables_of_one_prepared_for_the_new_tensors(list_index):
-    # Two dtypes interleaved (two instantiations, non-adjacent indices), tensors spanning
-    # tables, an empty one: every slot must get its own tensor's new pointer.
-    def lists():
-        dtypes = [torch.bfloat16 if i % 3 == 0 else torch.float32 for i in range(400)]
-        sizes = [(1, 3 * launch_config.chunk_size + 1, 0, 5)[i % 4] for i in range(400)]
-        first = [torch.randn(n).to(d) for n, d in zip(sizes, dtypes)]
-        return [first, [torch.randn(t.numel()).to(t.dtype) for t in first]]
+def _two_lists() -> list[list[torch.Tensor]]:
+    """Two dtypes interleaved (two instantiations, non-adjacent indices), tensors spanning
+    tables, an empty one."""
+    dtypes = [torch.bfloat16 if i % 3 == 0 else torch.float32 for i in range(400)]
+    sizes = [(1, 3 * launch_config.chunk_size + 1, 0, 5)[i % 4] for i in range(400)]
+    first = [torch.randn(n).to(d) for n, d in zip(sizes, dtypes)]
+    return [first, [torch.randn(t.numel()).to(t.dtype) for t in first]]
 
-    old, new = lists(), lists()
-    new[1 - list_index] = old[1 - list_index]
-    kernel = kernels.MultiTensorKernel(
-        SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1)
-    )
-    repointed = launcher.prepare_launch(kernel, old).detached()
-    repointed.repoint(list_index, [t.data_ptr() for t in new[list_index]])
-    fresh = launcher.prepare_launch(kernel, new)
-    assert len(repointed.plans) == len(fresh.plans) > 2
-    for (name, planned), (fresh_name, fresh_planned) in zip(repointed.plans, fresh.plans):
+
+TWO_LISTS = kernels.MultiTensorKernel(
+    SCALE_SOURCE, "scale_kernel", ("a", "b"), ScaleArgs, dtype_lists=(0, 1)
+)
+
+
+def _assert_tables_of(launch: launcher.PreparedLaunch, lists: list[list[torch.Tensor]]) -> None:
+    fresh = launcher.prepare_launch(TWO_LISTS, lists)
+    assert len(launch.plans) == len(fresh.plans) > 2
+    for (name, planned), (fresh_name, fresh_planned) in zip(launch.plans, fresh.plans):
         assert name == fresh_name and planned.n_chunks == fresh_planned.n_chunks
         assert bytes(planned.table) == bytes(fresh_planned.table)
+
+
+@pytest.mark.parametrize("list_index", [0, 1])
+def test_a_repointed_launch_has_the_tables_of_one_prepared_for_the_new_tensors(list_index):
+    # Every slot must get its own tensor's new pointer.
+    old, new = _two_lists(), _two_lists()
+    new[1 - list_index] = old[1 - list_index]
+    kernel = TWO_LISTS
+    repointed = launcher.prepare_launch(kernel, old).detached()
+    repointed.repoint(list_index, [t.data_ptr() for t in new[list_index]])
+    _assert_tables_of(repointed, new)
     # The cache's shared tables are untouched, and only a detached launch may be repointed.
     shared = launcher.prepare_launch(kernel, old)
     assert shared.plans[0][1].table.ptrs[list_index][0] == old[list_index][0].data_ptr()
     with pytest.raises(RuntimeError, match="detached"):
         shared.repoint(list_index, [t.data_ptr() for t in new[list_index]])
+
+
+def test_repoints_of_one_launch_in_turn_each_list_and_again_match_fresh_tables():
+    # A launch repointed at every step keeps what picks each list's pointers from the last
+    # repoint of that list: each later one, of either list, must still land in its own slots.
+    tensors = [_two_lists(), _two_lists(), _two_lists()]
+    launch = launcher.prepare_launch(TWO_LISTS, tensors[0]).detached()
+    lists = list(tensors[0])
+    for list_index, source in [(1, 1), (0, 2), (1, 0), (0, 1), (1, 2)]:
+        lists[list_index] = tensors[source][list_index]
+        launch.repoint(list_index, [t.data_ptr() for t in lists[list_index]])
+        _assert_tables_of(launch, lists)
