@@ -19,42 +19,34 @@ Note [atomic step]
 ~~~~~~~~~~~~~~~~~~
 Nothing observable is committed before the update has run: the recorded ``found_inf``, the scale
 and its trackers, the step counters, ``grad_norm``, new optimizer state. Nothing is snapshotted:
-where a failure leaves written what the user holds, :func:`run` keeps a pending step (the state
-between ``unscale()`` and ``step_after_unscale()``; ``zero_grad()`` drops it):
+where a failure wrote what the user holds, a pending step is kept (``zero_grad()`` drops it):
 
 * nothing written (our kernels unscale in registers; a failure before torch's first in-place
   unscale, or in the first group's update where torch's fused ops unscale in their own read):
   nothing is kept, and the same call again takes exactly the step this one would have;
-* the check failed after torch's in-place unscale wrote grads (a call per dtype, at a scale
-  below 1 a second read of the unscaled values, then the sum of squares): what each call wrote
-  is recorded as it returns (a list append a call, no pass) and kept with the request
-  (``GradPass.retry``). ``step_after_unscale()`` runs it again (``UnscaledBefore``): those
-  grads checked as they are (times one: the same ``found_inf``), the others unscaled;
+* the check failed after torch's in-place unscale wrote grads (a call per dtype): what each call
+  wrote is recorded as it returns (a list append, no pass) and kept with the request
+  (``GradPass.retry``). The next ``unscale_and_step()``, ``unscale()`` (whose own failure is kept
+  the same way) or ``step_after_unscale()`` (the failed request) checks those grads as they are
+  (``UnscaledBefore``: times one, the same ``found_inf``) and unscales the others;
 * the update failed before any group's ran, the grads unscaled in place: the plan settles them
   as :meth:`~scaledoptim.Optimizer.unscale` leaves them (unscaled, clipped) and keeps the
-  decided pass: ``step_after_unscale()`` takes exactly the step this call would have taken (its
-  scale move and ``grad_norm`` included);
+  decided pass: ``step_after_unscale()`` takes exactly the step this call would have taken;
 * the update failed after some groups' updates ran: the decided pass is kept with its plan
-  (``GradPass.partial``), which counts them; the failing group's counters are put back (the
-  torch forms advance them with the math). ``step_after_unscale()`` rolls forward: the rest of
-  that plan (a new one would start again from state the groups that ran moved), then one commit
-  (counters' epilogue, scale move, report, ``grad_norm``): the clean step in total. The grads
-  stay as far as the step got (scaled where an update was to unscale them).
+  (``GradPass.partial``), which counts them, the failing group's counters put back (the torch
+  forms advance them with the math). ``step_after_unscale()`` rolls forward: the rest of that
+  plan, then one commit: the clean step in total.
 
-A failure in the decision (the agreement over ``process_group``, the clip's and the scale's ops)
-keeps a skip pending, not the clean step: a rank cannot know whether another overflowed. Also not
-covered: a failure inside one group's update after it wrote part of its params or state (torch's
-forms run op by op, by batches on a CPU; a launch failing part way): only a snapshot of the group at
-every step (a pass) could undo it; ``zero_grad()`` after a partial update (the groups that ran stay
-moved; counted on the torch forms, not on our kernels, whose epilogue did not run); the split form's
-``unscale()`` failing between two of torch's unscales (nothing recorded: ``zero_grad()`` and a new
-backward); a retry of a DTensor step that clips over a mesh (its sum of squares, taken before the
-unscale, would read grads already unscaled), or on our kernels after a try on torch's
-(``SCALEDOPTIM_KERNELS`` changed between: they read every grad as scaled); a step a GradScaler
-drives, ours or torch's (``scaler.step(opt)`` does not read a pending step; ours refuses
-``step_after_unscale()``).
-tests/protocol/test_atomic_step.py injects failures at the first and second group's update and in
-the check; the first and third cases not covered are its strict xfails.
+Not covered: a failure in the decision (the agreement over ``process_group``, the clip's and the
+scale's ops) keeps a skip pending (a rank cannot know whether another overflowed); a failure
+inside one group's update after it wrote part of its params or state (only a snapshot of the
+group at every step, a pass, could undo it); ``zero_grad()`` after a partial update (the groups
+that ran stay moved); a retry of a DTensor step that clips over a mesh (its sum of squares, taken
+before the unscale, would read grads already unscaled), or on our kernels after a try on torch's
+(``SCALEDOPTIM_KERNELS`` changed between); a step a GradScaler drives (``scaler.step(opt)`` does
+not read a pending step). tests/protocol/test_atomic_step.py injects failures at the first and
+second group's update and in the check (of both forms); the second case not covered is its
+strict xfail.
 """
 
 from __future__ import annotations
@@ -153,7 +145,7 @@ def check_can_unscale(
 ) -> None:
     """Refuses a second unscale before a step, and ``grads_scaled_by=None`` (nothing to unscale
     or skip) after a backward scaled by ``opt.scale``, whose grads are scaled."""
-    if state.pending is not None:
+    if state.pending is not None and state.pending.retry is None:  # (a retry: Note [atomic step])
         raise RuntimeError(
             "unscale() was already called since the last step (or a step failed after it had "
             "unscaled the grads in place, or updated a param group): the step is pending. Call "
@@ -346,8 +338,10 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
     """Checks, decides, updates and commits ``plan`` as ``request`` asks; returns what the
     update returned and the pass (Note [atomic step] for what a failure leaves)."""
     state = optimizer._scaledoptim_scaling
-    if request.pending is not None and request.pending.retry is not None:
-        request = request.pending.retry  # a step whose check failed, again
+    retry = state.pending.retry if state is not None and state.pending is not None else None
+    if retry is not None:  # a step whose check failed, again: step_after_unscale(), or the call
+        pending = request.pending is not None
+        request = retry if pending else dataclasses.replace(request, unscaled=retry.unscaled)
     # What the check unscales in place, as it goes (and what a failed try did: a retry).
     unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
     grad_pass = decided = None
@@ -368,10 +362,7 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
 
 
 def _left_pending(
-    plan: StepPlan,
-    request: Request,
-    grad_pass: GradPass | None,
-    decided: GradPass | None,
+    plan: StepPlan, request: Request, grad_pass: GradPass | None, decided: GradPass | None,
     unscaled: list[list[Tensor]],
 ) -> GradPass | None:
     """What a step that failed leaves pending (Note [atomic step]): ``None`` when no grad the
@@ -397,8 +388,16 @@ def unscale(optimizer: Any, request: Request, plan: StepPlan) -> GradPass:
         method = "unscale()" if request.moves_scale else "GradScaler.unscale_()"
         _check_fp16_unscale(optimizer, plan, method)
     found_inf = torch.zeros((), dtype=torch.float32, device=state.loss_scale.scale.device)
+    retry = state.pending.retry if state.pending is not None else None
+    unscaled = UnscaledBefore(retry.unscaled) if retry is not None else []
     if scaled_by is not None:
-        unscale_in_place_(plan.grads, found_inf, scaled_by.double().reciprocal().float())
+        try:  # See Note [atomic step]: a failure part way is retried by the next unscale
+            inv_scale = scaled_by.double().reciprocal().float()
+            unscale_in_place_(plan.grads, found_inf, inv_scale, unscaled)
+        except BaseException:
+            if request.moves_scale:
+                state.pending = _left_pending(plan, request, None, None, unscaled)
+            raise
     grad_pass = GradPass(found_inf, skip=scaled_by is not None)
     try:
         grad_pass = decide(plan, state, request, grad_pass, id(optimizer))

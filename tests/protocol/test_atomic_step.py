@@ -166,12 +166,14 @@ def _fail_then_recover(
     wrote: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None,
     prepare: Callable[[list[torch.Tensor]], None] | None = None,
     steps_before: int = 2,
+    retry_by_the_same_call: bool = False,
 ) -> None:
     """Two steps, a third that fails where ``failing(opt)`` makes it, then the recovery the
     optimizer offers; against a twin that never failed. ``wrote(before, after)`` says that the
     failure came after the write it is injected after (a param group's update, an unscale in
     place): the step was past it when it failed. ``prepare(params)`` runs on both before the
-    failing step, its grads set; ``steps_before``: the clean steps before it."""
+    failing step, its grads set; ``steps_before``: the clean steps before it. A check that failed
+    is retried by step_after_unscale(), or with ``retry_by_the_same_call`` by the call again."""
     params, opt = model(cls, options)
     twin_params, twin = model(cls, options)
     for seed in range(steps_before):  # state exists, the step cache is built
@@ -201,9 +203,15 @@ def _fail_then_recover(
             _assert_same(after["grads"], _observable(twin)["grads"], "grads")
             for key in ("params", "state"):
                 _assert_same(after[key], before[key], key)
-        with pytest.raises(RuntimeError, match="a step failed after it had unscaled the grads"):
-            opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)  # not twice
-        assert opt.step_after_unscale() is None
+        if opt.scaling_state.pending.retry is None:
+            with pytest.raises(RuntimeError, match="a step failed after it had unscaled the"):
+                opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)  # not twice
+            assert opt.step_after_unscale() is None
+        elif retry_by_the_same_call:  # the check failed: the same call retries it
+            _, found_inf, _ = opt.unscale_and_step(grads_scaled_by=opt.scale, max_grad_norm=clip)
+            _assert_same(found_inf, twin_found_inf, "found_inf")
+        else:
+            assert opt.step_after_unscale() is None
     else:
         for key in ("params", "state", "grads"):
             _assert_same(after[key], before[key], key)
@@ -370,7 +378,7 @@ _CHECKED_BY_NORM = {"AdamW", "SGD", "Adagrad"}
 
 
 def _check_failure(
-    cls: type[Any], options: dict[str, Any], clip: float | None, where: str
+    cls: type[Any], options: dict[str, Any], clip: float | None, where: str, same_call: bool
 ) -> None:
     scale, nth, dtype, poison = CHECK_FAILURES[where]
 
@@ -387,6 +395,7 @@ def _check_failure(
         model=model,
         wrote=lambda before, after: not torch.equal(before["grads"][1], after["grads"][1]),
         prepare=None if poison is None else functools.partial(_poison, value=poison),
+        retry_by_the_same_call=same_call,
     )
 
 
@@ -394,6 +403,7 @@ def _poison(params: list[torch.Tensor], value: float) -> None:
     params[0].grad[0, 0] = value
 
 
+@pytest.mark.parametrize("same_call", [False, True], ids=["step_after_unscale", "same-call"])
 @pytest.mark.parametrize(
     "name, clip, where",
     [
@@ -404,19 +414,25 @@ def _poison(params: list[torch.Tensor], value: float) -> None:
         if not (where == "one-dtype-after-unscale" and clip and name in _CHECKED_BY_NORM)
     ],
 )
-def test_a_failure_inside_the_check_recovers_exactly(name, clip, where, monkeypatch) -> None:
+def test_a_failure_inside_the_check_recovers_exactly(
+    name, clip, where, same_call, monkeypatch
+) -> None:
     """torch's in-place unscale raises after it unscaled grads in place (torch backend: our
-    kernels' check writes no grad): step_after_unscale() checks those, unscales the others and
-    takes the twin's step, or skips it as the twin does."""
+    kernels' check writes no grad): step_after_unscale(), or the same call again, checks those,
+    unscales the others and takes the twin's step, or skips it as the twin does."""
     monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
     cls, options, _ = CASES[name]
-    _check_failure(cls, options, clip, where)
+    _check_failure(cls, options, clip, where, same_call)
 
 
+@pytest.mark.parametrize("same_call", [False, True], ids=["step_after_unscale", "same-call"])
 @pytest.mark.parametrize("where", list(CHECK_FAILURES))
 @pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
-def test_a_generic_optimizer_failing_inside_the_check_recovers_exactly(clip, where) -> None:
-    _check_failure(scaledoptim.with_scaling(torch.optim.RMSprop), {"lr": 1e-2}, clip, where)
+def test_a_generic_optimizer_failing_inside_the_check_recovers_exactly(
+    clip, where, same_call
+) -> None:
+    cls = scaledoptim.with_scaling(torch.optim.RMSprop)
+    _check_failure(cls, {"lr": 1e-2}, clip, where, same_call)
 
 
 # ------------------------------------------------------------ not covered (Note [atomic step])
@@ -440,13 +456,11 @@ def test_a_failure_inside_one_groups_update_is_not_undone(clip, monkeypatch) -> 
     _fail_then_recover(cls, options, clip, failing)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Not covered (Note [atomic step]): the split form's unscale() failing between two of "
-    "torch's unscales records nothing, so unscale() again unscales the first dtype twice",
-)
-def test_the_split_forms_unscale_failing_between_two_dtypes(monkeypatch) -> None:
+@pytest.mark.parametrize("poison", [None, float("inf")], ids=["finite", "inf-in-the-unscaled"])
+def test_the_split_forms_unscale_failing_between_two_dtypes(poison, monkeypatch) -> None:
+    """unscale() raises after torch unscaled the first dtype's grads: nothing is committed, and
+    unscale() again checks those as they are (an inf among them included) and unscales the
+    rest, then step_after_unscale() takes the twin's step."""
     monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
     cls, options, _ = CASES["AdamW"]
     (params, opt), (twin_params, twin) = (_two_groups(cls, options, torch.float64) for _ in "ab")
@@ -455,11 +469,20 @@ def test_the_split_forms_unscale_failing_between_two_dtypes(monkeypatch) -> None
             _set_grads(ps, seed, o)
             if seed < 2:
                 o.unscale_and_step(grads_scaled_by=o.scale)
+            elif poison is not None:
+                _poison(ps, poison)
+    before = _observable(opt)
     with _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=2):
         with pytest.raises(InjectedFailure):
             opt.unscale(grads_scaled_by=opt.scale)
+    after = _observable(opt)
+    assert not torch.equal(before["grads"][1], after["grads"][1]), "failed before any unscale"
+    for key in ("params", "state", "scale", "trackers", "report"):  # nothing committed
+        _assert_same(after[key], before[key], key)
+    found = [o.unscale(grads_scaled_by=o.scale)[0] for o in (opt, twin)]
+    _assert_same(found[0], found[1], "found_inf")
+    assert bool(found[0]) == (poison is not None)
     for o in (opt, twin):
-        o.unscale(grads_scaled_by=o.scale)
         o.step_after_unscale()
     recovered, clean = _observable(opt), _observable(twin)
     for key in ("params", "state", "scale", "trackers", "report", "grads"):
