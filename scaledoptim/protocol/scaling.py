@@ -27,6 +27,7 @@ from .values import GradPass
 
 __all__ = [
     "ScalingState",
+    "adopt_scale",
     "check_between_steps",
     "configure",
     "create",
@@ -264,3 +265,18 @@ def setstate(optimizer: Any, state: dict[str, Any]) -> None:
         found_inf = kept["found_inf"]
         pending = None if found_inf is None else GradPass(found_inf)
         optimizer._scaledoptim_scaling = ScalingState(restored, pending=pending)
+
+
+def adopt_scale(optimizer: Any, loss_scale: LossScale, driver: str) -> None:
+    """Makes a GradScaler's ``loss_scale`` the optimizer's scale: ``opt.scale`` is the scaler's
+    from now on, and checkpoints carry it. The optimizer's own scale tensor is retired (Note
+    [scale handles])."""
+    state = optimizer._scaling()
+    if state.loss_scale is not loss_scale:
+        if state.driver is None:  # (another scaler's scale is that scaler's business)
+            state.loss_scale.retire(
+                f"This was {type(optimizer).__name__}'s own scale, before a {driver} took it "
+                "over: the scaler's scale is the one in use (opt.scale returns it now)"
+            )
+        state.loss_scale = loss_scale
+    state.driver = driver

@@ -26,9 +26,9 @@ where a failure wrote what the user holds, a pending step is kept (``zero_grad()
   nothing is kept, and the same call again takes exactly the step this one would have;
 * the check failed after torch's in-place unscale wrote grads (a call per dtype): what each call
   wrote is recorded as it returns (a list append, no pass) and kept with the request
-  (``GradPass.retry``). The next ``unscale_and_step()``, ``unscale()`` (whose own failure is kept
-  the same way) or ``step_after_unscale()`` (the failed request) checks those grads as they are
-  (``UnscaledBefore``: times one, the same ``found_inf``) and unscales the others;
+  (``GradPass.retry``). The next ``unscale_and_step()`` or ``unscale()`` (same scale, or refused;
+  the latter's own failure is kept alike) or ``step_after_unscale()`` checks those grads as they
+  are (``UnscaledBefore``: times one, the same ``found_inf``) and unscales the others;
 * the update failed before any group's ran, the grads unscaled in place: the plan settles them
   as :meth:`~scaledoptim.Optimizer.unscale` leaves them (unscaled, clipped) and keeps the
   decided pass: ``step_after_unscale()`` takes exactly the step this call would have taken;
@@ -65,11 +65,11 @@ from ..torch_ops import UnscaledBefore, unscale_in_place_
 from .clipping import norm_and_coefficient, sums_over_process_group, to_max_grad_norm
 from .outputs import check_grads_scaled_by
 from .plans import GenericStepPlan
+from .scaling import adopt_scale
 from .validation import check_no_fp16_grads
 from .values import PLAIN, UNCHECKED, GradPass, Request, StepPlan
 
 __all__ = [
-    "adopt_scale",
     "check",
     "check_can_unscale",
     "check_closure_free",
@@ -338,10 +338,7 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
     """Checks, decides, updates and commits ``plan`` as ``request`` asks; returns what the
     update returned and the pass (Note [atomic step] for what a failure leaves)."""
     state = optimizer._scaledoptim_scaling
-    retry = state.pending.retry if state is not None and state.pending is not None else None
-    if retry is not None:  # a step whose check failed, again: step_after_unscale(), or the call
-        pending = request.pending is not None
-        request = retry if pending else dataclasses.replace(request, unscaled=retry.unscaled)
+    request = _retried(state, request)
     # What the check unscales in place, as it goes (and what a failed try did: a retry).
     unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
     grad_pass = decided = None
@@ -359,6 +356,26 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
         raise
     commit(optimizer, plan, request, decided)
     return result, decided
+
+
+def _retried(state: Any, request: Request) -> Request:
+    """``request`` with the record of a check that failed part way, if one is pending (Note
+    [atomic step]): for ``step_after_unscale()``, the failed request itself."""
+    retry = state.pending.retry if state is not None and state.pending is not None else None
+    if retry is None:
+        return request
+    if request.pending is not None:
+        return retry
+    if retry.scaled_by is not request.scaled_by and (
+        retry.scaled_by is None
+        or request.scaled_by is None
+        or not torch.equal(retry.scaled_by, request.scaled_by)  # (a read on a failure's retry)
+    ):
+        raise RuntimeError(
+            "A step failed after unscaling some grads in place by its grads_scaled_by: pass the "
+            "same one (or call step_after_unscale(), or zero_grad() and a new backward)"
+        )
+    return dataclasses.replace(request, unscaled=retry.unscaled)
 
 
 def _left_pending(
@@ -388,8 +405,8 @@ def unscale(optimizer: Any, request: Request, plan: StepPlan) -> GradPass:
         method = "unscale()" if request.moves_scale else "GradScaler.unscale_()"
         _check_fp16_unscale(optimizer, plan, method)
     found_inf = torch.zeros((), dtype=torch.float32, device=state.loss_scale.scale.device)
-    retry = state.pending.retry if state.pending is not None else None
-    unscaled = UnscaledBefore(retry.unscaled) if retry is not None else []
+    request = _retried(state, request)
+    unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
     if scaled_by is not None:
         try:  # See Note [atomic step]: a failure part way is retried by the next unscale
             inv_scale = scaled_by.double().reciprocal().float()
@@ -423,21 +440,6 @@ def _check_fp16_unscale(optimizer: Any, plan: StepPlan, method: str) -> None:
     ``step()``) reads the grads the check unscaled in place."""
     generic = isinstance(plan, GenericStepPlan)
     check_no_fp16_grads(plan.grads, method, type(optimizer).__name__ if generic else None)
-
-
-def adopt_scale(optimizer: Any, loss_scale: LossScale, driver: str) -> None:
-    """Makes a GradScaler's ``loss_scale`` the optimizer's scale: ``opt.scale`` is the scaler's
-    from now on, and checkpoints carry it. The optimizer's own scale tensor is retired (Note
-    [scale handles])."""
-    state = optimizer._scaling()
-    if state.loss_scale is not loss_scale:
-        if state.driver is None:  # (another scaler's scale is that scaler's business)
-            state.loss_scale.retire(
-                f"This was {type(optimizer).__name__}'s own scale, before a {driver} took it "
-                "over: the scaler's scale is the one in use (opt.scale returns it now)"
-            )
-        state.loss_scale = loss_scale
-    state.driver = driver
 
 
 def _record_report(loss_scale: LossScale, reporter: int, found_inf: Tensor | None) -> None:

@@ -487,3 +487,31 @@ def test_the_split_forms_unscale_failing_between_two_dtypes(poison, monkeypatch)
     recovered, clean = _observable(opt), _observable(twin)
     for key in ("params", "state", "scale", "trackers", "report", "grads"):
         _assert_same(recovered[key], clean[key], key)
+
+
+def test_a_retry_with_another_scale_is_refused_and_changes_nothing(monkeypatch) -> None:
+    """After a check failed part way, the grads it unscaled were unscaled by the scale it was
+    given (here a number: the backward was not scaled by opt.scale, which validation pins
+    already): the call again with another scale is refused and changes nothing; with the same
+    scale it takes the twin's step."""
+    monkeypatch.delenv("SCALEDOPTIM_KERNELS", raising=False)
+    cls, options, _ = CASES["AdamW"]
+    (params, opt), (twin_params, twin) = (_two_groups(cls, options, torch.float64) for _ in "ab")
+    for ps in (params, twin_params):
+        generator = torch.Generator().manual_seed(0)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=generator, dtype=p.dtype) * 1024.0
+    with _RaiseAtCall("_amp_foreach_non_finite_check_and_unscale_", nth=2):
+        with pytest.raises(InjectedFailure):
+            opt.unscale_and_step(grads_scaled_by=1024.0)
+    failed = _observable(opt)
+    for call in (opt.unscale_and_step, opt.unscale):
+        with pytest.raises(RuntimeError, match="pass the same one"):
+            call(grads_scaled_by=2048.0)
+        for key in ("params", "state", "scale", "trackers", "report", "grads"):
+            _assert_same(_observable(opt)[key], failed[key], key)
+    opt.unscale_and_step(grads_scaled_by=1024.0)
+    twin.unscale_and_step(grads_scaled_by=1024.0)
+    recovered, clean = _observable(opt), _observable(twin)
+    for key in ("params", "state", "scale", "trackers", "report", "grads"):
+        _assert_same(recovered[key], clean[key], key)
