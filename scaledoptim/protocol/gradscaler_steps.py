@@ -12,7 +12,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..scale import LossScale
-from . import steps
+from . import split_form, steps
 from .optimizer import Optimizer
 from .user_frames import user_stacklevel
 from .values import Request
@@ -53,7 +53,7 @@ def unscale(
     device = optimizer.scaling_state.loss_scale.device
     scale = scaler._scale.to(device, torch.float32, non_blocking=True)
     request = Request(scale, moves_scale=False, adopt=(loss_scale, _DRIVER))
-    return steps.unscale(optimizer, request, plan).found_inf
+    return split_form.unscale(optimizer, request, plan).found_inf
 
 
 def step_request(

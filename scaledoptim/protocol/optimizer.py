@@ -20,7 +20,7 @@ import torch
 
 from .. import compile_boundary
 from ..scale import gradscaler_state_from_loss_scale
-from . import guard, replay, scaling, steps
+from . import guard, replay, scaling, split_form, steps
 from .backward_check import BackwardCheck, GradCheck
 from .plans import GenericStepPlan, check_param_groups
 from .scale_carrying import GROUP_SCALE_KEY
@@ -230,7 +230,7 @@ class Optimizer(torch.optim.Optimizer):
         steps.check_can_unscale(state, grads_scaled_by, id(self))
         plan = steps.plan(self)  # the step it prepares must be possible too
         request = steps.validate_request(self, state, grads_scaled_by)
-        found_inf = steps.unscale(self, request, plan).found_inf
+        found_inf = split_form.unscale(self, request, plan).found_inf
         assert found_inf is not None  # the check always makes one
         return found_inf, None if request.scaled_by is None else state.loss_scale.scale
 
@@ -264,7 +264,7 @@ class Optimizer(torch.optim.Optimizer):
         steps.own_state(self, "step_after_unscale")
         if closure is not None:
             return replay.step_after_unscale(self, closure, current_grad_scale)
-        steps.run_step(self, steps.validate_pending(self))
+        steps.run_step(self, split_form.validate_pending(self))
         return None
 
     def _plan_step(self, run: Callable[[], Any] | None = None) -> StepPlan:

@@ -3,10 +3,10 @@
 Each evaluation runs the pipeline's stages (``steps.py``): a fused optimizer's is checked and
 decided as ``unscale_and_step`` checks a step without a closure (its update unscales in fp32, so
 fp16 grads work), and the finite one is left pending for the ``step()`` it runs in to update and
-commit; any other optimizer's is unscaled in place (:func:`steps.unscale`), as the optimizer may
-read the grads many times (LBFGS). Replays are bounded (``max_replays``, and never below
-``min_scale``). Params, optimizer state and the scale are snapshotted first and restored bit for
-bit if replay fails or the closure raises.
+commit; any other optimizer's is unscaled in place (:func:`split_form.unscale`), as the
+optimizer may read the grads many times (LBFGS). Replays are bounded (``max_replays``, and never
+below ``min_scale``). Params, optimizer state and the scale are snapshotted first and restored
+bit for bit if replay fails or the closure raises.
 """
 
 from __future__ import annotations

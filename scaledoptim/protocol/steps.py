@@ -12,8 +12,9 @@
 
 :func:`run` strings them together for ``unscale_and_step``, ``step_after_unscale``, a plain
 ``step()`` the protocol owes something (Note [step requests] in guard.py) and
-:class:`scaledoptim.GradScaler`; :func:`unscale` is the split form's first half (it commits the
-decision at once); closure replay runs them for every evaluation (``replay.py``).
+:class:`scaledoptim.GradScaler`; the split form's first half, ``unscale()``, runs the check and
+the decision and commits it at once (``split_form.py``); closure replay runs them for every
+evaluation (``replay.py``).
 
 Note [atomic step]
 ~~~~~~~~~~~~~~~~~~
@@ -61,7 +62,7 @@ from torch import Tensor
 
 from .. import compile_boundary
 from ..scale import LossScale, ScaleUpdate, agree_on_found_inf, as_scale_tensor, handle_state
-from ..torch_ops import UnscaledBefore, unscale_in_place_
+from ..torch_ops import UnscaledBefore
 from .clipping import norm_and_coefficient, sums_over_process_group, to_max_grad_norm
 from .outputs import check_grads_scaled_by
 from .plans import GenericStepPlan
@@ -73,15 +74,17 @@ __all__ = [
     "check",
     "check_can_unscale",
     "check_closure_free",
+    "check_fp16_unscale",
     "commit",
     "decide",
+    "left_pending",
     "own_state",
     "plan",
     "planned_step",
+    "record_report",
+    "retried",
     "run",
     "run_step",
-    "unscale",
-    "validate_pending",
     "validate_request",
 ]
 
@@ -159,20 +162,6 @@ def check_can_unscale(
         )
 
 
-def validate_pending(optimizer: Any) -> Request:
-    """``step_after_unscale()``'s request: the pending step. It is planned again, not with
-    ``unscale()``'s plan: code between the two calls may have changed anything a plan rests on
-    (a fused step's kept plan is re-verified, with the grads unmoved: Note [step cache])."""
-    pending = optimizer._scaling().pending
-    if pending is None:
-        raise RuntimeError(
-            "step_after_unscale() needs the grads unscaled first: call "
-            "opt.unscale(grads_scaled_by=S) after backward, or use opt.unscale_and_step()."
-        )
-    check_closure_free(optimizer, "step_after_unscale")
-    return Request(pending=pending)
-
-
 def check_closure_free(optimizer: Any, method: str) -> None:
     """LBFGS cannot step without its closure."""
     if isinstance(optimizer, torch.optim.LBFGS):
@@ -211,7 +200,7 @@ def check(
     if scaled_by is None and not clip and request.found_inf is None:
         return UNCHECKED  # nothing to unscale, skip or clip
     if scaled_by is not None and isinstance(plan, GenericStepPlan):  # unscaled in place
-        _check_fp16_unscale(plan.optimizer, plan, "a scaled step")
+        check_fp16_unscale(plan.optimizer, plan, "a scaled step")
     device = state.loss_scale.scale.device
     checked: frozenset[int] = frozenset()
     if backward_check is not None and scaled_by is not None:
@@ -275,7 +264,7 @@ def commit(optimizer: Any, plan: StepPlan, request: Request, grad_pass: GradPass
     plan.commit(grad_pass)
     state = optimizer._scaledoptim_scaling
     if grad_pass.report:
-        _record_report(state.loss_scale, id(optimizer), grad_pass.found_inf)
+        record_report(state.loss_scale, id(optimizer), grad_pass.found_inf)
     if grad_pass.norm is not None:
         optimizer._scaledoptim_grad_norm = grad_pass.norm
     if request.adopt is not None:
@@ -338,7 +327,7 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
     """Checks, decides, updates and commits ``plan`` as ``request`` asks; returns what the
     update returned and the pass (Note [atomic step] for what a failure leaves)."""
     state = optimizer._scaledoptim_scaling
-    request = _retried(state, request)
+    request = retried(state, request)
     # What the check unscales in place, as it goes (and what a failed try did: a retry).
     unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
     grad_pass = decided = None
@@ -352,13 +341,13 @@ def run(optimizer: Any, request: Request, plan: StepPlan) -> tuple[Any, GradPass
             optimizer._scaledoptim_stepping = False
     except BaseException:
         if request.pending is None:
-            state.pending = _left_pending(plan, request, grad_pass, decided, unscaled)
+            state.pending = left_pending(plan, request, grad_pass, decided, unscaled)
         raise
     commit(optimizer, plan, request, decided)
     return result, decided
 
 
-def _retried(state: Any, request: Request) -> Request:
+def retried(state: Any, request: Request) -> Request:
     """``request`` with the record of a check that failed part way, if one is pending (Note
     [atomic step]): for ``step_after_unscale()``, the failed request itself."""
     retry = state.pending.retry if state is not None and state.pending is not None else None
@@ -378,7 +367,7 @@ def _retried(state: Any, request: Request) -> Request:
     return dataclasses.replace(request, unscaled=retry.unscaled)
 
 
-def _left_pending(
+def left_pending(
     plan: StepPlan, request: Request, grad_pass: GradPass | None, decided: GradPass | None,
     unscaled: list[list[Tensor]],
 ) -> GradPass | None:
@@ -394,47 +383,7 @@ def _left_pending(
     return plan.settle(decided if decided is not None else grad_pass)
 
 
-def unscale(optimizer: Any, request: Request, plan: StepPlan) -> GradPass:
-    """The split form's first half: every grad unscaled in place and checked, the decision
-    committed at once: the scale moves and the pass is pending for the step that consumes it;
-    or, for a GradScaler (``request.moves_scale`` false), the optimizer takes its scale and the
-    scaler keeps ``found_inf``. Scaled fp16 grads are refused first."""
-    state = optimizer._scaledoptim_scaling
-    scaled_by = request.scaled_by
-    if scaled_by is not None:
-        method = "unscale()" if request.moves_scale else "GradScaler.unscale_()"
-        _check_fp16_unscale(optimizer, plan, method)
-    found_inf = torch.zeros((), dtype=torch.float32, device=state.loss_scale.scale.device)
-    request = _retried(state, request)
-    unscaled = UnscaledBefore(request.unscaled) if request.unscaled else []
-    if scaled_by is not None:
-        try:  # See Note [atomic step]: a failure part way is retried by the next unscale
-            inv_scale = scaled_by.double().reciprocal().float()
-            unscale_in_place_(plan.grads, found_inf, inv_scale, unscaled)
-        except BaseException:
-            if request.moves_scale:
-                state.pending = _left_pending(plan, request, None, None, unscaled)
-            raise
-    grad_pass = GradPass(found_inf, skip=scaled_by is not None)
-    try:
-        grad_pass = decide(plan, state, request, grad_pass, id(optimizer))
-    except BaseException:
-        if request.moves_scale:
-            state.pending = grad_pass  # the grads are unscaled: a second unscale is refused
-        raise
-    if request.adopt is not None:
-        adopt_scale(optimizer, *request.adopt)
-    if not request.moves_scale:
-        return grad_pass
-    if grad_pass.scale_update is not None:
-        grad_pass.scale_update.apply()
-    if grad_pass.report:
-        _record_report(state.loss_scale, id(optimizer), found_inf)
-    state.pending = dataclasses.replace(grad_pass, scale_update=None, report=False)
-    return grad_pass
-
-
-def _check_fp16_unscale(optimizer: Any, plan: StepPlan, method: str) -> None:
+def check_fp16_unscale(optimizer: Any, plan: StepPlan, method: str) -> None:
     """Refuses scaled fp16 grads ``method`` would unscale in place (``validation.py``): the split
     form's, and every scaled step's of a generic plan, whose update (the optimizer's own
     ``step()``) reads the grads the check unscaled in place."""
@@ -442,7 +391,7 @@ def _check_fp16_unscale(optimizer: Any, plan: StepPlan, method: str) -> None:
     check_no_fp16_grads(plan.grads, method, type(optimizer).__name__ if generic else None)
 
 
-def _record_report(loss_scale: LossScale, reporter: int, found_inf: Tensor | None) -> None:
+def record_report(loss_scale: LossScale, reporter: int, found_inf: Tensor | None) -> None:
     if loss_scale.sharers == 1:
         loss_scale.handle["scaled"] = False  # the scale moved for the scaled backward
     else:
