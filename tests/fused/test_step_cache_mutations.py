@@ -380,10 +380,20 @@ def _(twin, values):
     twin.saved["entry"] = (key, twin.opt.state[twin.params[0]].pop(key, None))
 
 
+def _load(opt: Any, state_dict: dict[str, Any]) -> None:
+    """``opt.load_state_dict(state_dict)``, where a state its options no longer match (a group
+    switched to amsgrad, whose step refuses it too, as torch.optim's raises) is refused: the
+    same for both twins (compared after the step)."""
+    try:
+        opt.load_state_dict(state_dict)
+    except ValueError as error:
+        assert "Corrupt optimizer state_dict" in str(error)
+
+
 @kind("state reloaded (load_state_dict(state_dict()))")
 def _(twin, values):
     _fresh(twin, values)
-    twin.opt.load_state_dict(twin.opt.state_dict())
+    _load(twin.opt, twin.opt.state_dict())
 
 
 @kind("checkpoint through torch.save and torch.load")
@@ -392,12 +402,7 @@ def _(twin, values):
     buffer = io.BytesIO()
     torch.save(twin.opt.state_dict(), buffer)
     buffer.seek(0)
-    try:
-        twin.opt.load_state_dict(torch.load(buffer))
-    except ValueError as error:
-        # A state the options no longer match (a group switched to amsgrad) is refused at load
-        # as its step refuses it; the twins must agree (compared after the step).
-        assert "Corrupt optimizer state_dict" in str(error)
+    _load(twin.opt, torch.load(buffer))
 
 
 @kind("load_state_dict with hooks that rewrite the state")
@@ -421,7 +426,7 @@ def _(twin, values):
         opt.register_load_state_dict_pre_hook(pre_hook),
         opt.register_load_state_dict_post_hook(post_hook),
     ]
-    opt.load_state_dict(opt.state_dict())
+    _load(opt, opt.state_dict())
     for handle in handles:
         handle.remove()
 
