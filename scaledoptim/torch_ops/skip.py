@@ -98,9 +98,10 @@ class UnscaledBefore(list[list[Tensor]]):
         """Checks the ``grads`` the failed try unscaled as they are into ``found_inf``; returns
         the others. Times one, a finite grad unscaled stays finite and an inf/nan one stays one:
         checked as :func:`unscale_in_place_` checks it, before and after the multiply."""
-        again = [g for g in grads if self.holds([g])]
+        held = [self.holds([g]) for g in grads]
+        again = [g for g, h in zip(grads, held) if h]
         unscale_in_place_(again, found_inf, torch.ones_like(found_inf))
-        return [g for g in grads if not self.holds([g])]
+        return [g for g, h in zip(grads, held) if not h]
 
 
 def unscale_dense_(
@@ -134,7 +135,6 @@ def unscale_dense_(
 # where the scale may be below 1: where ``inv_scale`` is read on the host for free (a CPU, Note
 # [host skip]) only when it is; elsewhere (a GPU's sync-free step) always. Our kernels check the
 # product they update with, in registers (cuda/non_finite_check.cu): no pass of its own there.
-
 
 
 def _check_non_finite_(tensors: list[Tensor], found_inf: Tensor) -> None:
