@@ -437,7 +437,6 @@ def read_options(options: type[OptionsT], group: Group) -> OptionsT:
     return options(**values)
 
 
-
 def declared_kernel_args(
     update: Any, group: Group, found_inf: int | None, inv_scale: int | None
 ) -> ctypes.Structure:

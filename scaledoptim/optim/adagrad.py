@@ -241,7 +241,6 @@ class Adagrad(FusedOptimizer):
         )
 
 
-
 OptimizerSpec(
     cls=Adagrad,
     summary="a drop-in for torch.optim.Adagrad",

@@ -364,7 +364,6 @@ def _check_tensor_options(
     return beta1, beta2
 
 
-
 def _torch_fused(o: AdamOptions) -> tuple[Any, dict[str, Any]]:
     """torch's fused Adam or AdamW op, and its keyword arguments."""
     beta1, beta2 = o.betas

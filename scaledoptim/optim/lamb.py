@@ -365,7 +365,6 @@ class _LambStep:
         torch._foreach_addcmul_(params, directions, list(factors.unbind()))
 
 
-
 OptimizerSpec(
     cls=LAMB,
     summary="You et al. (2020) with Apex FusedLAMB's semantics, for large batches",

@@ -292,7 +292,6 @@ def _rmsprop_(
         torch._foreach_addcdiv_(params, grads, avg, value=-o.lr)
 
 
-
 OptimizerSpec(
     cls=RMSprop,
     summary="a drop-in for torch.optim.RMSprop; 8-bit states available",

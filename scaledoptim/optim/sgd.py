@@ -297,7 +297,6 @@ def _start_buffers_(
         buf.copy_(torch.where(step == 0, d_p * (o.dampening / o.momentum), buf))
 
 
-
 OptimizerSpec(
     cls=SGD,
     summary="a drop-in for torch.optim.SGD (momentum, dampening, Nesterov); 8-bit states",
